@@ -1,0 +1,59 @@
+"""areal-lightning: AReaL-style evaluation for RL training of language models, as a Lightning plugin.
+
+The public API below is imported lazily (PEP 562), so `import areal_lightning` stays cheap and a
+subpackage can be used without importing Lightning or W&B.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "EvaluationCallback": "areal_lightning.callbacks.evaluation",
+    "HybridTrigger": "areal_lightning.callbacks.trigger",
+    "ThresholdMonitor": "areal_lightning.callbacks.thresholds",
+    "Config": "areal_lightning.config",
+    "ConfigError": "areal_lightning.config",
+    "load_config": "areal_lightning.config",
+    "EvalSet": "areal_lightning.data.eval_sets",
+    "EvalSetMismatchError": "areal_lightning.data.sharding",
+    "ArithmeticTask": "areal_lightning.data.tasks",
+    "EvalBatch": "areal_lightning.eval_round",
+    "EvalContext": "areal_lightning.eval_round",
+    "EvalRoundError": "areal_lightning.eval_round",
+    "SetResult": "areal_lightning.eval_round",
+    "run_round": "areal_lightning.eval_round",
+    "AccuracyMetric": "areal_lightning.metrics",
+    "AdvantageMetric": "areal_lightning.metrics",
+    "MajAtK": "areal_lightning.metrics",
+    "PassAtK": "areal_lightning.metrics",
+    "RewardMetric": "areal_lightning.metrics",
+    "group_advantages": "areal_lightning.metrics",
+    "maj_at_k": "areal_lightning.metrics",
+    "pass_at_k": "areal_lightning.metrics",
+    "wilson_interval": "areal_lightning.metrics",
+    "GRPOModule": "areal_lightning.rl.grpo",
+    "Policy": "areal_lightning.rl.policy",
+    "TinyPolicy": "areal_lightning.rl.policy",
+    "EvalHistory": "areal_lightning.tracking.history",
+    "read_history": "areal_lightning.tracking.history",
+    "read_wandb_run": "areal_lightning.tracking.wandb_reader",
+    "plot_runs": "areal_lightning.viz.plot",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'areal_lightning' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -1,0 +1,5 @@
+import sys
+
+from areal_lightning.cli import main
+
+sys.exit(main())

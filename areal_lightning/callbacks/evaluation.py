@@ -1,0 +1,254 @@
+"""`EvaluationCallback`: evaluate while training, when any configured trigger fires."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from areal_lightning.callbacks.thresholds import THRESHOLD_ACTIONS, Alert, ThresholdMonitor
+from areal_lightning.callbacks.trigger import HybridTrigger
+from areal_lightning.data.eval_sets import EvalSet, as_eval_sets
+from areal_lightning.eval_round import EvalRoundError, EvaluateFn, SetResult, check_eval_sets_consistent, run_round
+from areal_lightning.tracking.history import EvalHistory, eval_record, event_record
+from areal_lightning.tracking.loggers import log_eval_results, send_alert
+
+log = logging.getLogger(__name__)
+
+ERROR_POLICIES = ("log", "raise")
+EVAL_MODES = ("sync",)
+DEFAULT_TABLE_ROWS = 16
+
+
+def _choice(arg: str, value: Any, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"Unsupported parameter value `EvaluationCallback({arg}={value!r})`. Possible choices are: {', '.join(choices)}")
+
+
+class EvaluationCallback(Callback):
+    """Evaluates the module on named eval sets whenever any trigger fires.
+
+    Triggers (any of them fires): every `freq_steps` global steps, at the end of every
+    `freq_epochs`-th epoch, after `freq_secs` seconds of training since the last evaluation;
+    plus `eval_before_train` (step 0) and `eval_at_end` (unless the last step was just evaluated).
+    The decision is the same on every rank. Each round runs `evaluate_fn` on this rank's deal of
+    every eval set (`eval_round.run_round`), logs ``eval/<set>/<metric>`` to every Trainer logger
+    at the evaluated global step, appends to ``<output_dir>/eval_history.jsonl`` and checks
+    `metric_thresholds`.
+
+    Args:
+        eval_sets: `{name: samples}` or a list of `EvalSet`.
+        evaluate_fn: ``evaluate_fn(module, batches, ctx) -> {name: value}``; None uses the
+            module's own ``evaluate(batches, ctx)`` (as `GRPOModule` has).
+        freq_epochs, freq_steps, freq_secs, eval_before_train, eval_at_end: see `HybridTrigger`.
+        metric_thresholds: `{metric: minimum}`; a metric that reached its minimum and falls below
+            it raises one alert per crossing.
+        threshold_action: ``alert`` (log, history record, W&B alert) or ``stop`` (also stop training).
+        on_error: ``log`` (record the exception and keep training) or ``raise``.
+        output_dir: where the eval history goes; None: the Trainer's `default_root_dir`.
+        seed: run seed from which each sample's seed derives; None: the module's `seed` or 0.
+        max_table_rows: sample generations per eval set kept for W&B tables.
+        mode: ``sync`` (training waits for the round).
+        clock: seconds source of the time trigger (tests inject one).
+
+    Raises:
+        ValueError: for an unsupported argument value, naming it and the choices.
+
+    Example:
+        >>> cb = EvaluationCallback({"easy": [1, 2, 3]}, evaluate_fn=lambda m, b, ctx: {}, freq_steps=100)
+        >>> cb.trigger.describe()
+        'evaluate every 100 steps, at the end'
+    """
+
+    def __init__(
+        self,
+        eval_sets: Mapping[str, Sequence[Any]] | Sequence[EvalSet],
+        evaluate_fn: EvaluateFn | None = None,
+        *,
+        freq_epochs: int | None = None,
+        freq_steps: int | None = None,
+        freq_secs: float | None = None,
+        eval_before_train: bool = False,
+        eval_at_end: bool = True,
+        metric_thresholds: Mapping[str, float] | None = None,
+        threshold_action: str = "alert",
+        on_error: str = "log",
+        output_dir: str | Path | None = None,
+        seed: int | None = None,
+        max_table_rows: int = DEFAULT_TABLE_ROWS,
+        mode: str = "sync",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.eval_sets = as_eval_sets(eval_sets)
+        if evaluate_fn is not None and not callable(evaluate_fn):
+            raise ValueError(f"`EvaluationCallback(evaluate_fn=...)` must be callable or None, got {evaluate_fn!r}")
+        _choice("threshold_action", threshold_action, THRESHOLD_ACTIONS)
+        _choice("on_error", on_error, ERROR_POLICIES)
+        _choice("mode", mode, EVAL_MODES)
+        self.trigger = HybridTrigger(freq_epochs=freq_epochs, freq_steps=freq_steps, freq_secs=freq_secs,
+                                     eval_before_train=eval_before_train, eval_at_end=eval_at_end, clock=clock)
+        self.thresholds = ThresholdMonitor(metric_thresholds)
+        self.threshold_action, self.on_error, self.mode = threshold_action, on_error, mode
+        self.output_dir = Path(output_dir) if output_dir is not None else None
+        self.seed = seed
+        self.max_table_rows = max_table_rows
+        self._evaluate_fn = evaluate_fn
+        self._history: EvalHistory | None = None
+        self._checked_eval_sets = False
+        self._last_seen_step = -1
+        self.evaluated_steps: list[int] = []
+
+    @classmethod
+    def from_config(cls, cfg: Any, eval_sets: Mapping[str, Sequence[Any]] | Sequence[EvalSet],
+                    evaluate_fn: EvaluateFn | None = None, **kwargs: Any) -> EvaluationCallback:
+        """Builds the callback from a `Config` (its `evaluator` block, `output_dir` and `seed`)."""
+        ev = cfg.evaluator
+        options = dict(
+            freq_epochs=ev.freq_epochs, freq_steps=ev.freq_steps, freq_secs=ev.freq_secs,
+            eval_before_train=ev.eval_before_train, eval_at_end=ev.eval_at_end, metric_thresholds=dict(ev.metric_thresholds),
+            threshold_action=ev.threshold_action, on_error=ev.on_error, output_dir=cfg.output_dir, seed=cfg.seed,
+            max_table_rows=ev.max_table_rows, mode=ev.mode,
+        )
+        options.update(kwargs)
+        return cls(eval_sets, evaluate_fn, **options)
+
+    @property
+    @override
+    def state_key(self) -> str:
+        t = self.trigger
+        return self._generate_state_key(freq_epochs=t.freq_epochs, freq_steps=t.freq_steps, freq_secs=t.freq_secs,
+                                        eval_sets=[s.name for s in self.eval_sets])
+
+    # ---- hooks: short guards around one private method each -------------------------------------
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._evaluate_fn is None and not callable(getattr(pl_module, "evaluate", None)):
+            raise ValueError(
+                f"`EvaluationCallback(evaluate_fn=None)` needs a module with an `evaluate(batches, ctx)` method, "
+                f"and {type(pl_module).__name__} has none; pass evaluate_fn=..."
+            )
+        if self.output_dir is None:
+            self.output_dir = Path(trainer.default_root_dir)
+        if self.seed is None:
+            self.seed = int(getattr(pl_module, "seed", 0))
+        if trainer.is_global_zero:
+            self._history = EvalHistory.in_run_dir(self.output_dir)
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self._checked_eval_sets:
+            check_eval_sets_consistent(self.eval_sets)  # every rank: a mismatch fails everywhere at once
+            self._checked_eval_sets = True
+        self.trigger.start()
+        self._last_seen_step = trainer.global_step
+        causes = self.trigger.before_train(trainer.global_step)
+        if causes:
+            self._evaluate(trainer, pl_module, causes)
+
+    @override
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if trainer.global_step == self._last_seen_step:
+            return  # gradient accumulation: no optimizer step since the last call
+        self._last_seen_step = trainer.global_step
+        last_batch = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        causes = self.trigger.after_step(trainer.global_step, trainer.current_epoch, last_batch)
+        causes = self._agree(trainer, causes)
+        if causes:
+            self._evaluate(trainer, pl_module, causes)
+
+    @override
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        causes = self._agree(trainer, self.trigger.after_epoch(trainer.global_step, trainer.current_epoch))
+        if causes:
+            self._evaluate(trainer, pl_module, causes)
+
+    @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        causes = self.trigger.at_end(trainer.global_step)
+        if causes:
+            self._evaluate(trainer, pl_module, causes)
+        self.trigger.stop()
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"trigger": self.trigger.state_dict(), "thresholds": self.thresholds.state_dict()}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.trigger.load_state_dict(state_dict.get("trigger", {}))
+        self.thresholds.load_state_dict(state_dict.get("thresholds", {}))
+
+    # ---- the decision and the round ------------------------------------------------------------
+
+    def _agree(self, trainer: L.Trainer, causes: list[str]) -> list[str]:
+        if self.trigger.freq_secs is None:
+            return causes  # steps and epochs are the same numbers on every rank
+        # Each rank reads its own clock, so the time trigger can fire on one rank and not on
+        # another; acting on that would leave ranks waiting in different collectives. Rank 0 decides.
+        return trainer.strategy.broadcast(causes, src=0)
+
+    def _evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule, causes: list[str]) -> None:
+        step, epoch = trainer.global_step, trainer.current_epoch
+        evaluate_fn = self._evaluate_fn or (lambda module, batches, ctx: module.evaluate(batches, ctx))
+        try:
+            results = run_round(pl_module, self.eval_sets, evaluate_fn, seed=int(self.seed or 0), global_step=step,
+                                epoch=epoch, max_table_rows=self.max_table_rows,
+                                show_progress=trainer.progress_bar_callback is not None)
+        except EvalRoundError as err:
+            self.trigger.mark_evaluated(step)
+            if self.on_error == "raise":
+                raise
+            self._record_error(trainer, step, err)
+            return
+        self.trigger.mark_evaluated(step)
+        self.evaluated_steps.append(step)
+        if trainer.is_global_zero:
+            self._record(trainer, results, step, epoch, causes)
+        self._check_thresholds(trainer, results, step)
+
+    def _record(self, trainer: L.Trainer, results: list[SetResult], step: int, epoch: int, causes: list[str]) -> None:
+        assert self._history is not None
+        self._history.append_many(
+            eval_record(step, epoch, r.dataset, r.metrics, trigger=causes, num_samples=r.num_samples,
+                        num_prompts=r.num_prompts, eval_secs=r.eval_secs, mode=self.mode, world_size=trainer.world_size)
+            for r in results
+        )
+        log_eval_results(trainer.loggers, results, step)
+        summary = ", ".join(f"{r.dataset}: " + " ".join(f"{k}={v:.3f}" for k, v in r.metrics.items()
+                                                         if k in ("accuracy", "reward/mean")) for r in results)
+        log.info("evaluation at step %d (%s): %s", step, "+".join(causes), summary)
+
+    def _record_error(self, trainer: L.Trainer, step: int, err: Exception) -> None:
+        if trainer.is_global_zero:
+            log.error("evaluation at step %d failed; training goes on (on_error='log'):\n%s", step, err)
+            assert self._history is not None
+            self._history.append(event_record("error", step, message=str(err)))
+
+    def _check_thresholds(self, trainer: L.Trainer, results: list[SetResult], step: int) -> None:
+        if not self.thresholds.thresholds:
+            return
+        if not self.thresholds.resolved:
+            self.thresholds.resolve({name for r in results for name in r.metrics})
+        alerts: list[Alert] = [a for r in results for a in self.thresholds.check(r.dataset, r.metrics, step)]
+        if trainer.is_global_zero:
+            for alert in alerts:
+                log.warning("threshold alert: %s", alert.message)
+                assert self._history is not None
+                self._history.append(event_record("alert", step, dataset=alert.dataset, message=alert.message,
+                                                  metric=alert.metric, value=alert.value, threshold=alert.threshold))
+                send_alert(trainer.loggers, title=f"areal-lightning: {alert.dataset}/{alert.metric} below threshold",
+                           text=alert.message)
+        if self.threshold_action == "stop":
+            # Reduced metrics are identical on every rank, but a stop decided alone would leave
+            # the other ranks in the next step's collectives: agree explicitly.
+            stop = trainer.strategy.reduce_boolean_decision(bool(alerts), all=False)
+            if stop:
+                trainer.should_stop = True

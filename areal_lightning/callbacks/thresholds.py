@@ -1,0 +1,100 @@
+"""Metric thresholds as alerts: one alert per downward crossing, never a flood."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+THRESHOLD_ACTIONS = ("alert", "stop")
+
+
+@dataclass(frozen=True)
+class Alert:
+    """A metric of an eval set that had reached its threshold and fell below it."""
+
+    dataset: str
+    metric: str
+    value: float
+    threshold: float
+    step: int
+
+    @property
+    def message(self) -> str:
+        return (f"eval/{self.dataset}/{self.metric} fell to {self.value:.4g} at step {self.step}, "
+                f"below its threshold {self.threshold:g} (it had reached it before)")
+
+
+class ThresholdMonitor:
+    """Watches `{metric: threshold}` per eval set; thresholds are minimums (higher is better).
+
+    A metric arms once it reaches its threshold; falling below it while armed raises one alert
+    and disarms it until it reaches the threshold again. A name matches a metric exactly or its
+    `/mean` (``reward`` watches ``reward/mean``).
+
+    Args:
+        thresholds: metric name -> minimum acceptable value.
+
+    Raises:
+        ValueError: for a threshold that is not a finite number.
+
+    Example:
+        >>> m = ThresholdMonitor({"accuracy": 0.7})
+        >>> m.resolve(["accuracy"])
+        >>> [m.check("easy", {"accuracy": v}, step=s) for s, v in [(1, 0.8), (2, 0.6), (3, 0.5)]][1][0].step
+        2
+    """
+
+    def __init__(self, thresholds: Mapping[str, float] | None = None) -> None:
+        self.thresholds = dict(thresholds or {})
+        for name, value in self.thresholds.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"`metric_thresholds[{name!r}]` must be a finite number, got {value!r}")
+        self._names: dict[str, str] = {}
+        self._armed: dict[str, bool] = {}
+
+    def resolve(self, available: Iterable[str]) -> None:
+        """Maps each threshold to a logged metric name.
+
+        Raises:
+            ValueError: naming the unknown thresholds and listing the metrics that exist.
+        """
+        available = sorted(set(available))
+        unknown = []
+        for name in self.thresholds:
+            match = next((m for m in (name, f"{name}/mean") if m in available), None)
+            if match is None:
+                unknown.append(name)
+            else:
+                self._names[name] = match
+        if unknown:
+            raise ValueError(
+                f"metric_thresholds names metrics that the evaluation does not produce: {unknown}; "
+                f"available metrics: {', '.join(available)}"
+            )
+
+    @property
+    def resolved(self) -> bool:
+        return len(self._names) == len(self.thresholds)
+
+    def check(self, dataset: str, metrics: Mapping[str, float], step: int) -> list[Alert]:
+        alerts = []
+        for name, threshold in self.thresholds.items():
+            metric = self._names.get(name, name)
+            value = metrics.get(metric)
+            if value is None or math.isnan(value):
+                continue
+            key = f"{dataset}/{metric}"
+            if value >= threshold:
+                self._armed[key] = True
+            elif self._armed.get(key, False):
+                self._armed[key] = False
+                alerts.append(Alert(dataset=dataset, metric=metric, value=value, threshold=threshold, step=step))
+        return alerts
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"armed": dict(self._armed)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._armed = dict(state.get("armed", {}))

@@ -1,0 +1,78 @@
+"""`EvalSet`: a named list of evaluation samples, with what sharding and fingerprinting need."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_EVAL_BATCH_SIZE = 64
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """A named evaluation set.
+
+    Args:
+        name: logged as ``eval/<name>/<metric>``.
+        samples: any sequence; `evaluate_fn` receives them in batches.
+        batch_size: samples per batch of the global batch list.
+        cost_fn: expected evaluation cost of a sample (e.g. its prompt length); batches are
+            dealt to ranks to balance it. Default: every sample costs 1.
+        key_fn: canonical content of a sample for the cross-rank fingerprint. Default: `repr`.
+        options: free settings passed to `evaluate_fn` through `ctx.options`
+            (the default GRPO evaluation reads n_samples, temperature, max_new_tokens).
+
+    Raises:
+        ValueError: for an empty name or samples, or a batch size that is not a positive integer.
+
+    Example:
+        >>> EvalSet("easy", ["1+1=", "2+3="], batch_size=1).costs
+        [1.0, 1.0]
+    """
+
+    name: str
+    samples: Sequence[Any]
+    batch_size: int = DEFAULT_EVAL_BATCH_SIZE
+    cost_fn: Callable[[Any], float] | None = None
+    key_fn: Callable[[Any], str] = repr
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or "/" in self.name:
+            raise ValueError(f"`EvalSet(name=...)` must be a non-empty string without '/', got {self.name!r}")
+        if len(self.samples) == 0:
+            raise ValueError(f"`EvalSet(name={self.name!r})` has no samples; give at least one")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"`EvalSet(batch_size=...)` must be a positive integer, got {self.batch_size!r}")
+
+    @property
+    def costs(self) -> list[float]:
+        if self.cost_fn is None:
+            return [1.0] * len(self.samples)
+        return [float(self.cost_fn(s)) for s in self.samples]
+
+    @property
+    def keys(self) -> list[str]:
+        return [self.key_fn(s) for s in self.samples]
+
+
+def as_eval_sets(eval_sets: Mapping[str, Sequence[Any]] | Sequence[EvalSet]) -> list[EvalSet]:
+    """Accepts `{name: samples}` or a list of `EvalSet`; returns `EvalSet`s in the given order.
+
+    Raises:
+        ValueError: when empty, when names repeat, or for a value of the wrong type.
+    """
+    if isinstance(eval_sets, Mapping):
+        out = [v if isinstance(v, EvalSet) else EvalSet(name=k, samples=v) for k, v in eval_sets.items()]
+    else:
+        out = list(eval_sets)
+        bad = [type(v).__name__ for v in out if not isinstance(v, EvalSet)]
+        if bad:
+            raise ValueError(f"`eval_sets` must be a mapping name -> samples or a list of EvalSet, got items of type {bad}")
+    if not out:
+        raise ValueError("`eval_sets` is empty; give at least one eval set")
+    names = [s.name for s in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"`eval_sets` names must be distinct, got {names}")
+    return out

@@ -1,0 +1,372 @@
+"""Pure RL evaluation math: group advantages, pass@k, maj@k, mean@n, Wilson intervals.
+
+Shapes: ``P`` prompts, ``G`` samples per group (training) or ``n`` samples per prompt (evaluation).
+Everything here is stateless; the ``torchmetrics`` classes in this package only accumulate what
+these functions return. Results that are averaged over many prompts are float64 so that long sums
+stay exact enough to compare across numbers of devices.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+from torch import Tensor
+
+ADVANTAGE_EPS: float = 1e-6
+"""Added to a group's std before dividing, so that near-constant groups do not explode."""
+
+NAN_POLICIES: tuple[str, ...] = ("error", "ignore", "zero")
+"""Accepted ``nan_policy`` values of the reward metrics."""
+
+NO_ANSWER: int = -1
+"""``answer_ids`` value of a sample without a parsable final answer; it never wins a vote."""
+
+
+# ----------------------------------------------------------------------------- validation helpers
+def _as_2d(x: Tensor, name: str, where: str) -> Tensor:
+    x = torch.as_tensor(x)
+    if x.ndim != 2:
+        raise ValueError(
+            f"`{where}({name}=...)` must be a 2-D tensor [P, n] (prompts x samples), "
+            f"got shape {tuple(x.shape)}"
+        )
+    return x
+
+
+def _check_k(k: int, where: str) -> int:
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+        raise ValueError(f"`{where}(k=...)` must be a positive integer, got k={k!r}")
+    return int(k)
+
+
+def _check_k_le_n(k: int, n: int, where: str, name: str) -> None:
+    if k > n:
+        raise ValueError(
+            f"`{where}({name}=...)` needs k <= n (samples per prompt), got k={k}, n={n}"
+        )
+
+
+def _check_binary(x: Tensor, name: str, where: str) -> Tensor:
+    if x.dtype != torch.bool:
+        bad = x[(x != 0) & (x != 1)]
+        if bad.numel():
+            raise ValueError(
+                f"`{where}({name}=...)` must hold booleans or 0/1 values, got {bad.flatten()[0].item()!r}"
+            )
+    return x.bool()
+
+
+def _check_confidence(confidence: float, where: str) -> float:
+    if isinstance(confidence, bool) or not isinstance(confidence, numbers.Real) or not 0 < confidence < 1:
+        raise ValueError(f"`{where}(confidence=...)` must be a number in (0, 1), got {confidence!r}")
+    return float(confidence)
+
+
+def _check_nan_policy(nan_policy: str, where: str) -> str:
+    if nan_policy not in NAN_POLICIES:
+        raise ValueError(f"`{where}(nan_policy=...)` must be one of {NAN_POLICIES}, got {nan_policy!r}")
+    return nan_policy
+
+
+def _apply_nan_policy(values: Tensor, nan_policy: str, where: str) -> Tensor:
+    """Flatten ``values`` (dtype kept) and handle NaN as ``nan_policy`` says (see ``NAN_POLICIES``)."""
+    values = torch.as_tensor(values).detach().flatten()
+    nan = torch.isnan(values)
+    num_nan = int(nan.sum())
+    if num_nan == 0:
+        return values
+    if nan_policy == "error":
+        raise ValueError(
+            f"`{where}(rewards=...)` got {num_nan} NaN value(s) out of {values.numel()} with "
+            "nan_policy='error'; pass nan_policy='ignore' to drop them or 'zero' to count them as 0.0"
+        )
+    if nan_policy == "ignore":
+        return values[~nan]
+    return torch.where(nan, torch.zeros_like(values), values)
+
+
+def _mean_std(count: Tensor, total: Tensor, sq_total: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean and population std from sums (float64); NaN for both when ``count == 0``."""
+    nan = torch.full_like(total, math.nan)
+    safe = count.clamp_min(1)
+    mean = total / safe
+    # E[x^2] - E[x]^2 can dip below zero by rounding; a variance is never negative.
+    var = (sq_total / safe - mean * mean).clamp_min(0)
+    empty = count == 0
+    return torch.where(empty, nan, mean), torch.where(empty, nan, var.sqrt())
+
+
+def _check_rewards_2d(rewards: Tensor, where: str) -> Tensor:
+    rewards = _as_2d(rewards, "rewards", where)
+    if torch.isinf(rewards).any():
+        raise ValueError(
+            f"`{where}(rewards=...)` must be finite or NaN (NaN marks a missing reward), "
+            f"got {int(torch.isinf(rewards).sum())} infinite value(s)"
+        )
+    return rewards
+
+
+# ----------------------------------------------------------------------------- group advantages
+def zero_std_groups(rewards: Tensor) -> Tensor:
+    """Flag the groups whose finite rewards are all equal (no learning signal for GRPO).
+
+    NaN rewards are missing and ignored; a group with fewer than two finite rewards counts as
+    zero-std (it has no spread either).
+
+    Args:
+        rewards: ``[P, G]`` rewards, one row per group; NaN marks a missing reward.
+
+    Returns:
+        ``[P]`` bool tensor.
+
+    Raises:
+        ValueError: if ``rewards`` is not 2-D or holds an infinite value.
+
+    Example:
+        >>> zero_std_groups(torch.tensor([[1.0, 1.0, float("nan")], [0.0, 1.0, 1.0]]))
+        tensor([ True, False])
+    """
+    rewards = _check_rewards_2d(rewards, "zero_std_groups").to(torch.float64)
+    if rewards.shape[1] == 0:  # amin/amax refuse empty rows; an empty group has no spread
+        return torch.ones(rewards.shape[0], dtype=torch.bool, device=rewards.device)
+    finite = ~torch.isnan(rewards)
+    inf = torch.full_like(rewards, math.inf)
+    low = torch.where(finite, rewards, inf).amin(dim=1)
+    high = torch.where(finite, rewards, -inf).amax(dim=1)
+    return (low == high) | ~finite.any(dim=1)
+
+
+def group_advantages(rewards: Tensor, scale: bool = True, eps: float = ADVANTAGE_EPS) -> Tensor:
+    """Group-relative advantages (GRPO): each reward minus its group's mean, optionally scaled.
+
+    ``A[p, g] = (r[p, g] - mean_p) / (std_p + eps)`` with ``scale=True``, else ``r[p, g] - mean_p``,
+    where ``std_p`` is the *population* std of the group (``unbiased=False``, divide by the
+    number of finite rewards). NaN rewards are missing: left out of the group's mean and std, and
+    their own advantage is 0. A group whose finite rewards are all equal (including one with fewer
+    than two finite rewards) gets exactly zero advantage. Computed in float64, returned in the
+    input's dtype (integer or bool rewards give the default float dtype).
+
+    Args:
+        rewards: ``[P, G]`` rewards, one row per group of samples of the same prompt.
+        scale: divide by ``std + eps``.
+        eps: non-negative, added to the std before dividing.
+
+    Returns:
+        ``[P, G]`` advantages.
+
+    Raises:
+        ValueError: if ``rewards`` is not 2-D or holds an infinite value, or ``eps`` is negative.
+
+    Example:
+        >>> group_advantages(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), scale=False)
+        tensor([[ 0.5000, -0.5000],
+                [ 0.0000,  0.0000]])
+    """
+    rewards = _check_rewards_2d(rewards, "group_advantages")
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 <= eps < math.inf:
+        raise ValueError(f"`group_advantages(eps=...)` must be a finite number >= 0, got {eps!r}")
+    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.get_default_dtype()
+    r = rewards.to(torch.float64)
+    finite = ~torch.isnan(r)
+    count = finite.sum(dim=1, keepdim=True).clamp_min(1)
+    mean = torch.where(finite, r, 0.0).sum(dim=1, keepdim=True) / count
+    centered = torch.where(finite, r - mean, 0.0)
+    if scale:
+        std = ((centered * centered).sum(dim=1, keepdim=True) / count).sqrt()
+        centered = centered / (std + eps)
+    # Rounding in the mean would leave tiny non-zero values in constant groups; force exact zeros.
+    flat = zero_std_groups(rewards).unsqueeze(1)
+    return torch.where(flat, torch.zeros_like(centered), centered).to(out_dtype)
+
+
+# ----------------------------------------------------------------------------- pass@k, maj@k, mean@n
+def _pass_at_k_per_prompt(correct: Tensor, k: int, where: str, name: str = "k") -> Tensor:
+    correct = _check_binary(_as_2d(correct, "correct", where), "correct", where)
+    n = correct.shape[1]
+    _check_k_le_n(k, n, where, name)
+    c = correct.sum(dim=1, keepdim=True)
+    # C(n-c, k) / C(n, k) = prod_{i=n-c+1}^{n} (1 - k / i): no huge binomials (Codex paper, Chen et al. 2021).
+    i = torch.arange(1, n + 1, dtype=torch.float64, device=correct.device).unsqueeze(0)
+    terms = torch.where(i > n - c, 1.0 - k / i, torch.ones_like(i))
+    fail_all = terms.prod(dim=1)
+    # With fewer than k wrong samples every k-subset holds a correct one.
+    return torch.where((n - c.squeeze(1)) < k, torch.ones_like(fail_all), 1.0 - fail_all)
+
+
+def pass_at_k_per_prompt(correct: Tensor, k: int) -> Tensor:
+    """Unbiased pass@k of each prompt: ``1 - C(n - c, k) / C(n, k)``, ``c`` correct out of ``n``.
+
+    The probability that at least one of ``k`` samples drawn without replacement from the ``n``
+    is correct, computed as a product (Chen et al. 2021), stable for large ``n``.
+
+    Args:
+        correct: ``[P, n]`` bool or 0/1 tensor, whether each sample is correct.
+        k: positive integer, ``k <= n``.
+
+    Returns:
+        ``[P]`` float64.
+
+    Raises:
+        ValueError: if ``correct`` is not 2-D or not 0/1, ``k`` is not a positive integer, or ``k > n``.
+
+    Example:
+        >>> pass_at_k_per_prompt(torch.tensor([[1, 0, 0, 0], [0, 0, 0, 0]]), k=2)
+        tensor([0.5000, 0.0000], dtype=torch.float64)
+    """
+    return _pass_at_k_per_prompt(correct, _check_k(k, "pass_at_k_per_prompt"), "pass_at_k_per_prompt")
+
+
+def pass_at_k(correct: Tensor, k: int) -> Tensor:
+    """Unbiased pass@k averaged over prompts (see :func:`pass_at_k_per_prompt`); NaN when ``P == 0``.
+
+    Example:
+        >>> pass_at_k(torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0]]), k=2)
+        tensor(0.6667, dtype=torch.float64)
+    """
+    return _pass_at_k_per_prompt(correct, _check_k(k, "pass_at_k"), "pass_at_k").mean()
+
+
+def _maj_at_k_per_prompt(answer_ids: Tensor, correct: Tensor, k: int, where: str, name: str = "k") -> Tensor:
+    answer_ids = _as_2d(answer_ids, "answer_ids", where)
+    correct = _check_binary(_as_2d(correct, "correct", where), "correct", where)
+    if answer_ids.dtype == torch.bool or answer_ids.is_floating_point() or answer_ids.is_complex():
+        raise ValueError(
+            f"`{where}(answer_ids=...)` must be an integer tensor of answer ids, got dtype {answer_ids.dtype}"
+        )
+    if answer_ids.shape != correct.shape:
+        raise ValueError(
+            f"`{where}(correct=...)` must have the shape of answer_ids {tuple(answer_ids.shape)}, "
+            f"got {tuple(correct.shape)}"
+        )
+    if answer_ids.numel() and int(answer_ids.min()) < NO_ANSWER:
+        raise ValueError(
+            f"`{where}(answer_ids=...)` must be >= {NO_ANSWER} ({NO_ANSWER} means no answer), "
+            f"got {int(answer_ids.min())}"
+        )
+    _check_k_le_n(k, answer_ids.shape[1], where, name)
+    ids, ok = answer_ids[:, :k], correct[:, :k]
+    valid = ids != NO_ANSWER
+    same = ids.unsqueeze(2) == ids.unsqueeze(1)  # [P, k, k]: sample j and sample l give the same answer
+    votes = (same & valid.unsqueeze(1)).sum(dim=2)
+    votes = torch.where(valid, votes, torch.zeros_like(votes))
+    # argmax returns the first maximal index, i.e. the tied answer that appears first wins.
+    winner = (votes == votes.amax(dim=1, keepdim=True)).int().argmax(dim=1, keepdim=True)
+    winner_ok = (same.gather(1, winner.unsqueeze(2).expand(-1, 1, k)).squeeze(1) & ok).any(dim=1)
+    return (winner_ok & valid.any(dim=1)).to(torch.float64)
+
+
+def maj_at_k_per_prompt(answer_ids: Tensor, correct: Tensor, k: int) -> Tensor:
+    """Majority vote over each prompt's first ``k`` samples: 1.0 when the winning answer is correct.
+
+    Votes count the samples per answer id among the first ``k``; ``-1`` (no answer) never gets
+    votes, and a prompt whose first ``k`` samples are all ``-1`` is incorrect. Ties are broken
+    deterministically: among the answers with the most votes, the one that appears first (lowest
+    sample index) wins. The winning answer is correct when any of the first ``k`` samples with that
+    id is marked correct.
+
+    Args:
+        answer_ids: ``[P, n]`` integer tensor, one id per distinct final answer, ``-1`` for none.
+        correct: ``[P, n]`` bool or 0/1 tensor, whether each sample is correct.
+        k: positive integer, ``k <= n``.
+
+    Returns:
+        ``[P]`` float64 of 0.0 / 1.0.
+
+    Raises:
+        ValueError: on non-2-D or mismatched shapes, non-integer or < -1 ids, non-0/1 ``correct``,
+            a non-positive ``k`` or ``k > n``.
+
+    Example:
+        >>> ids = torch.tensor([[3, 5, 5, 3], [-1, -1, 2, 2]])
+        >>> ok = torch.tensor([[1, 0, 0, 1], [0, 0, 1, 1]])
+        >>> maj_at_k_per_prompt(ids, ok, k=4)  # row 0: 3 and 5 tie, 3 appears first
+        tensor([1., 1.], dtype=torch.float64)
+    """
+    k = _check_k(k, "maj_at_k_per_prompt")
+    return _maj_at_k_per_prompt(answer_ids, correct, k, "maj_at_k_per_prompt")
+
+
+def maj_at_k(answer_ids: Tensor, correct: Tensor, k: int) -> Tensor:
+    """maj@k averaged over prompts (see :func:`maj_at_k_per_prompt`); NaN when ``P == 0``.
+
+    Example:
+        >>> maj_at_k(torch.tensor([[3, 5, 5], [1, 2, 2]]), torch.tensor([[1, 0, 0], [1, 0, 0]]), k=3)
+        tensor(0., dtype=torch.float64)
+    """
+    return _maj_at_k_per_prompt(answer_ids, correct, _check_k(k, "maj_at_k"), "maj_at_k").mean()
+
+
+def mean_at_n(values: Tensor) -> Tensor:
+    """mean@n: the mean over each prompt's ``n`` samples, averaged over prompts (float64).
+
+    Each prompt weighs the same whatever its ``n``; NaN when ``P == 0``.
+
+    Args:
+        values: ``[P, n]`` per-sample values (rewards, or 0/1 correctness), ``n >= 1``.
+
+    Raises:
+        ValueError: if ``values`` is not 2-D or has no samples per prompt.
+
+    Example:
+        >>> mean_at_n(torch.tensor([[1.0, 0.0], [1.0, 1.0]]))
+        tensor(0.7500, dtype=torch.float64)
+    """
+    values = _as_2d(values, "values", "mean_at_n")
+    if values.shape[1] == 0:
+        raise ValueError("`mean_at_n(values=...)` needs n >= 1 samples per prompt, got shape "
+                         f"{tuple(values.shape)}")
+    return values.to(torch.float64).mean(dim=1).mean()
+
+
+# ----------------------------------------------------------------------------- Wilson interval
+def wilson_interval(
+    successes: float | Tensor, total: float | Tensor, confidence: float = 0.95
+) -> tuple[Tensor, Tensor]:
+    """Wilson score interval for a proportion ``successes / total`` (float64, elementwise).
+
+    Unlike the normal approximation it stays inside [0, 1] and behaves at 0 and ``total``
+    successes. ``total == 0`` gives the uninformative interval (0.0, 1.0).
+
+    Args:
+        successes: number of successes, ``0 <= successes <= total``.
+        total: number of trials, ``>= 0``.
+        confidence: two-sided confidence level in (0, 1).
+
+    Returns:
+        ``(low, high)``, float64 tensors of the broadcast shape of the inputs.
+
+    Raises:
+        ValueError: if ``confidence`` is outside (0, 1), ``total`` is negative, or ``successes``
+            is outside [0, total].
+
+    Example:
+        >>> low, high = wilson_interval(8, 10)
+        >>> round(low.item(), 4), round(high.item(), 4)
+        (0.4902, 0.9433)
+    """
+    confidence = _check_confidence(confidence, "wilson_interval")
+    s = torch.as_tensor(successes, dtype=torch.float64)
+    t = torch.as_tensor(total, dtype=torch.float64, device=s.device)
+    s, t = torch.broadcast_tensors(s, t)
+    bad_t = ~(torch.isfinite(t) & (t >= 0))
+    if bad_t.any():
+        raise ValueError(f"`wilson_interval(total=...)` must be finite and >= 0, got {t[bad_t][0].item()}")
+    bad_s = ~(torch.isfinite(s) & (s >= 0) & (s <= t))
+    if bad_s.any():  # report the first offending pair, not a whole tensor
+        raise ValueError(
+            f"`wilson_interval(successes=...)` must be in [0, total], "
+            f"got successes={s[bad_s][0].item()}, total={t[bad_s][0].item()}"
+        )
+    z = torch.special.ndtri(torch.tensor(0.5 + confidence / 2, dtype=torch.float64, device=s.device))
+    safe_t = t.clamp_min(1)
+    p = s / safe_t
+    z2n = z * z / safe_t
+    center = (p + z2n / 2) / (1 + z2n)
+    half = z * torch.sqrt(p * (1 - p) / safe_t + z2n / (4 * safe_t)) / (1 + z2n)
+    # The bounds are exactly 0 / 1 at 0 / total successes; pin them so rounding does not leak.
+    low = torch.where(s == 0, torch.zeros_like(p), (center - half).clamp(0, 1))
+    high = torch.where(s == t, torch.ones_like(p), (center + half).clamp(0, 1))
+    empty = t == 0
+    return torch.where(empty, 0.0, low), torch.where(empty, 1.0, high)

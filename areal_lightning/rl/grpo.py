@@ -1,0 +1,183 @@
+"""`GRPOModule`: group-relative policy optimisation of a language-model policy, as a LightningModule."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader
+from typing_extensions import override
+
+from areal_lightning.config import Config, GRPOConfig
+from areal_lightning.data.sharding import sample_seed
+from areal_lightning.data.tasks import ArithmeticTask, Sample
+from areal_lightning.metrics import AdvantageMetric, RewardMetric
+from areal_lightning.metrics.functional import group_advantages
+from areal_lightning.rl.policy import TinyPolicy, completion_mask
+from areal_lightning.rl.warmup import format_warmup
+
+TRAIN_STREAM = "train"  # names the per-step rollout seeds, apart from every eval set's
+
+
+def collate_prompts(samples: Sequence[Sample], task: ArithmeticTask) -> dict[str, Any]:
+    """Left-padded prompt ids and mask, plus the samples' answers and indices."""
+    ids, mask = task.tokenizer.pad_left([task.tokenizer.encode(s.prompt) for s in samples])
+    return {"prompt_ids": ids, "prompt_mask": mask, "answers": [s.answer for s in samples],
+            "index": torch.tensor([s.index for s in samples])}
+
+
+def build_policy(cfg: Config, task: ArithmeticTask) -> TinyPolicy:
+    """The policy the config names (only `tiny` on this path; `hf` needs the hf extra)."""
+    if cfg.policy.kind != "tiny":
+        raise NotImplementedError(f"policy.kind={cfg.policy.kind!r} is not available yet; use tiny")
+    tok = task.tokenizer
+    p = cfg.policy
+    return TinyPolicy(tok.vocab_size, p.d_model, p.n_layers, p.n_heads, p.max_len, pad_id=tok.pad_id, eos_id=tok.eos_id)
+
+
+class GRPOModule(L.LightningModule):
+    """Samples `group_size` completions per prompt, scores them, and optimises the clipped
+    policy-gradient objective with group-relative advantages.
+
+    Args:
+        policy: a `Policy` (e.g. `TinyPolicy`).
+        task: supplies the training prompts, tokenizer and reward.
+        grpo: the GRPO settings (group size, lr, clip_eps, kl_coef, ...).
+        seed: seeds warm-up and rollouts; each step's rollouts use their own derived seed, so
+            evaluating in between does not change what training samples.
+
+    Example:
+        >>> from areal_lightning.config import load_config
+        >>> module = GRPOModule.from_config(load_config(None, ["eval_sets.easy.size=8"]))
+        >>> type(module.policy).__name__
+        'TinyPolicy'
+    """
+
+    def __init__(self, policy: TinyPolicy, task: ArithmeticTask, grpo: GRPOConfig | None = None, seed: int = 0) -> None:
+        super().__init__()
+        self.policy = policy
+        self.task = task
+        self.grpo = grpo or GRPOConfig()
+        self.seed = seed
+        self.save_hyperparameters({"grpo": asdict(self.grpo), "seed": seed})
+        # The frozen policy of the KL penalty: a registered submodule, so a resume restores it.
+        self.reference = copy.deepcopy(policy).requires_grad_(False) if self.grpo.kl_coef > 0 else None
+        self.warmed_up = False
+        self.train_reward = RewardMetric()
+        self.train_advantage = AdvantageMetric(scale=self.grpo.scale_advantages)
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> GRPOModule:
+        torch.manual_seed(cfg.seed)  # the policy's initial weights
+        task = ArithmeticTask(train_digits=cfg.task.train_digits, train_size=cfg.task.train_size, seed=cfg.seed)
+        return cls(build_policy(cfg, task), task, cfg.grpo, seed=cfg.seed)
+
+    @override
+    def setup(self, stage: str) -> None:
+        # Runs before the strategy wraps the module (no DDP hooks yet) and before a checkpoint is
+        # restored; every rank runs the same seeded warm-up, so the weights agree.
+        resuming = self.trainer.ckpt_path is not None if self._trainer is not None else False
+        if stage == "fit" and not self.warmed_up and not resuming and self.grpo.warmup_steps:
+            format_warmup(self.policy, self.task, steps=self.grpo.warmup_steps, lr=self.grpo.warmup_lr, seed=self.seed)
+            if self.reference is not None:
+                self.reference.load_state_dict(self.policy.state_dict())
+        self.warmed_up = True
+
+    @override
+    def train_dataloader(self) -> DataLoader:
+        generator = torch.Generator().manual_seed(self.seed)
+        return DataLoader(
+            self.task.train_samples(), batch_size=self.grpo.prompts_per_step, shuffle=True, generator=generator,
+            collate_fn=lambda samples: collate_prompts(samples, self.task),
+        )
+
+    @override
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.policy.parameters(), lr=self.grpo.lr)
+
+    def _rollout_generator(self) -> torch.Generator:
+        stream = self.global_step * self.trainer.world_size + self.trainer.global_rank
+        return torch.Generator().manual_seed(sample_seed(self.seed, TRAIN_STREAM, stream))
+
+    def score(self, completions: Tensor, answers: Sequence[str]) -> tuple[list[str], Tensor]:
+        """Decoded completions and their rewards (float32, one per row)."""
+        texts = [self.task.tokenizer.decode(row) for row in completions.cpu()]
+        rewards = torch.tensor([self.task.reward(t, a) for t, a in zip(texts, answers)], dtype=torch.float32)
+        return texts, rewards.to(completions.device)
+
+    def evaluate(self, batches: Sequence[Any], ctx: Any) -> dict[str, Any]:
+        """The default `evaluate_fn` of `EvaluationCallback`: rollouts, reward, accuracy, pass@k, maj@k."""
+        from areal_lightning.rl.evaluation import rollout_evaluate  # it imports this module
+
+        return rollout_evaluate(self, batches, ctx)
+
+    @override
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        g, cfg = self.grpo.group_size, self.grpo
+        ids = batch["prompt_ids"].repeat_interleave(g, dim=0)
+        mask = batch["prompt_mask"].repeat_interleave(g, dim=0)
+        answers = [a for a in batch["answers"] for _ in range(g)]
+        completions = self.policy.generate(
+            ids, mask, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, generators=self._rollout_generator()
+        )
+        texts, rewards = self.score(completions, answers)
+        grouped = rewards.view(-1, g)
+        advantages = group_advantages(grouped, scale=cfg.scale_advantages).reshape(-1, 1)
+
+        logp, entropy = self.policy.completion_logprobs(ids, mask, completions, temperature=cfg.temperature)
+        # One update per rollout: the weights that sampled are the weights being updated, so the
+        # sampling policy's log-probs equal `logp` without its graph (a second forward would
+        # recompute the same numbers). The ratio is 1 in value and carries the policy gradient.
+        old_logp = logp.detach()
+        tokens = completion_mask(completions, self.policy.eos_id).float()
+        ratio = (logp - old_logp).exp()
+        clipped = ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps)
+        per_token = -torch.min(ratio * advantages, clipped * advantages)
+        kl = torch.zeros_like(per_token)
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logp, _ = self.reference.completion_logprobs(ids, mask, completions, temperature=cfg.temperature)
+            log_ratio = ref_logp - logp
+            kl = log_ratio.exp() - log_ratio - 1  # k3 estimator: unbiased, non-negative
+            per_token = per_token + cfg.kl_coef * kl
+        n_tokens = tokens.sum().clamp(min=1)
+        loss = (per_token * tokens).sum() / n_tokens  # token-mean over the whole batch
+
+        reward_stats = self.train_reward(rewards)
+        adv_stats = self.train_advantage(grouped)
+        token_mean = lambda x: (x * tokens).sum() / n_tokens  # noqa: E731
+        self.log("train/reward", reward_stats["mean"], prog_bar=True, batch_size=len(texts))
+        self.log_dict(
+            {
+                "train/reward_std": reward_stats["std"],
+                "train/advantage_mean": adv_stats["mean"],
+                "train/advantage_std": adv_stats["std"],
+                "train/advantage_abs_mean": adv_stats["abs_mean"],
+                "train/zero_std_frac": adv_stats["zero_std_frac"],
+                "train/kl": token_mean(kl.detach()),
+                "train/clip_frac": token_mean(((ratio - clipped).abs() > 0).float().detach()),
+                "train/completion_len": tokens.sum(dim=1).mean(),
+                "train/entropy": token_mean(entropy.detach()),
+                "train/loss": loss.detach(),
+            },
+            batch_size=len(texts),
+        )
+        return loss
+
+    @override
+    def on_train_epoch_end(self) -> None:
+        self.train_reward.reset()
+        self.train_advantage.reset()
+
+    @override
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["grpo_warmed_up"] = self.warmed_up
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.warmed_up = checkpoint.get("grpo_warmed_up", True)

@@ -1,0 +1,306 @@
+"""Eval curves from eval histories: ``areal-lightning plot RUN_DIR [RUN_DIR ...]``.
+
+One run: the metric of each eval set over training steps (a line per eval set). Several runs:
+the metric across runs (a line per run and eval set; colour = run, line style = eval set).
+Where a history has ``<metric>/ci_low`` and ``<metric>/ci_high`` (our accuracy metric logs its
+Wilson interval there) the interval is a shaded band around the line.
+
+Drawing uses matplotlib's object API with the Agg canvas, so it works without a display and
+never touches pyplot's global state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
+
+from areal_lightning.tracking.history import HISTORY_FILENAME, eval_rows, read_history
+
+DEFAULT_METRIC = "accuracy"
+CI_LOW_SUFFIX = "/ci_low"
+CI_HIGH_SUFFIX = "/ci_high"
+FIGURE_SIZE_IN = (8.0, 4.8)
+FIGURE_DPI = 150
+BAND_ALPHA = 0.18
+LINE_WIDTH = 1.8
+MARKER_SIZE = 5.5
+MAX_MARKERS = 30
+SAVE_FORMATS = (".png", ".pdf", ".svg")
+# Above this many legend entries the legend moves outside the axes, so it hides no data.
+LEGEND_INSIDE_MAX = 6
+# Runs named in a comparison's title before it says "N runs" instead.
+TITLE_MAX_RUNS = 3
+X_LABEL = "global step of evaluated weights"
+PALETTE_SIZE = 10
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+LINE_STYLES = ("-", "--", ":", "-.")
+# Metrics that live in [0, 1]; their y axis is fixed to [0, 1] so curves from runs compare at a
+# glance. Matched against the metric name or its last "/" component.
+UNIT_INTERVAL_METRIC = re.compile(
+    r"(accuracy|acc|(pass|maj|best|mean|worst)@\d+|success_rate|zero_std_frac(tion)?)")
+
+
+class PlotError(ValueError):
+    """Bad input to a plot: the message names what was wrong and what is accepted."""
+
+
+@dataclass(frozen=True)
+class Series:
+    """One curve: a metric of one eval set of one run over steps (NaN where missing)."""
+
+    run: str
+    dataset: str
+    steps: np.ndarray
+    values: np.ndarray
+    ci_low: np.ndarray | None
+    ci_high: np.ndarray | None
+
+
+def _as_float(value: Any) -> float:
+    """History values are numbers or null (NaN written by the trainer)."""
+    return math.nan if value is None else float(value)
+
+
+def metric_names(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The plottable metric names in eval records, sorted (the ``/ci_*`` bounds left out)."""
+    names = {k for r in eval_rows(records) for k in r.get("metrics", {})}
+    return sorted(n for n in names if not n.endswith((CI_LOW_SUFFIX, CI_HIGH_SUFFIX)))
+
+
+def metric_series(run: str, records: Sequence[Mapping[str, Any]], metric: str) -> list[Series]:
+    """A :class:`Series` per eval set that has ``metric``, eval sets in first-seen order.
+
+    Where a step appears twice for one eval set (e.g. a resumed run evaluated it again) the
+    later record wins, as it is the one the run went on from.
+    """
+    by_dataset: dict[str, dict[int, Mapping[str, Any]]] = {}
+    for row in eval_rows(records):
+        metrics = row.get("metrics", {})
+        if metric in metrics:
+            by_dataset.setdefault(str(row.get("dataset")), {})[int(row["step"])] = metrics
+    series = []
+    for dataset, rows in by_dataset.items():
+        steps = sorted(rows)
+        values = np.array([_as_float(rows[s][metric]) for s in steps])
+        low_key, high_key = metric + CI_LOW_SUFFIX, metric + CI_HIGH_SUFFIX
+        has_ci = any(low_key in rows[s] and high_key in rows[s] for s in steps)
+        low = np.array([_as_float(rows[s].get(low_key)) for s in steps]) if has_ci else None
+        high = np.array([_as_float(rows[s].get(high_key)) for s in steps]) if has_ci else None
+        series.append(Series(run, dataset, np.array(steps), values, low, high))
+    return series
+
+
+def _is_unit_interval(metric: str, series: Sequence[Series]) -> bool:
+    """Fix y to [0, 1] for a known [0, 1] metric whose values do lie there."""
+    last = metric.rsplit("/", 1)[-1]
+    if not (UNIT_INTERVAL_METRIC.fullmatch(metric) or UNIT_INTERVAL_METRIC.fullmatch(last)):
+        return False
+    arrays = [a for s in series for a in (s.values, s.ci_low, s.ci_high) if a is not None]
+    finite = np.concatenate([a[np.isfinite(a)] for a in arrays]) if arrays else np.array([])
+    return bool(finite.size == 0 or (finite.min() >= 0.0 and finite.max() <= 1.0))
+
+
+def _title(metric: str, runs: Sequence[str]) -> str:
+    if len(runs) == 1:
+        return f"{metric} per eval set \u2014 {runs[0]}"
+    if len(runs) <= TITLE_MAX_RUNS:
+        return f"{metric}: " + " vs ".join(runs)
+    return f"{metric} across {len(runs)} runs"
+
+
+def build_figure(
+    runs: Mapping[str, Sequence[Mapping[str, Any]]], metric: str = DEFAULT_METRIC
+) -> Figure:
+    """Draw ``metric`` over steps for one run (a line per eval set) or several (per run, eval set).
+
+    Args:
+        runs: run name -> its eval history records (as :func:`read_history` returns them).
+        metric: a key of the records' ``"metrics"``, e.g. ``"accuracy"`` or ``"reward/mean"``.
+
+    Returns:
+        The Figure (Agg canvas attached): one Axes; a line labelled ``dataset`` (one run) or
+        ``"run: dataset"`` (several) per series; a shaded band per series with a CI.
+
+    Raises:
+        PlotError: no runs, a run without eval records, or no run has ``metric``.
+
+    Example:
+        >>> recs = [{"step": s, "dataset": "easy", "metrics": {"accuracy": s / 10}} for s in (0, 5)]
+        >>> [l.get_label() for l in build_figure({"demo": recs}).axes[0].get_lines()]
+        ['easy']
+    """
+    if not runs:
+        raise PlotError("build_figure(runs=...) needs at least one run, got none")
+    for name, records in runs.items():
+        if not eval_rows(records):
+            raise PlotError(f"run {name!r} has no eval records (only alerts / errors, or none)")
+    all_series: list[Series] = []
+    for name, records in runs.items():
+        found = metric_series(name, records, metric)
+        if not found and len(runs) > 1:
+            warnings.warn(f"run {name!r} has no metric {metric!r}; it is left out of the figure",
+                          UserWarning, stacklevel=2)
+        all_series.extend(found)
+    if not all_series:
+        available = sorted({m for records in runs.values() for m in metric_names(records)})
+        raise PlotError(f"no run has metric {metric!r}; metrics in the history: "
+                        f"{', '.join(available) or '(none)'}")
+
+    fig = Figure(figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    run_names = list(runs)
+    datasets = list(dict.fromkeys(s.dataset for s in all_series))
+    palette = [f"C{i}" for i in range(PALETTE_SIZE)]  # matplotlib's default colour cycle
+    single = len(runs) == 1
+    for s in all_series:
+        d_index, r_index = datasets.index(s.dataset), run_names.index(s.run)
+        color = palette[(d_index if single else r_index) % len(palette)]
+        style = "-" if single else LINE_STYLES[d_index % len(LINE_STYLES)]
+        marker = MARKERS[d_index % len(MARKERS)]
+        label = s.dataset if single else f"{s.run}: {s.dataset}"
+        # A marker per eval round, thinned on long runs so the line stays readable.
+        every = max(1, math.ceil(len(s.steps) / MAX_MARKERS))
+        ax.plot(s.steps, s.values, color=color, linestyle=style, marker=marker, label=label,
+                linewidth=LINE_WIDTH, markersize=MARKER_SIZE, markevery=every,
+                markeredgecolor="white", markeredgewidth=0.7, clip_on=False, zorder=3)
+        if s.ci_low is not None and s.ci_high is not None:
+            ax.fill_between(s.steps, s.ci_low, s.ci_high, color=color, alpha=BAND_ALPHA,
+                            linewidth=0, label=f"_ci {label}", zorder=2)
+
+    ax.set_title(_title(metric, run_names))
+    ax.set_xlabel(X_LABEL)
+    ax.set_ylabel(metric)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if _is_unit_interval(metric, all_series):
+        ax.set_ylim(0.0, 1.0)
+    ax.grid(True, color="0.88", linewidth=0.8)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+    handles, labels = ax.get_legend_handles_labels()
+    if any(s.ci_low is not None for s in all_series):
+        handles.append(Patch(facecolor="0.5", alpha=BAND_ALPHA * 2, label="confidence interval"))
+        labels.append("confidence interval")
+    legend_title = "eval set" if single else "run: eval set"
+    if len(labels) <= LEGEND_INSIDE_MAX:
+        ax.legend(handles, labels, title=legend_title, loc="best", frameon=False)
+    else:
+        ax.legend(handles, labels, title=legend_title, loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return fig
+
+
+def run_names(run_dirs: Sequence[Path]) -> list[str]:
+    """A name per run dir: its name, or ``parent/name`` where names collide (else the path)."""
+    names = [d.name for d in run_dirs]
+    names = [f"{d.parent.name}/{d.name}" if names.count(n) > 1 else n
+             for d, n in zip(run_dirs, names)]
+    return [str(d) if names.count(n) > 1 else n for d, n in zip(run_dirs, names)]
+
+
+def _metric_file_part(metric: str) -> str:
+    return re.sub(r"[^A-Za-z0-9@._-]+", "_", metric).strip("_") or "metric"
+
+
+def default_output(run_dirs: Sequence[Path], metric: str) -> Path:
+    """``<run>/eval_<metric>.png`` for one run, ``<first run's parent>/compare_<metric>.png``."""
+    part = _metric_file_part(metric)
+    if len(run_dirs) == 1:
+        return run_dirs[0] / f"eval_{part}.png"
+    return run_dirs[0].parent / f"compare_{part}.png"
+
+
+def _load_run(run_dir: Path) -> list[dict[str, Any]]:
+    accepted = f"pass the output_dir of a training run (it holds {HISTORY_FILENAME})"
+    if not run_dir.exists():
+        raise PlotError(f"run directory {str(run_dir)!r} does not exist; {accepted}")
+    if not run_dir.is_dir():
+        raise PlotError(f"{str(run_dir)!r} is not a directory; {accepted}")
+    history = run_dir / HISTORY_FILENAME
+    if not history.is_file():
+        raise PlotError(f"run directory {str(run_dir)!r} has no {HISTORY_FILENAME}; {accepted}")
+    try:
+        records = read_history(history)
+    except ValueError as err:
+        raise PlotError(str(err)) from None
+    if not eval_rows(records):
+        raise PlotError(f"{str(history)!r} has no eval records (it is empty or holds only "
+                        "alerts / errors); a run appends one per eval set per eval round")
+    return records
+
+
+def plot_runs(run_dirs: Sequence[str | Path], metric: str = DEFAULT_METRIC,
+              out: str | Path | None = None) -> Path:
+    """Read the runs' eval histories, draw :func:`build_figure`, save it, return the path.
+
+    Args:
+        run_dirs: one or more run output directories (each holds ``eval_history.jsonl``).
+        metric: the metric to draw, e.g. ``"accuracy"``, ``"pass@4"``, ``"reward/mean"``.
+        out: where to save (``.png``, ``.pdf`` or ``.svg``); default: see :func:`default_output`.
+
+    Raises:
+        PlotError: a run dir is missing, given twice or has no / an empty history, no run has
+            ``metric``, or ``out`` has an unsupported suffix.
+
+    Example:
+        >>> plot_runs(["runs/arith-grpo/trial0"])  # doctest: +SKIP
+        PosixPath('runs/arith-grpo/trial0/eval_accuracy.png')
+    """
+    dirs = [Path(d) for d in run_dirs]
+    if not dirs:
+        raise PlotError("plot needs at least one run directory, got none")
+    resolved = [d.resolve() for d in dirs]
+    for i, r in enumerate(resolved):
+        if r in resolved[:i]:
+            raise PlotError(f"run directory {str(dirs[i])!r} is given twice; pass each run once")
+    target = Path(out) if out is not None else default_output(dirs, metric)
+    if target.suffix.lower() not in SAVE_FORMATS:
+        raise PlotError(f"plot --out {str(target)!r} must end in one of {', '.join(SAVE_FORMATS)}")
+    runs = {name: _load_run(d) for name, d in zip(run_names(resolved), dirs)}
+    fig = build_figure(runs, metric)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target)
+    return target
+
+
+def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``RUN_DIR [RUN_DIR ...] [--metric NAME] [--out FILE]`` to the ``plot`` subcommand."""
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                        help=f"run output directories, each holding {HISTORY_FILENAME}")
+    parser.add_argument("--metric", default=DEFAULT_METRIC,
+                        help="metric to draw, e.g. accuracy, pass@4, reward/mean "
+                             f"(default: {DEFAULT_METRIC})")
+    parser.add_argument("--out", default=None, metavar="FILE",
+                        help="output image (.png, .pdf, .svg); default: RUN_DIR/eval_<metric>.png "
+                             "for one run, compare_<metric>.png beside the first run for several")
+
+
+def plot_main(args: argparse.Namespace) -> int:
+    """Run ``areal-lightning plot``: print the saved path, return 0; or print why, return 2."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            path = plot_runs(args.run_dirs, metric=args.metric, out=args.out)
+        except PlotError as err:
+            status, message = 2, f"areal-lightning plot: error: {err}"
+        else:
+            status, message = 0, str(path)
+    for warning in caught:
+        print(f"areal-lightning plot: warning: {warning.message}", file=sys.stderr)
+    print(message, file=sys.stderr if status else sys.stdout)
+    return status
