@@ -1,0 +1,92 @@
+"""load_config: YAML over defaults, then overrides; every mistake is a clear ConfigError."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from areal_lightning.config import Config, ConfigError, load_config, save_config
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "arithmetic" / "grpo.yaml"
+MINIMAL = ["eval_sets.easy.size=4"]
+
+
+def test_example_config_loads_with_interpolated_output_dir():
+    cfg = load_config(EXAMPLE, [])
+    assert cfg.output_dir == f"runs/{cfg.experiment_name}/{cfg.trial_name}"
+    assert set(cfg.eval_sets) == {"easy", "hard"}
+    assert cfg.evaluator.eval_before_train and cfg.evaluator.freq_steps == 100
+
+
+def test_overrides_win_over_the_yaml_file_and_interpolation_follows_them():
+    cfg = load_config(EXAMPLE, ["trainer.max_steps=50", "trial_name=t9", "evaluator.metric_thresholds.reward=0.5"])
+    assert cfg.trainer.max_steps == 50
+    assert cfg.output_dir.endswith("/t9")
+    assert cfg.evaluator.metric_thresholds == {"accuracy": 0.7, "reward": 0.5}
+
+
+def test_saved_config_loads_back_to_the_same_config(tmp_path):
+    cfg = load_config(EXAMPLE, ["trainer.max_steps=7"])
+    path = save_config(cfg, tmp_path)
+    assert path == tmp_path / "config.yaml"
+    assert load_config(path, []) == cfg
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["evaluator.freq_stpes=5"], r"unknown config key `evaluator.freq_stpes`.*Did you mean `freq_steps`\?.*freq_epochs, freq_steps, freq_secs"),
+        (["trainer.max_steps=abc"], r"`trainer.max_steps`.*wrong type.*'abc'.*Integer"),
+        (["trainer.max_steps=2.5"], r"`trainer.max_steps`.*wrong type.*'2.5'"),
+        (["evaluator.freq_steps=-5"], r"evaluator.freq_steps must be a positive integer or null, got -5"),
+        (["evaluator.freq_secs=-1.0"], r"evaluator.freq_secs must be a positive number or null, got -1.0"),
+        (["grpo.group_size=1"], r"grpo.group_size must be at least 2 .* got 1"),
+        (["evaluator.mode=later"], r"evaluator.mode must be one of sync, async; got 'later'"),
+        (["logger.wandb.mode=maybe"], r"logger.wandb.mode must be one of online, offline, disabled; got 'maybe'"),
+        (["eval_sets.easy.sise=3"], r"unknown config key `eval_sets.easy.sise`.*Did you mean `size`"),
+        (["eval_sets.easy.size=0"], r"eval_sets.easy.size must be a positive integer, got 0"),
+        (["policy.n_heads=3"], r"policy.n_heads must divide policy.d_model, got d_model=64, n_heads=3"),
+        (["output_dir=${nope}"], r"`output_dir`.*Interpolation key 'nope' not found"),
+        (["trainer.max_steps"], r"override 'trainer.max_steps' is not of the form key=value"),
+        (["evaluator.freq_steps=null", "evaluator.eval_at_end=false"], r"evaluator would never evaluate"),
+    ],
+)
+def test_each_bad_value_names_the_key_the_value_and_what_is_accepted(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, MINIMAL + overrides)
+
+
+def test_no_eval_set_is_an_error():
+    with pytest.raises(ConfigError, match=r"eval_sets is empty"):
+        load_config(None, [])
+
+
+def test_missing_file_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"config file '.*nope.yaml' does not exist"):
+        load_config(tmp_path / "nope.yaml", [])
+
+
+def test_malformed_yaml_names_the_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer:\n  max_steps: [1, 2\nseed: 3\n")
+    with pytest.raises(ConfigError, match=r"is not valid YAML at line \d+, column \d+"):
+        load_config(bad, [])
+
+
+def test_unknown_key_in_yaml_names_the_file(tmp_path):
+    bad = tmp_path / "typo.yaml"
+    bad.write_text("eval_sets: {easy: {size: 3}}\nevaluator: {freq_stpes: 5}\n")
+    with pytest.raises(ConfigError, match=r"unknown config key `evaluator.freq_stpes` \(from file '.*typo.yaml'\)"):
+        load_config(bad, [])
+
+
+def test_yaml_that_is_not_a_mapping_is_an_error(tmp_path):
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match=r"must hold a mapping of keys to values, got a list"):
+        load_config(bad, [])
+
+
+def test_defaults_are_a_valid_config():
+    assert isinstance(load_config(None, MINIMAL), Config)
