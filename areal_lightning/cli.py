@@ -24,7 +24,12 @@ def _quiet_lightning() -> None:
     # A single-process CPU job needs no loader workers: each prompt batch is built in microseconds.
     warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=r".*litlogger.*")
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if not log.handlers:  # our own lines only: Lightning's loggers keep their handlers
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
 
 
 def build_trainer(cfg: Config, callbacks: list, *, enable_checkpointing: bool = True):  # noqa: ANN201 - lazy import
@@ -71,7 +76,12 @@ def fit_main(args: argparse.Namespace) -> int:
     trainer = build_trainer(cfg, [callback])
     if trainer.is_global_zero:
         log.info("config saved to %s", save_config(cfg, cfg.output_dir))
-    trainer.fit(module, ckpt_path=args.ckpt)
+    from areal_lightning.tracking.loggers import finish_wandb
+
+    try:
+        trainer.fit(module, ckpt_path=args.ckpt)
+    finally:
+        finish_wandb(trainer.loggers)  # Lightning leaves the W&B run open
     if trainer.is_global_zero:
         _plot_run(Path(cfg.output_dir))
     return 0

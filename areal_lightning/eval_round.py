@@ -11,6 +11,8 @@ rank runs the same collectives in the same order.
 from __future__ import annotations
 
 import contextlib
+import copy
+import pickle
 import random
 import time
 import traceback
@@ -187,6 +189,43 @@ def _with_progress(batches: list[EvalBatch], name: str, show: bool) -> Sequence[
     return tqdm(batches, desc=f"eval {name}", unit="batch", leave=False, dynamic_ncols=True)
 
 
+def _metric_template(metric: Metric) -> Metric | None:
+    """A fresh CPU copy of `metric` (states reset) for a rank that lacks it; None if it cannot travel."""
+    try:
+        template = copy.deepcopy(metric).to("cpu")
+        template.reset()
+        pickle.dumps(template)  # fail here, on this rank alone, rather than inside the collective
+    except Exception:  # noqa: BLE001 - every rank sees the None and raises the same error below
+        return None
+    return template
+
+
+def _share_missing_metrics(ctx: EvalContext, names_per_rank: Sequence[Sequence[str]], dataset: str) -> None:
+    """Gives this rank a fresh copy of every metric that another rank created and it did not.
+
+    A rank dealt no batch never reaches a ``ctx.metric(...)`` written inside the batch loop; its
+    metrics would differ from the other ranks', and their ``compute()`` syncs would not pair up
+    (the ranks hang). All ranks see the same gathered names, so they all agree whether the extra
+    gather of templates runs, and whether a metric that cannot be copied is an error.
+    """
+    union = sorted(set().union(*names_per_rank))
+    if all(len(names) == len(union) for names in names_per_rank):
+        return
+    offered = _all_gather_object({name: _metric_template(m) for name, m in ctx.metrics.items()})
+    missing_somewhere = [name for name in union if any(name not in names for names in names_per_rank)]
+    stuck = [name for name in missing_somewhere if all(o.get(name) is None for o in offered)]
+    if stuck:
+        raise EvalRoundError(
+            f"evaluation of eval set {dataset!r} failed: metrics {stuck} were created on some ranks only (a rank "
+            "dealt no batch never calls ctx.metric inside the batch loop) and cannot be copied to the others; "
+            "create every metric with ctx.metric(...) before the batch loop"
+        )
+    for name in missing_somewhere:
+        if name not in ctx.metrics:
+            template = next(o[name] for o in offered if o.get(name) is not None)
+            ctx.metrics[name] = template.to(ctx.device)
+
+
 def evaluate_set(
     module: nn.Module, eval_set: EvalSet, evaluate_fn: EvaluateFn, *, seed: int, global_step: int, epoch: int,
     max_table_rows: int = 0, show_progress: bool = False,
@@ -211,17 +250,30 @@ def evaluate_set(
         extras = _local_extras(out, num_prompts)
     except Exception as err:  # noqa: BLE001 - reported on every rank below, so no rank waits forever
         error, extras = f"rank {rank}: {type(err).__name__}: {err}\n{traceback.format_exc()}", {}
-    # One object gather carries errors, counts, extras and table rows: the same collective on every rank.
-    gathered = _all_gather_object((error, num_prompts, ctx.num_samples or num_prompts, extras, ctx.table_rows))
+    # One object gather carries errors, counts, extras, table rows and metric names: the same
+    # collective on every rank.
+    gathered = _all_gather_object(
+        (error, num_prompts, ctx.num_samples or num_prompts, extras, ctx.table_rows, sorted(ctx.metrics))
+    )
     errors = [g[0] for g in gathered if g[0]]
     if errors:
         raise EvalRoundError(f"evaluation of eval set {eval_set.name!r} failed: " + "\n".join(errors))
+    _share_missing_metrics(ctx, [g[5] for g in gathered], eval_set.name)
     metrics: dict[str, float] = {}
-    with warnings.catch_warnings():
-        # A rank dealt no batch never updates its metrics; its compute() still joins the sync.
-        warnings.filterwarnings("ignore", message=".*compute.*before.*update.*")
-        for name in sorted(ctx.metrics):
-            metrics.update(_flatten(name, ctx.metrics[name].compute()))
+    try:
+        with warnings.catch_warnings():
+            # A rank dealt no batch never updates its metrics; its compute() still joins the sync.
+            warnings.filterwarnings("ignore", message=".*compute.*before.*update.*")
+            for name in sorted(ctx.metrics):
+                metrics.update(_flatten(name, ctx.metrics[name].compute()))
+    except Exception as err:
+        # A metric whose compute() fails or is not a scalar (or a mapping of scalars) is a failed
+        # round that `on_error` decides about, not a crash of training. compute() runs on values
+        # already synced, so every rank fails here alike and none is left waiting.
+        raise EvalRoundError(
+            f"evaluation of eval set {eval_set.name!r} failed: computing metric {name!r} raised "
+            f"{type(err).__name__}: {err} (a metric must compute a scalar or a mapping of scalars)"
+        ) from err
     metrics.update(_merge_extras([g[3] for g in gathered]))
     total_prompts = sum(g[1] for g in gathered)
     if total_prompts != len(eval_set.samples):

@@ -1,13 +1,261 @@
-"""`areal-lightning evaluate`: placeholder wiring, replaced by the sharded evaluate command."""
+"""`areal-lightning evaluate -c CONFIG --ckpt PATH [key=value ...]`: evaluate a checkpoint.
+
+The command runs the same evaluation round as training (`eval_round.run_round`) on any number of
+devices: `trainer.devices=2 trainer.strategy=ddp` makes Lightning's Fabric re-run this command in
+one child process per extra device (as Lightning launches training), every rank evaluates its
+deal of each eval set's global batches, and the reduced metrics are the same as on one device.
+Rank 0 prints a table and appends one record per eval set to the eval history (trigger
+``["evaluate"]``, ``step`` and ``epoch`` of the checkpoint).
+
+Everything a user can get wrong (config, checkpoint path, a checkpoint of another model) is
+checked before any child process starts, and reported in one line with exit status 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+import pickle
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from areal_lightning.cli import _fail, _quiet_lightning
+from areal_lightning.config import Config, ConfigError, load_config
+
+if TYPE_CHECKING:  # heavy imports stay out of `areal-lightning --help` and `plot`
+    from lightning.fabric import Fabric
+
+    from areal_lightning.eval_round import SetResult
+    from areal_lightning.rl.grpo import GRPOModule
+
+EVALUATE_TRIGGER = "evaluate"
+"""The `trigger` of the command's eval-history records (training rounds say steps, epochs ...)."""
+EVAL_FAILED = 1
+"""Exit status when the evaluation itself failed (`evaluate_fn` raised on some rank)."""
+STATE_DICT_KEY = "state_dict"
+"""Where a Lightning checkpoint keeps the module's weights."""
+# Key names shown in a mismatch message: enough to recognise the module, short enough to read.
+MAX_KEYS_SHOWN = 5
+METRIC_DECIMALS = 4
+SECS_DECIMALS = 2
+
+# torch.load(weights_only=True) names an object it will not unpickle in these words (torch >= 2.4).
+_REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
+_UNPICKLER_SAYS = "WeightsUnpickler error:"
+
+
+class CheckpointError(ValueError):
+    """The ``--ckpt`` file is missing, unreadable, not a Lightning checkpoint, or of another model."""
 
 
 def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ckpt", required=True, help="Lightning checkpoint to evaluate")
+    """Adds the options of `areal-lightning evaluate` (``-c`` and the overrides come from the CLI)."""
+    parser.add_argument("--ckpt", required=True, help="Lightning checkpoint to evaluate (e.g. <output_dir>/checkpoints/last.ckpt)")
+    parser.add_argument("--history", default=None,
+                        help="eval history file to append to; default: <output_dir>/eval_history.jsonl")
+    parser.add_argument("--trust-checkpoint", action="store_true",
+                        help="load the checkpoint with torch.load(weights_only=False); only for files you trust, "
+                             "when the safe loader refuses an object inside")
+
+
+def _brief(keys: Sequence[str]) -> str:
+    shown = ", ".join(keys[:MAX_KEYS_SHOWN])
+    more = f" and {len(keys) - MAX_KEYS_SHOWN} more" if len(keys) > MAX_KEYS_SHOWN else ""
+    return f"{len(keys)} ({shown}{more})"
+
+
+def _first_words(err: Exception) -> str:
+    """The gist of a `torch.load` failure: the unpickler's own words if any, else the first line."""
+    text = str(err).strip()
+    detail = text.split(_UNPICKLER_SAYS, 1)[1].strip() if _UNPICKLER_SAYS in text else text
+    return f"{type(err).__name__}: {detail.splitlines()[0]}" if detail else type(err).__name__
+
+
+def load_checkpoint(path: str | Path, *, trust: bool = False) -> dict[str, Any]:
+    """Reads a Lightning checkpoint onto the CPU.
+
+    Args:
+        path: a file written by ``Trainer.save_checkpoint`` or ``ModelCheckpoint``.
+        trust: unpickle arbitrary objects (``weights_only=False``); the default loader accepts
+            tensors and plain Python containers only, which is all our checkpoints hold.
+
+    Raises:
+        CheckpointError: the file does not exist, cannot be read by ``torch.load``, or is not a
+            Lightning checkpoint (no ``state_dict`` / ``global_step`` entry).
+
+    Example:
+        >>> load_checkpoint("missing.ckpt")
+        Traceback (most recent call last):
+        ...
+        areal_lightning.evaluate_cmd.CheckpointError: --ckpt 'missing.ckpt' does not exist; ...
+    """
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"--ckpt {str(path)!r} does not exist; pass a Lightning checkpoint file, "
+                              "e.g. <output_dir>/checkpoints/last.ckpt")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=not trust)
+    except Exception as err:  # noqa: BLE001 - any unreadable file gets the same one-line answer
+        refused = _REFUSED_GLOBAL.search(str(err)) if isinstance(err, pickle.UnpicklingError) else None
+        if refused:
+            raise CheckpointError(f"--ckpt {str(path)!r} holds objects the safe loader refuses ({refused.group(1)}); "
+                                  "pass --trust-checkpoint if you trust this file") from None
+        raise CheckpointError(f"--ckpt {str(path)!r} is not a Lightning checkpoint: torch.load failed "
+                              f"({_first_words(err)})") from None
+    if not isinstance(ckpt, Mapping) or not isinstance(ckpt.get(STATE_DICT_KEY), Mapping) or "global_step" not in ckpt:
+        found = sorted(map(str, ckpt))[:MAX_KEYS_SHOWN] if isinstance(ckpt, Mapping) else type(ckpt).__name__
+        raise CheckpointError(f"--ckpt {str(path)!r} is not a Lightning checkpoint: expected a dict with "
+                              f"'{STATE_DICT_KEY}' and 'global_step' entries, found {found}")
+    return dict(ckpt)
+
+
+def load_weights(module: GRPOModule, state_dict: Mapping[str, Any], ckpt_path: str | Path) -> None:
+    """Loads the checkpoint's weights into the module built from the config, strictly.
+
+    Raises:
+        CheckpointError: naming the missing keys, the unexpected keys and the shape mismatches,
+            when the checkpoint holds another model than the config describes.
+    """
+    own = module.state_dict()
+    missing = [k for k in own if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in own]
+    shapes = [f"{k} {tuple(state_dict[k].shape)} in the checkpoint, {tuple(v.shape)} in the model"
+              for k, v in own.items() if k in state_dict and hasattr(state_dict[k], "shape")
+              and tuple(state_dict[k].shape) != tuple(v.shape)]
+    problems = []
+    if missing:
+        problems.append(f"missing keys {_brief(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys {_brief(unexpected)}")
+    if shapes:
+        problems.append(f"shape mismatches {_brief(shapes)}")
+    if problems:
+        raise CheckpointError(f"--ckpt {str(ckpt_path)!r} does not match the model of the config: " + "; ".join(problems)
+                              + "; use the config the checkpoint was trained with (policy and grpo.kl_coef)")
+    module.load_state_dict(state_dict, strict=True)
+
+
+def _cell(value: float) -> str:
+    return "nan" if math.isnan(value) else f"{value:.{METRIC_DECIMALS}f}"
+
+
+def format_table(results: Sequence[SetResult]) -> str:
+    """The results as an aligned text table: one row per eval set, one column per metric, then
+    num_prompts, num_samples and secs. A metric an eval set lacks shows as ``-``.
+
+    Example:
+        >>> from areal_lightning.eval_round import SetResult
+        >>> print(format_table([SetResult("easy", {"accuracy": 0.5}, 8, 2, 0.25, [])]))
+        dataset  accuracy  num_prompts  num_samples  secs
+        easy       0.5000            2            8  0.25
+    """
+    names = list(dict.fromkeys(name for r in results for name in r.metrics))
+    header = ["dataset", *names, "num_prompts", "num_samples", "secs"]
+    rows = [[r.dataset, *(_cell(r.metrics[n]) if n in r.metrics else "-" for n in names),
+             str(r.num_prompts), str(r.num_samples), f"{r.eval_secs:.{SECS_DECIMALS}f}"] for r in results]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    # Names left-aligned, numbers right-aligned, so that decimal points line up.
+    return "\n".join(
+        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+        for row in [header, *rows]
+    )
+
+
+def _build_fabric(cfg: Config) -> Fabric:
+    from lightning.fabric import Fabric
+
+    t = cfg.trainer
+    # "auto" lets Fabric choose as the Trainer does: one device, or DDP over several.
+    return Fabric(accelerator=t.accelerator, devices=t.devices, strategy=t.strategy, precision=t.precision)
+
+
+def _evaluate_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule, step: int, epoch: int) -> list[SetResult]:
+    """Every rank: check the eval sets agree, run the round on the unwrapped module."""
+    from areal_lightning.eval_round import check_eval_sets_consistent, run_round
+    from areal_lightning.rl.evaluation import arithmetic_eval_sets, rollout_evaluate
+
+    # No DDP wrapper: the round runs no collective inside a forward, so ranks dealt different
+    # numbers of batches never wait on each other mid-round.
+    module = fabric.strategy.precision.convert_module(module).to(fabric.device)
+    eval_sets = arithmetic_eval_sets(cfg, module.task)
+    check_eval_sets_consistent(eval_sets)  # every rank raises together on a mismatch
+    with fabric.autocast():
+        results = run_round(module, eval_sets, rollout_evaluate, seed=cfg.seed, global_step=step, epoch=epoch,
+                            show_progress=cfg.trainer.enable_progress_bar and sys.stderr.isatty())
+    fabric.barrier()  # every rank reaches this (run_round returns or raises on all ranks alike)
+    return results
+
+
+def _record(cfg: Config, args: argparse.Namespace, step: int, epoch: int, results: Sequence[SetResult],
+            world_size: int) -> Path:
+    from areal_lightning.tracking.history import EvalHistory, eval_record
+
+    history = EvalHistory(args.history) if args.history else EvalHistory.in_run_dir(cfg.output_dir)
+    history.append_many(
+        eval_record(step, epoch, r.dataset, r.metrics, trigger=[EVALUATE_TRIGGER],
+                    num_samples=r.num_samples, num_prompts=r.num_prompts, eval_secs=r.eval_secs, mode="sync",
+                    world_size=world_size)
+        for r in results
+    )
+    return history.path
 
 
 def evaluate_main(args: argparse.Namespace) -> int:
-    raise NotImplementedError("areal-lightning evaluate is not implemented yet")
+    """Evaluates ``args.ckpt`` on the config's eval sets; returns the exit status.
+
+    0: evaluated (rank 0 printed the table and appended to the eval history); 2: bad input
+    (config, checkpoint, eval sets that differ across ranks); 1: the evaluation failed. Ranks
+    other than 0 print nothing and return 0 on errors that every rank raises alike: rank 0
+    reports them, and Lightning kills the launching process when a child exits non-zero.
+    """
+    try:
+        cfg = load_config(args.config, args.overrides)
+        ckpt = load_checkpoint(args.ckpt, trust=args.trust_checkpoint)
+    except (ConfigError, CheckpointError) as err:
+        return _fail(str(err))
+    _quiet_lightning()
+    import torch
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    from areal_lightning.data.sharding import EvalSetMismatchError
+    from areal_lightning.eval_round import EvalRoundError
+    from areal_lightning.rl.grpo import GRPOModule
+
+    try:
+        module = GRPOModule.from_config(cfg)
+        load_weights(module, ckpt[STATE_DICT_KEY], args.ckpt)
+        step, epoch = int(ckpt["global_step"]), int(ckpt.get("epoch", 0))  # the weights' place in training
+        del ckpt  # optimizer states and the rest: not needed, and not to be copied to spawned ranks
+    except CheckpointError as err:
+        return _fail(str(err))
+    except NotImplementedError as err:  # a policy kind this build cannot construct
+        return _fail(str(err))
+    try:
+        fabric = _build_fabric(cfg)
+    except (MisconfigurationException, ValueError, RuntimeError) as err:
+        return _fail(f"trainer settings (accelerator={cfg.trainer.accelerator!r}, devices={cfg.trainer.devices}, "
+                     f"strategy={cfg.trainer.strategy!r}, precision={cfg.trainer.precision!r}) are not usable: {err}")
+    try:
+        results = fabric.launch(_evaluate_on_rank, cfg, module, step, epoch)
+    except EvalSetMismatchError as err:
+        return _fail(str(err)) if fabric.global_rank == 0 else 0
+    except EvalRoundError as err:
+        if fabric.global_rank == 0:
+            print(f"areal-lightning: evaluation failed: {err}", file=sys.stderr)
+            return EVAL_FAILED
+        return 0
+    finally:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    if fabric.global_rank == 0:
+        path = _record(cfg, args, step, epoch, results, fabric.world_size)
+        print(f"checkpoint {args.ckpt} (step {step}, epoch {epoch}), "
+              f"{fabric.world_size} process(es):")
+        print(format_table(results))
+        print(f"appended to {path}")
+    return 0

@@ -31,6 +31,12 @@ def _choice(arg: str, value: Any, choices: Sequence[str]) -> None:
         raise ValueError(f"Unsupported parameter value `EvaluationCallback({arg}={value!r})`. Possible choices are: {', '.join(choices)}")
 
 
+def _epoch_ran_to_end(trainer: L.Trainer) -> bool:
+    """The epoch loop consumed its last batch (or its `limit_train_batches`), the same on every rank."""
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    return bool(progress.is_last_batch) or progress.current.ready == trainer.num_training_batches
+
+
 class EvaluationCallback(Callback):
     """Evaluates the module on named eval sets whenever any trigger fires.
 
@@ -91,6 +97,9 @@ class EvaluationCallback(Callback):
         _choice("threshold_action", threshold_action, THRESHOLD_ACTIONS)
         _choice("on_error", on_error, ERROR_POLICIES)
         _choice("mode", mode, EVAL_MODES)
+        # Checked here, not at the first round: a negative count would silently keep no table rows.
+        if isinstance(max_table_rows, bool) or not isinstance(max_table_rows, int) or max_table_rows < 0:
+            raise ValueError(f"`EvaluationCallback(max_table_rows=...)` must be a non-negative integer, got {max_table_rows!r}")
         self.trigger = HybridTrigger(freq_epochs=freq_epochs, freq_steps=freq_steps, freq_secs=freq_secs,
                                      eval_before_train=eval_before_train, eval_at_end=eval_at_end, clock=clock)
         self.thresholds = ThresholdMonitor(metric_thresholds)
@@ -103,6 +112,11 @@ class EvaluationCallback(Callback):
         self._checked_eval_sets = False
         self._last_seen_step = -1
         self.evaluated_steps: list[int] = []
+        # Lightning reads `state_key` around every hook call of every step (profiler labels), and
+        # the arguments it depends on never change: build the string once.
+        self._state_key = self._generate_state_key(
+            freq_epochs=self.trigger.freq_epochs, freq_steps=self.trigger.freq_steps, freq_secs=self.trigger.freq_secs,
+            eval_sets=[s.name for s in self.eval_sets])
 
     @classmethod
     def from_config(cls, cfg: Any, eval_sets: Mapping[str, Sequence[Any]] | Sequence[EvalSet],
@@ -121,9 +135,7 @@ class EvaluationCallback(Callback):
     @property
     @override
     def state_key(self) -> str:
-        t = self.trigger
-        return self._generate_state_key(freq_epochs=t.freq_epochs, freq_steps=t.freq_steps, freq_secs=t.freq_secs,
-                                        eval_sets=[s.name for s in self.eval_sets])
+        return self._state_key
 
     # ---- hooks: short guards around one private method each -------------------------------------
 
@@ -155,17 +167,22 @@ class EvaluationCallback(Callback):
     @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if trainer.global_step == self._last_seen_step:
+        step = trainer.global_step  # read once: it is a chain of Lightning properties, and this runs every step
+        if step == self._last_seen_step:
             return  # gradient accumulation: no optimizer step since the last call
-        self._last_seen_step = trainer.global_step
+        self._last_seen_step = step
         last_batch = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
-        causes = self.trigger.after_step(trainer.global_step, trainer.current_epoch, last_batch)
+        causes = self.trigger.after_step(step, trainer.current_epoch, last_batch)
         causes = self._agree(trainer, causes)
         if causes:
             self._evaluate(trainer, pl_module, causes)
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not _epoch_ran_to_end(trainer):
+            # Lightning calls this hook also when max_steps or a stop request cut the epoch short;
+            # a partial epoch is no completed epoch (it would fire `freq_epochs` at the last step).
+            return
         causes = self._agree(trainer, self.trigger.after_epoch(trainer.global_step, trainer.current_epoch))
         if causes:
             self._evaluate(trainer, pl_module, causes)

@@ -53,3 +53,27 @@ __all__ = [
     "wandb_step_metric",
     "wandb_summary",
 ]
+
+# The logger fan-out and the W&B logger import Lightning: loaded on first use (PEP 562), so
+# reading a history or a W&B run does not pay for it.
+_LAZY_EXPORTS = {
+    "EVAL_STEP_KEY": "areal_lightning.tracking.loggers",
+    "build_loggers": "areal_lightning.tracking.loggers",
+    "eval_metric_dict": "areal_lightning.tracking.loggers",
+    "finish_wandb": "areal_lightning.tracking.loggers",
+    "log_eval_results": "areal_lightning.tracking.loggers",
+    "send_alert": "areal_lightning.tracking.loggers",
+    "SafeWandbLogger": "areal_lightning.tracking.wandb",
+    "build_wandb_logger": "areal_lightning.tracking.wandb",
+}
+__all__ += sorted(_LAZY_EXPORTS)
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY_EXPORTS:
+        raise AttributeError(f"module 'areal_lightning.tracking' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAZY_EXPORTS[name]), name)
+    globals()[name] = value
+    return value

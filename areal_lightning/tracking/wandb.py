@@ -12,7 +12,8 @@ wandb quirks this module works around (wandb 0.31, Lightning 2.6):
 * ``wandb.init(dir=...)`` with a directory it cannot create silently writes to the system temp
   dir instead; we create and check ``save_dir`` ourselves so that becomes a reported failure.
 * Lightning sets ``os.environ["WANDB_MODE"] = "dryrun"`` for an offline logger and never undoes
-  it, so every later ``wandb.init`` in the process is offline too; we restore the variable.
+  it (child processes inherit it); we restore the variable. wandb itself reads its environment
+  once per process (the ``wandb.setup`` singleton), so we also pass ``mode="offline"`` to init.
 * Lightning always passes ``anonymous=None``, which wandb 0.31 answers with a deprecation
   warning on every run; we drop the key when it is unset.
 * Lightning's logger never calls ``run.finish()`` (the run lives on across ``fit`` and ``test``);
@@ -102,7 +103,7 @@ def _prepare_save_dir(save_dir: str | None) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise OSError(f"W&B save_dir {save_dir!r} cannot be created: {err}") from err
+        raise OSError(f"W&B save_dir {save_dir!r} cannot be created ({err.strerror or err})") from err
     if not os.access(path, os.W_OK | os.X_OK):
         raise PermissionError(f"W&B save_dir {save_dir!r} is not writable")
 
@@ -229,8 +230,11 @@ def build_wandb_logger(cfg: Config, output_dir: str | Path) -> SafeWandbLogger |
         group=w.group,
         tags=list(w.tags),
         save_dir=w.save_dir or str(output_dir),
-        # Online mode is not forced: WANDB_MODE=offline/disabled in the environment still wins.
         offline=w.mode == "offline",
+        # Lightning asks for offline through WANDB_MODE, which wandb reads once per process (its
+        # settings singleton); the init argument always counts. Online is not forced, so that
+        # WANDB_MODE=offline or disabled in the environment still wins.
+        **({"mode": "offline"} if w.mode == "offline" else {}),
         config=to_dict(cfg),
         history_file=Path(output_dir) / HISTORY_FILENAME,
     )

@@ -1,0 +1,142 @@
+"""Sharded evaluation: wall time on 1 vs 2 CPU processes, and the cost balance of the deal.
+
+1. Trains a checkpoint for one step (after the default format warm-up), then runs
+   ``areal-lightning evaluate`` on the same 2-digit eval set with 1 process and with
+   ``trainer.devices=2 trainer.strategy=ddp``, each process on one thread (OMP_NUM_THREADS=1).
+   Reports the eval round's own time (``eval_secs`` of the eval history, rank 0, which waits for
+   the slowest rank at the round's reduction), the whole command's wall time (imports, launch,
+   checkpoint load included), the speed-up, and whether both runs logged the same metrics.
+2. The cost balance (max rank cost / mean rank cost; target <= 1.05) of the deal on eval sets
+   with very uneven (lognormal) prompt lengths, from ``benchmarks/shard_balance.py``.
+
+    .venv/bin/python benchmarks/sharded_eval.py [--size 3000] [--n-samples 16] [--repeats 2] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from shard_balance import TARGET, measure  # noqa: E402 - a sibling script (benchmarks/ is sys.path[0])
+
+EVAL_SET = "bench"
+BALANCE_SAMPLES = 1000
+BALANCE_BATCH_SIZE = 16
+BALANCE_DATA_SEEDS = 10
+RUN_TIMEOUT_S = 600
+
+
+def write_config(root: Path, size: int, n_samples: int, batch_size: int) -> Path:
+    config = {
+        "seed": 1,
+        "trainer": {"enable_progress_bar": False},
+        "eval_sets": {EVAL_SET: {"digits": 2, "size": size, "n_samples": n_samples, "batch_size": batch_size,
+                                 "temperature": 1.0}},
+    }
+    path = root / "bench.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def make_checkpoint(config: Path, root: Path) -> Path:
+    """A checkpoint of the default tiny policy after its format warm-up and one GRPO step, so that
+    completions end at EOS as a trained policy's do (generation stops early when every row ended)."""
+    import lightning as L
+    import torch
+
+    from areal_lightning.config import load_config
+    from areal_lightning.rl.grpo import GRPOModule
+
+    torch.set_num_threads(1)
+    module = GRPOModule.from_config(load_config(config))
+    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_progress_bar=False,
+                        enable_checkpointing=False, enable_model_summary=False, default_root_dir=root)
+    trainer.fit(module)
+    path = root / "bench.ckpt"
+    trainer.save_checkpoint(path)
+    return path
+
+
+def evaluate(config: Path, ckpt: Path, out: Path, devices: int) -> dict[str, float | dict]:
+    """Runs the evaluate command; returns its wall time and its eval-history record."""
+    command = [sys.executable, "-m", "areal_lightning", "evaluate", "-c", str(config), "--ckpt", str(ckpt),
+               f"output_dir={out}"]
+    if devices > 1:
+        command += [f"trainer.devices={devices}", "trainer.strategy=ddp"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # one thread per process
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"evaluate on {devices} process(es) failed:\n{done.stderr[-3000:]}")
+    from areal_lightning.tracking.history import read_history
+
+    record = read_history(out)[-1]
+    return {"wall_secs": wall, "eval_secs": record["eval_secs"], "record": record}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=3000, help="prompts in the eval set")
+    parser.add_argument("--n-samples", type=int, default=16, help="completions per prompt")
+    parser.add_argument("--batch-size", type=int, default=64, help="prompts per eval batch")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per process count; the fastest counts")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="sharded_eval_") as tmp:
+        root = Path(tmp)
+        config = write_config(root, args.size, args.n_samples, args.batch_size)
+        ckpt = make_checkpoint(config, root)
+        runs: dict[int, list[dict]] = {1: [], 2: []}
+        for repeat in range(args.repeats):  # interleaved, so a slow spell on the box hits both
+            for devices in runs:
+                runs[devices].append(evaluate(config, ckpt, root / f"p{devices}_{repeat}", devices))
+    best = {d: min(rs, key=lambda r: r["eval_secs"]) for d, rs in runs.items()}
+    metrics = [r["record"]["metrics"] for rs in runs.values() for r in rs]
+    identical = all(m == metrics[0] for m in metrics)
+    prompts = {r["record"]["num_prompts"] for rs in runs.values() for r in rs}
+    speedup_eval = best[1]["eval_secs"] / best[2]["eval_secs"]
+    speedup_wall = min(r["wall_secs"] for r in runs[1]) / min(r["wall_secs"] for r in runs[2])
+    balance = measure(BALANCE_SAMPLES, BALANCE_BATCH_SIZE, BALANCE_DATA_SEEDS)
+
+    summary = {
+        "eval_set": {"digits": 2, "size": args.size, "n_samples": args.n_samples, "batch_size": args.batch_size},
+        "eval_secs": {d: [round(r["eval_secs"], 3) for r in rs] for d, rs in runs.items()},
+        "wall_secs": {d: [round(r["wall_secs"], 2) for r in rs] for d, rs in runs.items()},
+        "speedup_eval": round(speedup_eval, 3), "speedup_wall": round(speedup_wall, 3),
+        "identical_metrics": identical, "num_prompts": sorted(prompts),
+        "accuracy": metrics[0].get("accuracy"), "load_average": os.getloadavg(),
+        "balance": balance,
+    }
+    if args.json:
+        print(json.dumps(summary))
+        return
+    print(f"eval set: 2-digit sums, {args.size} prompts x {args.n_samples} samples, batch {args.batch_size}, "
+          f"one thread per process, best of {args.repeats}")
+    for devices in runs:
+        each = ", ".join(f"{r['eval_secs']:.2f}" for r in runs[devices])
+        print(f"  {devices} process(es): eval round {best[devices]['eval_secs']:.2f} s (runs: {each}), "
+              f"whole command {min(r['wall_secs'] for r in runs[devices]):.1f} s")
+    print(f"  speed-up 2 vs 1 process: eval round {speedup_eval:.2f}x, whole command {speedup_wall:.2f}x")
+    print(f"  same metrics in every run: {identical}; num_prompts: {sorted(prompts)}; "
+          f"load average during the runs: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print(f"cost balance (max/mean rank cost) of the deal, {BALANCE_SAMPLES} prompts of lognormal length, "
+          f"batch {BALANCE_BATCH_SIZE}, {BALANCE_DATA_SEEDS} eval sets: mean / worst; target <= {TARGET}")
+    for row in balance:
+        print(f"  {row['world_size']} ranks: batches cut by count {row['lpt_count_mean']:.3f} / "
+              f"{row['lpt_count_worst']:.3f}, with max_batch_cost {row['lpt_budget_mean']:.3f} / "
+              f"{row['lpt_budget_worst']:.3f} (round-robin by count: {row['rr_count_mean']:.3f} / "
+              f"{row['rr_count_worst']:.3f})")
+
+
+if __name__ == "__main__":
+    main()

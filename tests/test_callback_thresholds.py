@@ -1,0 +1,139 @@
+"""`EvaluationCallback` on a real Trainer: threshold alerts and stops, and an `evaluate_fn` that fails."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from callback_helpers import QUIET_WARNINGS, CountingModule, history_steps, make_trainer
+from lightning.pytorch.trainer.states import TrainerStatus
+from torchmetrics import CatMetric
+
+from areal_lightning.callbacks.evaluation import EvaluationCallback
+from areal_lightning.eval_round import EvalRoundError
+from areal_lightning.metrics import RewardMetric
+from areal_lightning.tracking.history import event_rows, read_history
+
+pytestmark = [pytest.mark.filterwarnings(w) for w in QUIET_WARNINGS]
+
+THRESHOLD = 0.7
+# Mean reward per eval set at global steps 1..8 (one evaluation per step).
+SCRIPT: dict[str, list[float]] = {
+    "easy": [0.6, 0.9, 0.6, 0.5, 0.8, 0.75, 0.4, 0.95],  # below before ever reaching it: no alert
+    "hard": [0.7, 0.2, 0.1, 0.7, 0.71, 0.69, 0.3, 0.9],  # reaching it exactly arms too
+}
+EVAL_SETS = {name: list(range(4)) for name in SCRIPT}
+
+
+def scripted_rewards(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
+    """Rewards all equal to the script's value for this eval set and step (reported as reward/mean)."""
+    value = SCRIPT[ctx.dataset][ctx.global_step - 1]
+    reward = ctx.metric("reward", RewardMetric)
+    for batch in batches:
+        reward.update(torch.full((len(batch.samples),), value, dtype=torch.float64))
+    return {}
+
+
+def expected_alerts(threshold: float) -> list[tuple[int, str, float]]:
+    """One alert per downward crossing: a value below the threshold after one at or above it."""
+    alerts = []
+    for dataset, values in SCRIPT.items():
+        armed = False
+        for step, value in enumerate(values, start=1):
+            if value >= threshold:
+                armed = True
+            elif armed:
+                alerts.append((step, dataset, value))
+                armed = False
+    return sorted(alerts)
+
+
+def test_alert_is_recorded_once_per_downward_crossing(tmp_path: Path) -> None:
+    callback = EvaluationCallback(EVAL_SETS, scripted_rewards, freq_steps=1, metric_thresholds={"reward": THRESHOLD})
+    trainer = make_trainer(tmp_path, [callback], len(SCRIPT["easy"]))
+    trainer.fit(CountingModule())
+
+    alerts = event_rows(read_history(tmp_path), "alert")
+    got = sorted((a["step"], a["dataset"], a["value"]) for a in alerts)
+    assert got == [(s, d, pytest.approx(v)) for s, d, v in expected_alerts(THRESHOLD)]
+    assert len(got) == 4
+    for alert in alerts:
+        assert (alert["metric"], alert["threshold"]) == ("reward/mean", THRESHOLD)  # `reward` watches reward/mean
+        assert f"eval/{alert['dataset']}/reward/mean fell to" in alert["message"]
+    assert trainer.global_step == len(SCRIPT["easy"])  # alerts do not stop training
+
+
+def test_threshold_action_stop_stops_training_cleanly_after_the_alert(tmp_path: Path) -> None:
+    max_steps = 20
+    callback = EvaluationCallback(EVAL_SETS, scripted_rewards, freq_steps=1, metric_thresholds={"reward": THRESHOLD},
+                                  threshold_action="stop")
+    trainer = make_trainer(tmp_path, [callback], max_steps)
+    trainer.fit(CountingModule())  # returns normally
+
+    first_alert_step = expected_alerts(THRESHOLD)[0][0]
+    assert trainer.global_step == first_alert_step < max_steps
+    assert trainer.state.status == TrainerStatus.FINISHED
+    assert [a["step"] for a in event_rows(read_history(tmp_path), "alert")] == [first_alert_step]
+    # The last step was just evaluated: stopping adds no second evaluation at the end.
+    assert history_steps(tmp_path) == [(s, ["steps"]) for s in range(1, first_alert_step + 1)]
+
+
+def test_unknown_threshold_metric_raises_at_the_first_evaluation_listing_the_metrics(tmp_path: Path) -> None:
+    callback = EvaluationCallback(EVAL_SETS, scripted_rewards, freq_steps=2,
+                                  metric_thresholds={"reward": THRESHOLD, "acc": 0.5})
+    trainer = make_trainer(tmp_path, [callback], 6)
+    message = (r"metric_thresholds names metrics that the evaluation does not produce: \['acc'\]; "
+               r"available metrics: reward/max, reward/mean, reward/min, reward/std")
+    with pytest.raises(ValueError, match=message):
+        trainer.fit(CountingModule())
+    assert trainer.global_step == 2
+
+
+def _fails_at_step_4(module: Any, batches: Any, ctx: Any) -> dict[str, float]:
+    if ctx.global_step == 4:
+        raise ValueError("no answer could be parsed at step 4")
+    return {"w": float(module.w)}
+
+
+def test_a_failing_evaluate_fn_is_recorded_and_training_goes_on(tmp_path: Path) -> None:
+    module = CountingModule()
+    trainer = make_trainer(tmp_path, [EvaluationCallback({"probe": [1, 2]}, _fails_at_step_4, freq_steps=2)], 7)
+    trainer.fit(module)
+
+    assert trainer.global_step == 7
+    assert history_steps(tmp_path) == [(2, ["steps"]), (6, ["steps"]), (7, ["end"])]
+    errors = event_rows(read_history(tmp_path), "error")
+    assert [e["step"] for e in errors] == [4]
+    assert "ValueError: no answer could be parsed at step 4" in errors[0]["message"]
+    assert "evaluation of eval set 'probe' failed" in errors[0]["message"]
+    assert module.training and torch.is_grad_enabled()  # the failed round left no eval mode behind
+
+
+def test_on_error_raise_fails_fast(tmp_path: Path) -> None:
+    callback = EvaluationCallback({"probe": [1, 2]}, _fails_at_step_4, freq_steps=2, on_error="raise")
+    trainer = make_trainer(tmp_path, [callback], 7)
+    with pytest.raises(EvalRoundError, match=r"eval set 'probe' failed: rank 0: ValueError: no answer could be parsed"):
+        trainer.fit(CountingModule())
+    assert trainer.global_step == 4
+    assert history_steps(tmp_path) == [(2, ["steps"])]
+    assert event_rows(read_history(tmp_path), "error") == []
+
+
+def _vector_metric(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
+    values = ctx.metric("values", CatMetric)  # computes a vector, which no logger can plot
+    for batch in batches:
+        values.update(torch.tensor(batch.samples, dtype=torch.float64))
+    return {}
+
+
+def test_a_metric_that_does_not_compute_a_scalar_is_a_recorded_error(tmp_path: Path) -> None:
+    trainer = make_trainer(tmp_path, [EvaluationCallback({"probe": [1, 2]}, _vector_metric, freq_steps=2)], 4)
+    trainer.fit(CountingModule())
+
+    assert trainer.global_step == 4
+    errors = event_rows(read_history(tmp_path), "error")
+    assert [e["step"] for e in errors] == [2, 4]
+    assert "computing metric 'values' raised" in errors[0]["message"]
+    assert "a metric must compute a scalar or a mapping of scalars" in errors[0]["message"]

@@ -1,0 +1,181 @@
+"""`areal-lightning evaluate`: the same checkpoint on 1 and 2 CPU processes, and its input errors.
+
+The checkpoint comes from a real, very short `Trainer.fit` (format warm-up plus two GRPO steps),
+so the policy emits answers and some are right: the metrics are not all zero.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from areal_lightning.cli import main
+from areal_lightning.eval_round import SetResult
+from areal_lightning.evaluate_cmd import format_table
+from areal_lightning.tracking.history import read_history
+
+ODD_SIZE = 101
+N_SAMPLES = 3
+RUN_TIMEOUT_S = 150  # a hang (ranks waiting on each other) fails the test instead of blocking it
+CONFIG = {
+    "seed": 3,
+    "policy": {"d_model": 32, "n_layers": 1},
+    "grpo": {"warmup_steps": 60, "prompts_per_step": 4, "group_size": 4},
+    "trainer": {"enable_progress_bar": False},
+    "eval_sets": {"odd": {"digits": 1, "size": ODD_SIZE, "n_samples": N_SAMPLES, "batch_size": 8, "temperature": 1.0}},
+}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(config file, checkpoint) of a run trained for two steps."""
+    import lightning as L
+
+    from areal_lightning.config import load_config
+    from areal_lightning.rl.grpo import GRPOModule
+
+    root = tmp_path_factory.mktemp("evaluate")
+    config = root / "cfg.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    module = GRPOModule.from_config(load_config(config))
+    trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_progress_bar=False,
+                        enable_checkpointing=False, enable_model_summary=False, default_root_dir=root)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a width-32 model gains nothing from threads, and a busy box loses a lot
+    try:
+        trainer.fit(module)
+    finally:
+        torch.set_num_threads(threads)
+    ckpt = root / "step2.ckpt"
+    trainer.save_checkpoint(ckpt)
+    return config, ckpt
+
+
+def _evaluate(config: Path, ckpt: Path, out: Path, *overrides: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "areal_lightning", "evaluate", "-c", str(config), "--ckpt", str(ckpt),
+               f"output_dir={out}", *overrides]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=out.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.ddp
+def test_one_and_two_processes_give_identical_metrics(run: tuple[Path, Path], tmp_path: Path) -> None:
+    config, ckpt = run
+    one = _evaluate(config, ckpt, tmp_path / "one")
+    two = _evaluate(config, ckpt, tmp_path / "two", "trainer.devices=2", "trainer.strategy=ddp")
+    (rec1,), (rec2,) = read_history(tmp_path / "one"), read_history(tmp_path / "two")
+    assert (rec1["world_size"], rec2["world_size"]) == (1, 2)
+    for rec in (rec1, rec2):
+        assert rec["num_prompts"] == ODD_SIZE and rec["num_samples"] == ODD_SIZE * N_SAMPLES
+        assert (rec["dataset"], rec["step"], rec["trigger"], rec["mode"]) == ("odd", 2, ["evaluate"], "sync")
+    assert rec1["metrics"].keys() == rec2["metrics"].keys()
+    for name, value in rec1["metrics"].items():
+        assert math.isclose(value, rec2["metrics"][name], rel_tol=0, abs_tol=1e-12), name
+    assert 0 < rec1["metrics"]["pass@3"] < 1  # some prompts solved, some not: the comparison has teeth
+    for done in (one, two):
+        header, row = done.stdout.splitlines()[1:3]
+        assert header.split()[0] == "dataset" and header.split()[-3:] == ["num_prompts", "num_samples", "secs"]
+        assert row.split()[0] == "odd" and row.split()[-3:-1] == [str(ODD_SIZE), str(ODD_SIZE * N_SAMPLES)]
+        assert f"{rec1['metrics']['accuracy']:.4f}" in row
+
+
+def _fails_with(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("areal-lightning: error: ") and "Traceback" not in err
+    return err
+
+
+def test_missing_checkpoint_file(run: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config, _ = run
+    err = _fails_with(capsys, ["evaluate", "-c", str(config), "--ckpt", str(tmp_path / "nope.ckpt")])
+    assert "--ckpt" in err and "nope.ckpt' does not exist" in err
+
+
+def test_file_that_is_not_a_checkpoint(run: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config, _ = run
+    text = tmp_path / "notes.ckpt"
+    text.write_text("not a checkpoint")
+    assert "notes.ckpt' is not a Lightning checkpoint: torch.load failed" in _fails_with(
+        capsys, ["evaluate", "-c", str(config), "--ckpt", str(text)])
+    bare = tmp_path / "weights.pt"
+    torch.save({"policy.head.weight": torch.zeros(2)}, bare)
+    err = _fails_with(capsys, ["evaluate", "-c", str(config), "--ckpt", str(bare)])
+    assert "is not a Lightning checkpoint: expected a dict with 'state_dict' and 'global_step'" in err
+    assert "policy.head.weight" in err
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    ("policy.d_model=64", r"shape mismatches \d+ \(policy.tok.weight \(\d+, 32\) in the checkpoint, \(\d+, 64\) in the model"),
+    ("policy.n_layers=2", r"missing keys \d+ \(policy.blocks.1."),
+    ("grpo.kl_coef=0.1", r"missing keys \d+ \(reference."),
+])
+def test_checkpoint_of_another_model(run: tuple[Path, Path], capsys: pytest.CaptureFixture[str], override: str,
+                                     expected: str) -> None:
+    config, ckpt = run
+    err = _fails_with(capsys, ["evaluate", "-c", str(config), "--ckpt", str(ckpt), override])
+    assert "does not match the model of the config" in err
+    assert re.search(expected, err), err
+
+
+def test_extra_weights_are_named_as_unexpected_keys(run: tuple[Path, Path], tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    config, ckpt = run
+    data = torch.load(ckpt, weights_only=True)
+    data["state_dict"]["policy.extra.weight"] = torch.zeros(1)
+    edited = tmp_path / "edited.ckpt"
+    torch.save(data, edited)
+    err = _fails_with(capsys, ["evaluate", "-c", str(config), "--ckpt", str(edited)])
+    assert "unexpected keys 1 (policy.extra.weight)" in err
+
+
+def test_config_errors_are_reported(run: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    config, ckpt = run
+    err = _fails_with(capsys, ["evaluate", "-c", str(config), "--ckpt", str(ckpt), "trainer.devicez=2"])
+    assert "unknown config key `trainer.devicez`" in err and "Did you mean `devices`?" in err
+    err = _fails_with(capsys, ["evaluate", "-c", str(config), "--ckpt", str(ckpt), "trainer.strategy=nonsense"])
+    assert "trainer settings" in err and "strategy='nonsense'" in err and "not usable" in err
+
+
+def test_untrusted_objects_need_trust_checkpoint(run: tuple[Path, Path], tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    config, ckpt = run
+    data = torch.load(ckpt, weights_only=True)
+    data["note"] = Fraction(1, 3)  # not on the safe loader's allow-list
+    odd = tmp_path / "odd.ckpt"
+    torch.save(data, odd)
+    err = _fails_with(capsys, ["evaluate", "-c", str(config), "--ckpt", str(odd)])
+    assert "holds objects the safe loader refuses" in err and "pass --trust-checkpoint" in err
+    out = tmp_path / "trusted"
+    assert main(["evaluate", "-c", str(config), "--ckpt", str(odd), "--trust-checkpoint", f"output_dir={out}",
+                 "eval_sets.odd.size=5"]) == 0
+    (record,) = read_history(out)
+    assert (record["num_prompts"], record["world_size"], record["trigger"]) == (5, 1, ["evaluate"])
+    assert "num_prompts" in capsys.readouterr().out
+
+
+def test_history_option_chooses_the_file(run: tuple[Path, Path], tmp_path: Path) -> None:
+    config, ckpt = run
+    path = tmp_path / "elsewhere" / "h.jsonl"
+    argv = ["evaluate", "-c", str(config), "--ckpt", str(ckpt), "--history", str(path), "eval_sets.odd.size=4"]
+    assert main(argv) == 0 and main(argv) == 0  # appends, never rewrites
+    assert [r["num_prompts"] for r in read_history(path)] == [4, 4]
+
+
+def test_format_table_aligns_columns_and_marks_missing_metrics() -> None:
+    results = [SetResult("easy", {"accuracy": 0.5, "pass@4": float("nan")}, 8, 2, 1.234, []),
+               SetResult("hard_set", {"accuracy": 0.125}, 400, 100, 12.0, [])]
+    assert format_table(results).splitlines() == [
+        "dataset   accuracy  pass@4  num_prompts  num_samples   secs",
+        "easy        0.5000     nan            2            8   1.23",
+        "hard_set    0.1250       -          100          400  12.00",
+    ]
