@@ -1,0 +1,101 @@
+"""`areal-lightning fit` end to end: the real CLI, Trainer, GRPOModule, W&B offline, eval history
+and plots, read back from the files a user would look at."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from areal_lightning.tracking.history import eval_rows, read_history
+from areal_lightning.tracking.wandb_reader import (
+    read_wandb_records,
+    read_wandb_tables,
+    wandb_config,
+    wandb_history,
+    wandb_metric_definitions,
+    wandb_step_metric,
+)
+from areal_lightning.viz.plot import build_figure
+
+MAX_STEPS = 7
+SMALL = [
+    f"trainer.max_steps={MAX_STEPS}", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
+    "policy.d_model=32", "policy.n_heads=2", "grpo.warmup_steps=30", "grpo.prompts_per_step=8", "task.train_size=24",
+    "eval_sets.easy.size=12", "eval_sets.easy.n_samples=2", "eval_sets.hard.size=6", "eval_sets.hard.n_samples=2",
+    "evaluator.freq_steps=3", "evaluator.freq_epochs=null", "evaluator.freq_secs=null", "logger.wandb.mode=offline",
+]
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "arithmetic" / "grpo.yaml"
+
+
+def _fit(tmp_path: Path, trial: str, *extra: str) -> Path:
+    env = dict(os.environ, WANDB_SILENT="true", WANDB_CONFIG_DIR=str(tmp_path / "wb-config"),
+               WANDB_CACHE_DIR=str(tmp_path / "wb-cache"), WANDB_DATA_DIR=str(tmp_path / "wb-data"))
+    run_dir = tmp_path / "runs" / trial
+    proc = subprocess.run(
+        [sys.executable, "-m", "areal_lightning", "fit", "-c", str(EXAMPLE), *SMALL, f"trial_name={trial}",
+         f"output_dir={run_dir}", *extra],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"plot: {run_dir / 'eval_accuracy.png'}" in proc.stderr + proc.stdout  # the job says where its plot is
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("fit")
+    return _fit(tmp, "mt2", "grpo.group_size=2"), _fit(tmp, "mt4", "grpo.group_size=4")
+
+
+@pytest.mark.slow
+def test_history_has_every_round_of_both_eval_sets(runs):
+    run_dir = runs[0]
+    rows = eval_rows(read_history(run_dir))
+    steps = {d: [r["step"] for r in rows if r["dataset"] == d] for d in ("easy", "hard")}
+    assert steps["easy"] == steps["hard"] == [0, 3, 6, 7]  # before training, steps 3 and 6, the end
+    assert [r["trigger"] for r in rows if r["dataset"] == "easy"] == [["before_train"], ["steps"], ["steps"], ["end"]]
+    assert {r["num_prompts"] for r in rows if r["dataset"] == "easy"} == {12}
+    assert {r["num_samples"] for r in rows if r["dataset"] == "easy"} == {24}
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_has_eval_metrics_on_their_own_axis_and_a_table(runs):
+    run_dir = runs[0]
+    history = eval_rows(read_history(run_dir))
+    records = read_wandb_records(run_dir)
+    config = wandb_config(records)
+    assert config["grpo"]["group_size"] == 2 and config["output_dir"] == str(run_dir)  # the resolved config
+    definitions = wandb_metric_definitions(records)
+    assert wandb_step_metric(definitions, "eval/easy/accuracy") == "eval/step"
+    rows = wandb_history(records)
+    for record in history:
+        key = f"eval/{record['dataset']}/accuracy"
+        logged = [row for row in rows if key in row]
+        match = [row for row in logged if row["eval/step"] == record["step"]]
+        assert len(match) == 1, (key, record["step"], [r["eval/step"] for r in logged])
+        assert match[0][key] == pytest.approx(record["metrics"]["accuracy"])
+    tables = read_wandb_tables(run_dir, key="eval/easy/samples")
+    assert tables and set(tables[0].columns) >= {"prompt", "completion", "reward", "correct"}
+    assert 0 < len(tables[0].data) <= 16
+
+
+@pytest.mark.slow
+def test_plot_draws_both_figures_from_real_histories(runs, tmp_path):
+    mt2, mt4 = runs
+    single = build_figure({"mt2": read_history(mt2)}, metric="accuracy")
+    assert sorted(line.get_label() for line in single.axes[0].get_lines() if not line.get_label().startswith("_")) \
+        == ["easy", "hard"]
+    out = tmp_path / "compare.png"
+    proc = subprocess.run([sys.executable, "-m", "areal_lightning", "plot", str(mt2), str(mt4), "--metric",
+                           "reward/mean", "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert out.is_file() and out.stat().st_size > 10_000
+    compare = build_figure({"mt2": read_history(mt2), "mt4": read_history(mt4)}, metric="reward/mean")
+    labels = {line.get_label() for line in compare.axes[0].get_lines()}
+    assert {"mt2: easy", "mt4: easy", "mt2: hard", "mt4: hard"} <= labels
+    assert "mt2" in compare.axes[0].get_title() and "mt4" in compare.axes[0].get_title()
