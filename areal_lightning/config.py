@@ -19,11 +19,11 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf import errors as oc_errors
 
 CONFIG_FILENAME = "config.yaml"
-EVAL_MODES = ("sync", "async")
+EVAL_MODES = ("sync",)  # "async" (a weight snapshot evaluated in the background) is planned
 THRESHOLD_ACTIONS = ("alert", "stop")
 ERROR_POLICIES = ("log", "raise")
 WANDB_MODES = ("online", "offline", "disabled")
-POLICY_KINDS = ("tiny", "hf")
+POLICY_KINDS = ("tiny",)  # "hf" (a local Hugging Face causal LM) is planned
 TASK_NAMES = ("arithmetic",)
 
 
@@ -90,9 +90,9 @@ class PolicyConfig:
     """The language model being trained."""
 
     kind: str = "tiny"
-    """tiny: a small transformer built from this config; hf: a local Hugging Face causal LM."""
+    """tiny: a small transformer built from this config (hf, a local Hugging Face causal LM, is planned)."""
     path: Optional[str] = None
-    """Local directory of a Hugging Face model (kind: hf). Never downloaded."""
+    """Local directory of a model, for kinds that load one. Never downloaded."""
     d_model: int = 64
     """Width of the tiny transformer."""
     n_layers: int = 2
@@ -104,8 +104,6 @@ class PolicyConfig:
 
     def check(self, path: str) -> None:
         _choice(f"{path}.kind", self.kind, POLICY_KINDS)
-        if self.kind == "hf" and not self.path:
-            raise ConfigError(f"{path}.path must name a local model directory when {path}.kind is hf, got {self.path!r}")
         for name in ("d_model", "n_layers", "n_heads", "max_len"):
             _positive_int(f"{path}.{name}", getattr(self, name))
         if self.d_model % self.n_heads:
@@ -207,7 +205,7 @@ class EvaluatorConfig:
     eval_at_end: bool = True
     """Evaluate the final weights, unless the last step was just evaluated."""
     mode: str = "sync"
-    """sync: training waits for the evaluation; async: evaluate a weight snapshot in the background."""
+    """sync: training waits for the evaluation (async, on a weight snapshot, is planned)."""
     metric_thresholds: dict[str, float] = field(default_factory=dict)
     """Alert when a metric that reached its threshold falls below it, e.g. {accuracy: 0.7}."""
     threshold_action: str = "alert"
