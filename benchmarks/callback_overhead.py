@@ -1,20 +1,21 @@
 """Cost of `EvaluationCallback` on training steps where nothing is evaluated.
 
-A small MLP trains on random data in one process, in three configurations: no callback, an empty
-``lightning.Callback()`` (what Lightning's hook dispatch costs any callback) and the
-`EvaluationCallback`. The callback is configured so that it works on every step and never
-evaluates inside the run: ``freq_steps`` beyond the run, ``freq_secs`` very large (the time
-trigger still reads the clock every step), no evaluation before training or at the end.
-Target: a slowdown under 1 %.
+A small MLP trains on random data in one process. Four configurations take turns inside the same
+fit, step by step (`BLOCK_STEPS`) in a random order: no extra callback, the same again (an
+A/A control: its difference shows the noise floor), an empty ``lightning.Callback()`` (what
+Lightning's hook dispatch costs any callback) and the `EvaluationCallback`; a controller swaps the
+Trainer's callback list before each step. Why interleave: the machine is shared and noisy, and
+400-step segments run one after the other differed by +-20 % here, far more than the 1 % we look
+for; steps a few milliseconds apart see the same machine. Each step's duration is
+recorded (wall and this process's CPU time), a configuration's cost is the median of its steps
+(robust to the steps a preemption hit), and the median over repeated fits is reported.
 
-The machine is shared and noisy, so the configurations run in rotating order, one segment each
-per round, after an untimed warm-up round; each segment times its steps after a warm-up; every
-ratio is taken within a round (adjacent segments share the machine's state, which drifts a lot
-over a run) and the median over rounds is reported, by this process's CPU time (steadier: time
-the CPU spent on other processes does not count) and by wall time. The time spent inside the
-callback's per-step hook is also measured directly.
+The callback is configured so that it works on every step and never evaluates inside the run:
+``freq_steps`` beyond the run, ``freq_secs`` very large (the time trigger still reads the clock
+every step), no evaluation before training or at the end. Target: a slowdown under 1 %. The time
+spent inside the callback's per-step hook is also measured directly, in a fit of its own.
 
-    .venv/bin/python benchmarks/callback_overhead.py [--steps 400] [--rounds 9] [--width 128] [--json]
+    .venv/bin/python benchmarks/callback_overhead.py [--steps 8000] [--repeats 3] [--width 128] [--json]
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import random
 import time
 import warnings
 from collections.abc import Callable
@@ -39,11 +41,15 @@ TARGET_PERCENT = 1.0
 DEFAULT_WIDTH = 128
 IN_FEATURES = 32
 BATCH_SIZE = 32
-WARMUP_STEPS = 20  # not timed: allocator, autograd and loader warm-up
+WARMUP_STEPS = 60  # not timed: allocator, autograd and loader warm-up
+# Consecutive steps of one configuration. One: the configurations share the machine's state
+# step by step (blocks of 25 steps showed an A/A difference of up to 4 % here, single steps 0.1 %).
+BLOCK_STEPS = 1
+SETTLE_STEPS = 0  # first steps of a block not timed (for longer blocks: caches adapting)
 NEVER_SECS = 1e9  # the time trigger runs every step and never fires
 SEED = 0
-CONFIGS = ("none", "empty", "callback")
-CLOCKS = ("cpu", "wall")
+CONFIGS = ("none", "none_again", "empty", "callback")  # none_again: an A/A control, the noise floor
+CLOCKS = ("wall", "cpu")
 
 
 class MLP(L.LightningModule):
@@ -69,26 +75,37 @@ class MLP(L.LightningModule):
         return DataLoader(self.data, batch_size=BATCH_SIZE)
 
 
-class StepTimer(L.Callback):
-    """Wall and CPU time from the start of step `WARMUP_STEPS` to the start of the last step:
-    whole steps, every callback's hooks included."""
+class Interleave(L.Callback):
+    """First in the callback list: before each step, installs the step's configuration behind
+    itself and records when the step starts; a step lasts until the next one starts, so it
+    includes every hook the installed callbacks receive.
 
-    def __init__(self) -> None:
-        self.started: tuple[float, float] | None = None
-        self.timed_steps = 0
-        self.elapsed = (0.0, 0.0)
+    Configurations run in blocks of `BLOCK_STEPS` steps, every configuration once per round in a
+    random order (a fixed rotation lines up with anything periodic in the loop: an A/A run showed
+    2 % between positions). The first `SETTLE_STEPS` steps of a block are not recorded.
+    """
+
+    def __init__(self, extras: dict[str, list[L.Callback]], steps: int) -> None:
+        self.extras = extras
+        rng = random.Random(SEED)
+        self.schedule: list[tuple[str, bool]] = []  # (configuration, recorded) per global step
+        while len(self.schedule) <= steps:
+            for config in rng.sample(CONFIGS, len(CONFIGS)):
+                self.schedule += [(config, i >= SETTLE_STEPS) for i in range(BLOCK_STEPS)]
+        self.durations: dict[str, dict[str, list[float]]] = {c: {k: [] for k in CLOCKS} for c in CONFIGS}
+        self._previous: tuple[str, bool, float, float] | None = None
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
-        now = (time.perf_counter(), time.process_time())
-        if trainer.global_step == WARMUP_STEPS:
-            self.started = now
-            self.timed_steps = 0
-        elif self.started is not None:
-            self.timed_steps += 1
-            self.elapsed = (now[0] - self.started[0], now[1] - self.started[1])
-
-    def steps_per_sec(self) -> dict[str, float]:
-        return {"wall": self.timed_steps / self.elapsed[0], "cpu": self.timed_steps / self.elapsed[1]}
+        wall, cpu = time.perf_counter(), time.process_time()
+        step = trainer.global_step
+        if self._previous is not None and self._previous[1] and step > WARMUP_STEPS:
+            config, _, wall0, cpu0 = self._previous
+            self.durations[config]["wall"].append(wall - wall0)
+            self.durations[config]["cpu"].append(cpu - cpu0)
+        config, recorded = self.schedule[step]
+        # Lightning iterates over this very list for this hook: items after this one may change.
+        trainer.callbacks[1:] = self.extras[config]
+        self._previous = (config, recorded, time.perf_counter(), time.process_time())
 
 
 def _no_evaluation(module: nn.Module, batches: Any, ctx: Any) -> dict[str, float]:
@@ -109,80 +126,87 @@ def _timed_hook(callback: EvaluationCallback) -> list[float]:
     return durations
 
 
-def run_segment(steps: int, width: int, config: str) -> dict[str, float]:
-    """One fit of `steps` steps; steps/s after the warm-up, and the callback's hook time per step."""
-    timer = StepTimer()
-    callbacks: list[L.Callback] = [timer]
-    durations: list[float] = []
-    if config == "empty":
-        callbacks.append(L.Callback())
-    elif config == "callback":
-        callback = EvaluationCallback({"unused": [0]}, _no_evaluation, freq_steps=steps + 1, freq_secs=NEVER_SECS,
-                                      eval_before_train=False, eval_at_end=False)
-        durations = _timed_hook(callback)
-        callbacks.append(callback)
+def _make_callback(steps: int) -> EvaluationCallback:
+    return EvaluationCallback({"unused": [0]}, _no_evaluation, freq_steps=steps + 1, freq_secs=NEVER_SECS,
+                              eval_before_train=False, eval_at_end=False)
+
+
+def _trainer(steps: int, callbacks: list[L.Callback]) -> L.Trainer:
     torch.manual_seed(SEED)
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
-    trainer.fit(MLP(steps, width))
-    timed = durations[WARMUP_STEPS:]
-    return {**timer.steps_per_sec(), "hook_secs": sum(timed) / len(timed) if timed else 0.0}
+    return L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
 
 
-def _slowdown(rounds: list[dict[str, dict[str, float]]], base: str, other: str, clock: str) -> float:
-    return 100.0 * median(r[base][clock] / r[other][clock] - 1.0 for r in rounds)
+def run_fit(steps: int, width: int) -> dict[str, dict[str, float]]:
+    """One fit of `steps` steps, the configurations taking turns; median step time of each."""
+    callback = _make_callback(steps)
+    extras: dict[str, list[L.Callback]] = {"none": [], "none_again": [], "empty": [L.Callback()], "callback": [callback]}
+    interleave = Interleave(extras, steps)
+    # The callback is installed from the start, so that its setup / on_train_start hooks run.
+    _trainer(steps, [interleave, callback]).fit(MLP(steps, width))
+    return {c: {k: median(interleave.durations[c][k]) for k in CLOCKS} for c in CONFIGS}
 
 
-def measure(steps: int, rounds: int, width: int) -> dict[str, Any]:
-    for config in CONFIGS:  # warm-up round, not timed
-        run_segment(steps, width, config)
-    results: list[dict[str, dict[str, float]]] = []
-    for index in range(rounds):
-        shift = index % len(CONFIGS)  # rotate the order, so a drift in load hits every configuration alike
-        order = CONFIGS[shift:] + CONFIGS[:shift]
-        results.append({config: run_segment(steps, width, config) for config in order})
-    out: dict[str, Any] = {"steps": steps, "rounds": rounds, "width": width}
+def hook_secs(steps: int, width: int) -> float:
+    """Median wall time of one call of the callback's per-step hook, in a fit of its own (the
+    timing wrapper costs a little itself, so it stays out of the interleaved fits)."""
+    callback = _make_callback(steps)
+    durations = _timed_hook(callback)
+    _trainer(steps, [callback]).fit(MLP(steps, width))
+    return median(durations[WARMUP_STEPS:])
+
+
+def _percent(slower: float, faster: float) -> float:
+    return 100.0 * (slower / faster - 1.0)
+
+
+def measure(steps: int, repeats: int, width: int) -> dict[str, Any]:
+    fits = [run_fit(steps, width) for _ in range(repeats)]
+    out: dict[str, Any] = {"steps": steps, "repeats": repeats, "width": width}
     for clock in CLOCKS:
+        step_secs = {c: median(f[c][clock] for f in fits) for c in CONFIGS}
         out[clock] = {
-            **{f"steps_per_sec_{c}": median(r[c][clock] for r in results) for c in CONFIGS},
-            "slowdown_percent": _slowdown(results, "none", "callback", clock),
-            "empty_callback_percent": _slowdown(results, "none", "empty", clock),
-            "own_work_percent": _slowdown(results, "empty", "callback", clock),
+            **{f"steps_per_sec_{c}": 1.0 / step_secs[c] for c in CONFIGS},
+            "slowdown_percent": median(_percent(f["callback"][clock], f["none"][clock]) for f in fits),
+            "empty_callback_percent": median(_percent(f["empty"][clock], f["none"][clock]) for f in fits),
+            "own_work_percent": median(_percent(f["callback"][clock], f["empty"][clock]) for f in fits),
+            "a_a_noise_percent": median(_percent(f["none_again"][clock], f["none"][clock]) for f in fits),
         }
-    hook_secs = median(r["callback"]["hook_secs"] for r in results)
-    out["hook_us_per_step"] = 1e6 * hook_secs
-    out["hook_percent_of_step"] = 100.0 * hook_secs * out["cpu"]["steps_per_sec_none"]
+    hook = hook_secs(steps // len(CONFIGS), width)
+    out["hook_us_per_step"] = 1e6 * hook
+    out["hook_percent_of_step"] = 100.0 * hook * out["wall"]["steps_per_sec_none"]
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=400, help="optimizer steps per segment (default 400)")
-    parser.add_argument("--rounds", type=int, default=9, help="timed rounds, one segment per configuration (default 9)")
+    parser.add_argument("--steps", type=int, default=8000, help="optimizer steps per fit, all configurations (default 8000)")
+    parser.add_argument("--repeats", type=int, default=3, help="fits (default 3)")
     parser.add_argument("--width", type=int, default=DEFAULT_WIDTH, help=f"MLP hidden width (default {DEFAULT_WIDTH})")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
-    if args.steps <= WARMUP_STEPS + 1:
-        parser.error(f"--steps must be more than {WARMUP_STEPS + 1} (the warm-up), got {args.steps}")
-    if args.rounds < 1 or args.width < 1:
-        parser.error(f"--rounds and --width must be at least 1, got {args.rounds} and {args.width}")
+    least = WARMUP_STEPS + 2 * BLOCK_STEPS * len(CONFIGS)
+    if args.steps < least:
+        parser.error(f"--steps must be at least {least} (warm-up plus two rounds of blocks), got {args.steps}")
+    if args.repeats < 1 or args.width < 1:
+        parser.error(f"--repeats and --width must be at least 1, got {args.repeats} and {args.width}")
     warnings.filterwarnings("ignore")  # Lightning's advice about loader workers and the like
     for name in ("lightning", "lightning.pytorch"):
         logging.getLogger(name).setLevel(logging.ERROR)
     torch.set_num_threads(1)  # steadier timings on a shared CPU
-    r = measure(args.steps, args.rounds, args.width)
+    r = measure(args.steps, args.repeats, args.width)
     if args.json:
         print(json.dumps(r))
         return
-    print(f"EvaluationCallback overhead: {r['steps']} steps x {r['rounds']} rounds, MLP {IN_FEATURES}-{r['width']}-"
-          f"{r['width']}-1, batch {BATCH_SIZE}, CPU, 1 thread; medians over rounds")
+    print(f"EvaluationCallback overhead: {r['repeats']} fits x {r['steps']} steps, configurations interleaved in blocks"
+          f" of {BLOCK_STEPS} step(s); MLP {IN_FEATURES}-{r['width']}-{r['width']}-1, batch {BATCH_SIZE}, CPU, 1 thread; median step times")
     for clock in CLOCKS:
         c = r[clock]
         verdict = "meets" if c["slowdown_percent"] < TARGET_PERCENT else "misses"
-        print(f"  by {clock} time: {c['steps_per_sec_none']:.1f} steps/s without, {c['steps_per_sec_callback']:.1f} with"
+        print(f"  by {clock:4s} time: {c['steps_per_sec_none']:.1f} steps/s without, {c['steps_per_sec_callback']:.1f} with"
               f" the callback: slowdown {c['slowdown_percent']:+.2f} % (target < {TARGET_PERCENT:g} %: {verdict});"
               f" an empty Callback {c['empty_callback_percent']:+.2f} %, the callback's own work"
-              f" {c['own_work_percent']:+.2f} %")
+              f" {c['own_work_percent']:+.2f} %; A/A noise (no callback vs no callback) {c['a_a_noise_percent']:+.2f} %")
     print(f"  per-step hook, measured inside the run: {r['hook_us_per_step']:.1f} us/step ="
           f" {r['hook_percent_of_step']:.2f} % of a step")
 

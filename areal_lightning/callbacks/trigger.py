@@ -52,8 +52,9 @@ _KEY_STARTED = "training_started"
 
 
 def _is_int(value: Any) -> bool:
-    # bool is an int subclass, but `freq_steps: true` is a typo, not "every step".
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    # bool is an int subclass, but `freq_steps: true` is a typo, not "every step". The exact-type
+    # test first: `after_step` checks its arguments every training step, and the ABC check is slow.
+    return type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
 
 
 def _positive_int_or_none(name: str, value: Any) -> int | None:
