@@ -182,8 +182,12 @@ class EvalSetConfig:
     """Prompts per evaluation batch."""
     max_new_tokens: Optional[int] = None
     """Tokens generated per completion; null: grpo.max_new_tokens."""
+    max_batch_cost: Optional[float] = None
+    """Close an eval batch before its padded cost (prompts x longest prompt length) exceeds this,
+    so that no single batch outweighs a rank's share; null: batches by count only."""
 
     def check(self, path: str) -> None:
+        _positive_float(f"{path}.max_batch_cost", self.max_batch_cost, allow_none=True)
         for name in ("digits", "size", "n_samples", "batch_size"):
             _positive_int(f"{path}.{name}", getattr(self, name))
         _positive_float(f"{path}.temperature", self.temperature, allow_zero=True)

@@ -11,6 +11,7 @@ rank runs the same collectives in the same order.
 from __future__ import annotations
 
 import contextlib
+import json
 import copy
 import pickle
 import random
@@ -19,7 +20,7 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -66,7 +67,12 @@ class EvalContext:
     def metric(self, name: str, factory: Callable[[], Metric]) -> Metric:
         """The metric called `name`, created on this round's device on first use."""
         if name not in self.metrics:
-            self.metrics[name] = factory().to(self.device)
+            metric = factory()
+            dtype = metric.dtype
+            metric = metric.to(self.device)
+            if metric.dtype != dtype:  # torchmetrics' .to() resets a float64 metric to float32
+                metric.set_dtype(dtype)
+            self.metrics[name] = metric
         return self.metrics[name]
 
     def record_sample(self, index: int, **row: Any) -> None:
@@ -84,6 +90,18 @@ class SetResult:
     num_prompts: int
     eval_secs: float
     table_rows: list[dict[str, Any]]
+
+
+class _RankReport(NamedTuple):
+    """What each rank contributes to the round's one object gather."""
+
+    error: str | None
+    num_prompts: int
+    index_sum: int  # with num_prompts, checks that every sample was evaluated exactly once
+    num_samples: int
+    extras: dict[str, tuple[float, float]]
+    table_rows: list[dict[str, Any]]
+    metric_names: list[str]
 
 
 class EvalRoundError(RuntimeError):
@@ -107,9 +125,20 @@ def _all_gather_object(obj: Any) -> list[Any]:
 
 
 def check_eval_sets_consistent(eval_sets: Sequence[EvalSet]) -> None:
-    """Raises `EvalSetMismatchError` on every rank when ranks hold different eval sets."""
-    local = {s.name: fingerprint(s.name, s.keys) for s in eval_sets}
+    """Raises `EvalSetMismatchError` on every rank when ranks hold different eval sets.
+
+    The fingerprint covers what the deal and the outcomes depend on besides the samples: batch
+    size, costs and options. Ranks that cut different batches would evaluate some samples twice
+    and others never, with the right total count.
+    """
+    local = {s.name: fingerprint(s.name, [_layout_key(s), *s.keys]) for s in eval_sets}
     check_fingerprints(_all_gather_object(local))
+
+
+def _layout_key(eval_set: EvalSet) -> str:
+    layout = {"batch_size": eval_set.batch_size, "max_batch_cost": eval_set.max_batch_cost,
+              "costs": eval_set.costs, "options": dict(eval_set.options)}
+    return json.dumps(layout, sort_keys=True, default=repr)
 
 
 @contextlib.contextmanager
@@ -141,7 +170,8 @@ def module_device(module: nn.Module) -> torch.device:
 def local_batches(eval_set: EvalSet, seed: int, rank: int, world_size: int) -> list[EvalBatch]:
     """This rank's deal of the eval set's global batches, each sample with its own seed."""
     batches = []
-    for indices in shard_for_rank(eval_set.costs, eval_set.batch_size, rank, world_size):
+    for indices in shard_for_rank(eval_set.costs, eval_set.batch_size, rank, world_size,
+                                  max_batch_cost=eval_set.max_batch_cost):
         samples = [eval_set.samples[i] for i in indices]
         batches.append(EvalBatch(indices=list(indices), samples=samples, seeds=sample_seeds(seed, eval_set.name, indices)))
     return batches
@@ -252,13 +282,13 @@ def evaluate_set(
         error, extras = f"rank {rank}: {type(err).__name__}: {err}\n{traceback.format_exc()}", {}
     # One object gather carries errors, counts, extras, table rows and metric names: the same
     # collective on every rank.
-    gathered = _all_gather_object(
-        (error, num_prompts, ctx.num_samples or num_prompts, extras, ctx.table_rows, sorted(ctx.metrics))
-    )
-    errors = [g[0] for g in gathered if g[0]]
+    report = _RankReport(error, num_prompts, sum(i for b in batches for i in b.indices), ctx.num_samples or num_prompts,
+                         extras, ctx.table_rows, sorted(ctx.metrics))
+    gathered: list[_RankReport] = _all_gather_object(report)
+    errors = [g.error for g in gathered if g.error]
     if errors:
         raise EvalRoundError(f"evaluation of eval set {eval_set.name!r} failed: " + "\n".join(errors))
-    _share_missing_metrics(ctx, [g[5] for g in gathered], eval_set.name)
+    _share_missing_metrics(ctx, [g.metric_names for g in gathered], eval_set.name)
     metrics: dict[str, float] = {}
     try:
         with warnings.catch_warnings():
@@ -274,13 +304,17 @@ def evaluate_set(
             f"evaluation of eval set {eval_set.name!r} failed: computing metric {name!r} raised "
             f"{type(err).__name__}: {err} (a metric must compute a scalar or a mapping of scalars)"
         ) from err
-    metrics.update(_merge_extras([g[3] for g in gathered]))
-    total_prompts = sum(g[1] for g in gathered)
-    if total_prompts != len(eval_set.samples):
-        raise AssertionError(f"eval set {eval_set.name!r}: evaluated {total_prompts} prompts, expected {len(eval_set.samples)}")
-    rows = sorted((row for g in gathered for row in g[4]), key=lambda r: r["index"])
+    metrics.update(_merge_extras([g.extras for g in gathered]))
+    size = len(eval_set.samples)
+    total_prompts = sum(g.num_prompts for g in gathered)
+    if (total_prompts, sum(g.index_sum for g in gathered)) != (size, size * (size - 1) // 2):
+        raise EvalRoundError(
+            f"eval set {eval_set.name!r}: the ranks evaluated {total_prompts} prompts, not each of the {size} exactly "
+            "once; they must build the same eval sets and deal them with the same world size"
+        )
+    rows = sorted((row for g in gathered for row in g.table_rows), key=lambda r: r["index"])
     return SetResult(
-        dataset=eval_set.name, metrics=metrics, num_samples=sum(g[2] for g in gathered), num_prompts=total_prompts,
+        dataset=eval_set.name, metrics=metrics, num_samples=sum(g.num_samples for g in gathered), num_prompts=total_prompts,
         eval_secs=time.perf_counter() - start, table_rows=rows,
     )
 

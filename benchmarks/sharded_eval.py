@@ -6,10 +6,14 @@
    Reports the eval round's own time (``eval_secs`` of the eval history, rank 0, which waits for
    the slowest rank at the round's reduction), the whole command's wall time (imports, launch,
    checkpoint load included), the speed-up, and whether both runs logged the same metrics.
-2. The cost balance (max rank cost / mean rank cost; target <= 1.05) of the deal on eval sets
+   On a box shared with other jobs the wall-clock speed-up is capped by the free cores, so:
+2. The same round in-process on 1 and 2 gloo ranks (``tests/ddp_utils.run_ddp``), with each
+   rank's CPU seconds: how the work splits, and the speed-up 2 free cores would give
+   (CPU seconds on 1 rank / the largest rank's CPU seconds on 2), plus the measured balance.
+3. The cost balance (max rank cost / mean rank cost; target <= 1.05) of the deal on eval sets
    with very uneven (lognormal) prompt lengths, from ``benchmarks/shard_balance.py``.
 
-    .venv/bin/python benchmarks/sharded_eval.py [--size 3000] [--n-samples 16] [--repeats 2] [--json]
+    .venv/bin/python benchmarks/sharded_eval.py [--size 5000] [--n-samples 16] [--repeats 2] [--json]
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from pathlib import Path
 import yaml
 
 from shard_balance import TARGET, measure  # noqa: E402 - a sibling script (benchmarks/ is sys.path[0])
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from ddp_utils import run_ddp  # noqa: E402 - the tests' gloo launcher, reused
 
 EVAL_SET = "bench"
 BALANCE_SAMPLES = 1000
@@ -83,9 +90,30 @@ def evaluate(config: Path, ckpt: Path, out: Path, devices: int) -> dict[str, flo
     return {"wall_secs": wall, "eval_secs": record["eval_secs"], "record": record}
 
 
+def round_cpu_secs(rank: int, world_size: int, config: str, ckpt: str) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of this rank's evaluation round, on one thread."""
+    import torch
+
+    from areal_lightning.config import load_config
+    from areal_lightning.eval_round import check_eval_sets_consistent, run_round
+    from areal_lightning.evaluate_cmd import STATE_DICT_KEY, load_checkpoint, load_weights
+    from areal_lightning.rl.evaluation import arithmetic_eval_sets, rollout_evaluate
+    from areal_lightning.rl.grpo import GRPOModule
+
+    torch.set_num_threads(1)
+    cfg = load_config(config)
+    module = GRPOModule.from_config(cfg)
+    load_weights(module, load_checkpoint(ckpt)[STATE_DICT_KEY], ckpt)
+    eval_sets = arithmetic_eval_sets(cfg, module.task)
+    check_eval_sets_consistent(eval_sets)  # also lines the ranks up before the clocks start
+    cpu, wall = time.process_time(), time.perf_counter()
+    run_round(module, eval_sets, rollout_evaluate, seed=cfg.seed, global_step=0, epoch=0)
+    return time.process_time() - cpu, time.perf_counter() - wall
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=int, default=3000, help="prompts in the eval set")
+    parser.add_argument("--size", type=int, default=5000, help="prompts in the eval set")
     parser.add_argument("--n-samples", type=int, default=16, help="completions per prompt")
     parser.add_argument("--batch-size", type=int, default=64, help="prompts per eval batch")
     parser.add_argument("--repeats", type=int, default=2, help="runs per process count; the fastest counts")
@@ -100,6 +128,7 @@ def main() -> None:
         for repeat in range(args.repeats):  # interleaved, so a slow spell on the box hits both
             for devices in runs:
                 runs[devices].append(evaluate(config, ckpt, root / f"p{devices}_{repeat}", devices))
+        cpu = {w: run_ddp(round_cpu_secs, w, str(config), str(ckpt), timeout_s=RUN_TIMEOUT_S) for w in (1, 2)}
     best = {d: min(rs, key=lambda r: r["eval_secs"]) for d, rs in runs.items()}
     metrics = [r["record"]["metrics"] for rs in runs.values() for r in rs]
     identical = all(m == metrics[0] for m in metrics)
@@ -107,12 +136,17 @@ def main() -> None:
     speedup_eval = best[1]["eval_secs"] / best[2]["eval_secs"]
     speedup_wall = min(r["wall_secs"] for r in runs[1]) / min(r["wall_secs"] for r in runs[2])
     balance = measure(BALANCE_SAMPLES, BALANCE_BATCH_SIZE, BALANCE_DATA_SEEDS)
+    rank_cpu = [c for c, _ in cpu[2]]
+    speedup_cpu = cpu[1][0][0] / max(rank_cpu)
+    cpu_balance = max(rank_cpu) / (sum(rank_cpu) / len(rank_cpu))
 
     summary = {
         "eval_set": {"digits": 2, "size": args.size, "n_samples": args.n_samples, "batch_size": args.batch_size},
         "eval_secs": {d: [round(r["eval_secs"], 3) for r in rs] for d, rs in runs.items()},
         "wall_secs": {d: [round(r["wall_secs"], 2) for r in rs] for d, rs in runs.items()},
         "speedup_eval": round(speedup_eval, 3), "speedup_wall": round(speedup_wall, 3),
+        "round_cpu_secs": {w: [round(c, 3) for c, _ in r] for w, r in cpu.items()},
+        "speedup_with_free_cores": round(speedup_cpu, 3), "rank_cpu_balance": round(cpu_balance, 3),
         "identical_metrics": identical, "num_prompts": sorted(prompts),
         "accuracy": metrics[0].get("accuracy"), "load_average": os.getloadavg(),
         "balance": balance,
@@ -129,6 +163,9 @@ def main() -> None:
     print(f"  speed-up 2 vs 1 process: eval round {speedup_eval:.2f}x, whole command {speedup_wall:.2f}x")
     print(f"  same metrics in every run: {identical}; num_prompts: {sorted(prompts)}; "
           f"load average during the runs: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print(f"in-process round, CPU seconds per rank: 1 rank {cpu[1][0][0]:.2f} s; 2 ranks "
+          f"{' + '.join(f'{c:.2f}' for c in rank_cpu)} s (max/mean {cpu_balance:.3f}); "
+          f"speed-up with 2 free cores {speedup_cpu:.2f}x")
     print(f"cost balance (max/mean rank cost) of the deal, {BALANCE_SAMPLES} prompts of lognormal length, "
           f"batch {BALANCE_BATCH_SIZE}, {BALANCE_DATA_SEEDS} eval sets: mean / worst; target <= {TARGET}")
     for row in balance:

@@ -130,5 +130,15 @@ def test_ranks_with_different_eval_data_fail_with_the_fingerprint_error() -> Non
     assert "'common'" not in messages[0]
 
 
+@pytest.mark.ddp
+def test_ranks_that_would_cut_different_batches_fail_with_the_fingerprint_error() -> None:
+    # Same samples, other batch size: the ranks' deals would overlap (samples twice, others never).
+    batch_differs = [["eval_sets.odd.size=10", "eval_sets.odd.batch_size=4"],
+                     ["eval_sets.odd.size=10", "eval_sets.odd.batch_size=3"]]
+    messages = run_ddp(_mismatched_sets, 2, batch_differs, timeout_s=TIMEOUT_S)
+    assert messages[0] == messages[1]
+    assert "eval set 'odd' differs across ranks" in messages[0]
+
+
 def test_fingerprint_check_passes_on_one_process() -> None:
     check_eval_sets_consistent(_uneven_sets())  # no process group: nothing to compare, no error

@@ -20,6 +20,9 @@ class EvalSet:
         cost_fn: expected evaluation cost of a sample (e.g. its prompt length); batches are
             dealt to ranks to balance it. Default: every sample costs 1.
         key_fn: canonical content of a sample for the cross-rank fingerprint. Default: `repr`.
+        max_batch_cost: close a batch before its padded cost (size x largest sample cost)
+            exceeds this, so that one batch of the longest prompts cannot outweigh a rank's
+            share; independent of the number of devices. None: batches by count only.
         options: free settings passed to `evaluate_fn` through `ctx.options`
             (the default GRPO evaluation reads n_samples, temperature, max_new_tokens).
 
@@ -36,6 +39,7 @@ class EvalSet:
     batch_size: int = DEFAULT_EVAL_BATCH_SIZE
     cost_fn: Callable[[Any], float] | None = None
     key_fn: Callable[[Any], str] = repr
+    max_batch_cost: float | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -25,7 +25,8 @@ def arithmetic_eval_sets(cfg: Config, task: ArithmeticTask) -> list[EvalSet]:
         options = {"n_samples": es.n_samples, "temperature": es.temperature,
                    "max_new_tokens": es.max_new_tokens or cfg.grpo.max_new_tokens}
         out.append(EvalSet(name=name, samples=task.make_samples(name, es.digits, es.size), batch_size=es.batch_size,
-                           cost_fn=lambda s: float(len(s.prompt)), key_fn=lambda s: s.key, options=options))
+                           cost_fn=lambda s: float(len(s.prompt)), key_fn=lambda s: s.key,
+                           max_batch_cost=es.max_batch_cost, options=options))
     return out
 
 
