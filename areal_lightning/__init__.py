@@ -19,7 +19,7 @@ _EXPORTS = {
     "ConfigError": "areal_lightning.config",
     "load_config": "areal_lightning.config",
     "EvalSet": "areal_lightning.data.eval_sets",
-    "EvalSetMismatchError": "areal_lightning.data.sharding",
+    "EvalSetMismatchError": "areal_lightning.data.fingerprint",
     "ArithmeticTask": "areal_lightning.data.tasks",
     "EvalBatch": "areal_lightning.eval_round",
     "EvalContext": "areal_lightning.eval_round",

@@ -28,7 +28,8 @@ from torch import Tensor, nn
 from torchmetrics import Metric
 
 from areal_lightning.data.eval_sets import EvalSet
-from areal_lightning.data.sharding import check_fingerprints, fingerprint, sample_seeds, shard_for_rank
+from areal_lightning.data.fingerprint import check_fingerprints, fingerprint
+from areal_lightning.data.sharding import sample_seeds, shard_for_rank
 
 EvaluateFn = Callable[[nn.Module, Sequence["EvalBatch"], "EvalContext"], Mapping[str, Any] | None]
 

@@ -222,7 +222,7 @@ def evaluate_main(args: argparse.Namespace) -> int:
     import torch
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-    from areal_lightning.data.sharding import EvalSetMismatchError
+    from areal_lightning.data.fingerprint import EvalSetMismatchError
     from areal_lightning.eval_round import EvalRoundError
     from areal_lightning.rl.grpo import GRPOModule
 

@@ -16,7 +16,8 @@ import torch
 
 from areal_lightning.config import load_config
 from areal_lightning.data.eval_sets import EvalSet
-from areal_lightning.data.sharding import EvalSetMismatchError, sample_seed
+from areal_lightning.data.fingerprint import EvalSetMismatchError
+from areal_lightning.data.sharding import sample_seed
 from areal_lightning.data.tasks import ArithmeticTask
 from areal_lightning.eval_round import EvalBatch, EvalContext, check_eval_sets_consistent, local_batches, run_round
 from areal_lightning.metrics import RewardMetric

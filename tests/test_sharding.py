@@ -14,15 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from areal_lightning.data import fingerprint as fingerprints
 from areal_lightning.data import sharding
+from areal_lightning.data.fingerprint import EvalSetMismatchError, check_fingerprints, fingerprint
 from areal_lightning.data.sharding import (
-    EvalSetMismatchError,
     batch_cost,
     batch_costs,
-    check_fingerprints,
     cost_balance,
     deal_batches,
-    fingerprint,
     global_batches,
     sample_seed,
     sample_seeds,
@@ -53,8 +52,9 @@ def reference_balance(assignment: list[list[int]], costs: list[float]) -> float:
 
 
 def test_docstring_examples_run() -> None:
-    result = doctest.testmod(sharding)
-    assert result.attempted > 0 and result.failed == 0
+    for module in (sharding, fingerprints):
+        result = doctest.testmod(module)
+        assert result.attempted > 0 and result.failed == 0
 
 
 # --- every sample exactly once, whatever the world size -------------------------------------
@@ -198,7 +198,8 @@ def test_sample_seed_seeds_a_torch_generator() -> None:
 
 _SUBPROCESS_CODE = """
 import json, sys
-from areal_lightning.data.sharding import fingerprint, sample_seed
+from areal_lightning.data.fingerprint import fingerprint
+from areal_lightning.data.sharding import sample_seed
 cases = json.loads(sys.argv[1])
 print(json.dumps({"seeds": [sample_seed(*c) for c in cases],
                   "fingerprint": fingerprint("easy", ["1+1=", b"2+2=", "ünï"])}))

@@ -1,4 +1,4 @@
-"""Exact, cost-balanced sharding of eval data; per-sample seeds; eval-set fingerprints.
+"""Exact, cost-balanced sharding of eval data, and per-sample seeds.
 
 An evaluation round must give the same per-sample outcomes and metrics on 1, 2 or N devices.
 Three pure pieces make that true; every rank computes them locally from the same inputs:
@@ -11,8 +11,7 @@ Three pure pieces make that true; every rank computes them locally from the same
 3. :func:`sample_seed` gives each sample its own seed from (run seed, eval set name, sample
    index), so a sample's randomness does not depend on its batch or rank.
 
-:func:`fingerprint` and :func:`check_fingerprints` let ranks verify, before the first round, that
-they built the same eval sets; a mismatch would otherwise silently skew the merged metrics.
+Ranks check that they built the same eval sets with `areal_lightning.data.fingerprint`.
 
 Cost model: a batch is generated padded to its longest sample, so a batch costs
 ``len(batch) * max(cost of its samples)`` (see :func:`batch_cost`). A sample's cost is whatever
@@ -29,13 +28,10 @@ import operator
 from collections.abc import Mapping, Sequence
 
 __all__ = [
-    "EvalSetMismatchError",
     "batch_cost",
     "batch_costs",
-    "check_fingerprints",
     "cost_balance",
     "deal_batches",
-    "fingerprint",
     "global_batches",
     "sample_seed",
     "sample_seeds",
@@ -49,14 +45,6 @@ _SEED_DIGEST_BYTES = 8
 # blake2b's personalisation separates our digests from any other use of the same bytes;
 # bump the version if the encoding ever changes (it changes every seed and fingerprint).
 _SEED_PERSON = b"areal/seed/v1"
-_FINGERPRINT_PERSON = b"areal/evalset/v1"
-FINGERPRINT_DIGEST_BYTES = 8
-# Length prefixes make the fingerprint of ["ab", "c"] differ from that of ["a", "bc"].
-_LENGTH_PREFIX_BYTES = 8
-
-
-class EvalSetMismatchError(RuntimeError):
-    """Ranks hold different eval sets (different names, sizes or sample contents)."""
 
 
 def _as_int(value: object, call: str, arg: str, minimum: int | None, shown: str = "") -> int:
@@ -388,89 +376,3 @@ def cost_balance(assignment: Sequence[Sequence[int]], batch_costs: Sequence[floa
     loads = [sum(checked[b] for b in batches) for batches in assignment]
     mean = sum(loads) / len(loads)
     return max(loads) / mean if mean > 0 else 1.0
-
-
-def fingerprint(name: str, sample_keys: Sequence[str | bytes]) -> str:
-    """Return a short hex digest of an eval set: its name, its size and each sample, in order.
-
-    Args:
-        name: The eval set name.
-        sample_keys: Each sample's canonical content, e.g. ``prompt + "\\x1f" + answer``; a str
-            counts as its UTF-8 bytes.
-
-    Raises:
-        TypeError: If ``name`` is not a str or a sample key is neither str nor bytes.
-
-    Example:
-        >>> fingerprint("easy", ["1+1=", "2+2="]) == fingerprint("easy", ["1+1=", "2+2="])
-        True
-        >>> fingerprint("easy", ["1+1=", "2+2="]) == fingerprint("easy", ["2+2=", "1+1="])
-        False
-    """
-    if not isinstance(name, str):
-        raise TypeError(f"fingerprint(name=...) must be a str, got {name!r}")
-    digest = hashlib.blake2b(digest_size=FINGERPRINT_DIGEST_BYTES, person=_FINGERPRINT_PERSON)
-
-    def add(chunk: bytes) -> None:
-        digest.update(len(chunk).to_bytes(_LENGTH_PREFIX_BYTES, "big"))
-        digest.update(chunk)
-
-    add(name.encode("utf-8"))
-    add(str(len(sample_keys)).encode("ascii"))
-    for i, key in enumerate(sample_keys):
-        if isinstance(key, str):
-            key = key.encode("utf-8")
-        elif not isinstance(key, bytes):
-            raise TypeError(
-                f"fingerprint(sample_keys=...) must hold str or bytes, got sample_keys[{i}]={key!r}"
-            )
-        add(key)
-    return digest.hexdigest()
-
-
-def check_fingerprints(per_rank: Sequence[Mapping[str, str]]) -> None:
-    """Raise if ranks do not hold the same eval sets.
-
-    Call it once before the first evaluation round with every rank's
-    ``{eval set name: fingerprint(...)}`` as gathered by ``all_gather_object``; every rank gets
-    the same list, so every rank raises (or not) together.
-
-    Args:
-        per_rank: For each rank in order, its eval set names mapped to their fingerprints.
-
-    Raises:
-        EvalSetMismatchError: If an eval set is missing on some ranks or its fingerprint differs;
-            the message names each such eval set and which ranks hold what.
-        ValueError: If ``per_rank`` is empty.
-        TypeError: If an entry is not a mapping.
-
-    Example:
-        >>> check_fingerprints([{"easy": "ab12"}, {"easy": "ab12"}])  # same sets: no error
-    """
-    if len(per_rank) == 0:
-        raise ValueError("check_fingerprints(per_rank=...) must hold one mapping per rank, got []")
-    for rank, sets in enumerate(per_rank):
-        if not isinstance(sets, Mapping):
-            raise TypeError(
-                f"check_fingerprints(per_rank=...) must hold one mapping of eval set name to "
-                f"fingerprint per rank, got per_rank[{rank}]={sets!r}"
-            )
-    problems: list[str] = []
-    for name in sorted({name for sets in per_rank for name in sets}, key=str):
-        missing = [rank for rank, sets in enumerate(per_rank) if name not in sets]
-        if missing:
-            problems.append(f"eval set {name!r} is missing on ranks {missing}")
-        holders: dict[str, list[int]] = {}
-        for rank, sets in enumerate(per_rank):
-            if name in sets:
-                holders.setdefault(sets[name], []).append(rank)
-        if len(holders) > 1:
-            groups = ", ".join(
-                f"ranks {ranks} have fingerprint {fp}" for fp, ranks in holders.items()
-            )
-            problems.append(f"eval set {name!r} differs across ranks: {groups}")
-    if problems:
-        raise EvalSetMismatchError(
-            "; ".join(problems)
-            + "; every rank must build the same eval sets (same seed, size, data files)"
-        )
