@@ -16,6 +16,7 @@ every step), no evaluation before training or at the end. Target: a slowdown und
 spent inside the callback's per-step hook is also measured directly, in a fit of its own.
 
     .venv/bin/python benchmarks/callback_overhead.py [--steps 8000] [--repeats 3] [--width 128] [--json]
+    .venv/bin/python benchmarks/callback_overhead.py --model grpo --steps 400 --repeats 3
 """
 
 from __future__ import annotations
@@ -137,22 +138,32 @@ def _trainer(steps: int, callbacks: list[L.Callback]) -> L.Trainer:
                      enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
 
 
-def run_fit(steps: int, width: int) -> dict[str, dict[str, float]]:
+def _module(model: str, steps: int, width: int) -> L.LightningModule:
+    if model == "mlp":
+        return MLP(steps, width)
+    # The main job's model and step: GRPO on the arithmetic task with the default TinyPolicy.
+    from areal_lightning.config import load_config
+    from areal_lightning.rl.grpo import GRPOModule
+
+    return GRPOModule.from_config(load_config(None, ["eval_sets.unused.size=1", "grpo.warmup_steps=0"]))
+
+
+def run_fit(steps: int, width: int, model: str = "mlp") -> dict[str, dict[str, float]]:
     """One fit of `steps` steps, the configurations taking turns; median step time of each."""
     callback = _make_callback(steps)
     extras: dict[str, list[L.Callback]] = {"none": [], "none_again": [], "empty": [L.Callback()], "callback": [callback]}
     interleave = Interleave(extras, steps)
     # The callback is installed from the start, so that its setup / on_train_start hooks run.
-    _trainer(steps, [interleave, callback]).fit(MLP(steps, width))
+    _trainer(steps, [interleave, callback]).fit(_module(model, steps, width))
     return {c: {k: median(interleave.durations[c][k]) for k in CLOCKS} for c in CONFIGS}
 
 
-def hook_secs(steps: int, width: int) -> float:
+def hook_secs(steps: int, width: int, model: str = "mlp") -> float:
     """Median wall time of one call of the callback's per-step hook, in a fit of its own (the
     timing wrapper costs a little itself, so it stays out of the interleaved fits)."""
     callback = _make_callback(steps)
     durations = _timed_hook(callback)
-    _trainer(steps, [callback]).fit(MLP(steps, width))
+    _trainer(steps, [callback]).fit(_module(model, steps, width))
     return median(durations[WARMUP_STEPS:])
 
 
@@ -160,9 +171,9 @@ def _percent(slower: float, faster: float) -> float:
     return 100.0 * (slower / faster - 1.0)
 
 
-def measure(steps: int, repeats: int, width: int) -> dict[str, Any]:
-    fits = [run_fit(steps, width) for _ in range(repeats)]
-    out: dict[str, Any] = {"steps": steps, "repeats": repeats, "width": width}
+def measure(steps: int, repeats: int, width: int, model: str = "mlp") -> dict[str, Any]:
+    fits = [run_fit(steps, width, model) for _ in range(repeats)]
+    out: dict[str, Any] = {"steps": steps, "repeats": repeats, "width": width, "model": model}
     for clock in CLOCKS:
         step_secs = {c: median(f[c][clock] for f in fits) for c in CONFIGS}
         out[clock] = {
@@ -172,7 +183,7 @@ def measure(steps: int, repeats: int, width: int) -> dict[str, Any]:
             "own_work_percent": median(_percent(f["callback"][clock], f["empty"][clock]) for f in fits),
             "a_a_noise_percent": median(_percent(f["none_again"][clock], f["none"][clock]) for f in fits),
         }
-    hook = hook_secs(steps // len(CONFIGS), width)
+    hook = hook_secs(max(steps // len(CONFIGS), WARMUP_STEPS + 20), width, model)
     out["hook_us_per_step"] = 1e6 * hook
     out["hook_percent_of_step"] = 100.0 * hook * out["wall"]["steps_per_sec_none"]
     return out
@@ -183,6 +194,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8000, help="optimizer steps per fit, all configurations (default 8000)")
     parser.add_argument("--repeats", type=int, default=3, help="fits (default 3)")
     parser.add_argument("--width", type=int, default=DEFAULT_WIDTH, help=f"MLP hidden width (default {DEFAULT_WIDTH})")
+    parser.add_argument("--model", choices=("mlp", "grpo"), default="mlp",
+                        help="mlp: a ~2 ms step (the worst case); grpo: the main job's GRPOModule step")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     least = WARMUP_STEPS + 2 * BLOCK_STEPS * len(CONFIGS)
@@ -194,12 +207,13 @@ def main() -> None:
     for name in ("lightning", "lightning.pytorch"):
         logging.getLogger(name).setLevel(logging.ERROR)
     torch.set_num_threads(1)  # steadier timings on a shared CPU
-    r = measure(args.steps, args.repeats, args.width)
+    r = measure(args.steps, args.repeats, args.width, args.model)
     if args.json:
         print(json.dumps(r))
         return
     print(f"EvaluationCallback overhead: {r['repeats']} fits x {r['steps']} steps, configurations interleaved in blocks"
-          f" of {BLOCK_STEPS} step(s); MLP {IN_FEATURES}-{r['width']}-{r['width']}-1, batch {BATCH_SIZE}, CPU, 1 thread; median step times")
+          f" of {BLOCK_STEPS} step(s); " + (f"MLP {IN_FEATURES}-{r['width']}-{r['width']}-1, batch {BATCH_SIZE}"
+          if r["model"] == "mlp" else "GRPOModule (TinyPolicy, 32 prompts x 16 samples)") + ", CPU, 1 thread; median step times")
     for clock in CLOCKS:
         c = r[clock]
         verdict = "meets" if c["slowdown_percent"] < TARGET_PERCENT else "misses"
