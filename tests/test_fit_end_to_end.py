@@ -99,3 +99,25 @@ def test_plot_draws_both_figures_from_real_histories(runs, tmp_path):
     labels = {line.get_label() for line in compare.axes[0].get_lines()}
     assert {"mt2: easy", "mt4: easy", "mt2: hard", "mt4: hard"} <= labels
     assert "mt2" in compare.axes[0].get_title() and "mt4" in compare.axes[0].get_title()
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+def test_evaluating_the_saved_checkpoint_on_two_processes_reproduces_the_in_training_round(runs):
+    run_dir = runs[0]
+    end = {r["dataset"]: r for r in eval_rows(read_history(run_dir)) if r["step"] == MAX_STEPS}
+    history = run_dir / "reevaluated.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "areal_lightning", "evaluate", "-c", str(run_dir / "config.yaml"), "--ckpt",
+         str(run_dir / "checkpoints" / "last.ckpt"), "--history", str(history), "trainer.devices=2",
+         "trainer.strategy=ddp", "logger.wandb.mode=disabled"],
+        cwd=run_dir.parent, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = {r["dataset"]: r for r in eval_rows(read_history(history))}
+    assert set(again) == set(end) == {"easy", "hard"}
+    for dataset, record in again.items():
+        assert record["step"] == MAX_STEPS and record["world_size"] == 2 and record["trigger"] == ["evaluate"]
+        assert record["num_prompts"] == end[dataset]["num_prompts"]
+        # same weights, same per-sample seeds: the same numbers, whatever the number of processes
+        assert record["metrics"] == pytest.approx(end[dataset]["metrics"], abs=1e-12)
