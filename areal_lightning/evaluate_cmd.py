@@ -233,8 +233,6 @@ def evaluate_main(args: argparse.Namespace) -> int:
         del ckpt  # optimizer states and the rest: not needed, and not to be copied to spawned ranks
     except CheckpointError as err:
         return _fail(str(err))
-    except NotImplementedError as err:  # a policy kind this build cannot construct
-        return _fail(str(err))
     try:
         fabric = _build_fabric(cfg)
     except (MisconfigurationException, ValueError, RuntimeError) as err:
