@@ -23,6 +23,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/callback_overhead.py
+	$(PY) benchmarks/callback_overhead.py --model grpo --steps 400
+	$(PY) benchmarks/sharded_eval.py
+	$(PY) benchmarks/shard_balance.py
 
 clean:
 	rm -rf $(VENV) runs wandb lightning_logs
