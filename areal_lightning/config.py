@@ -22,6 +22,7 @@ CONFIG_FILENAME = "config.yaml"
 EVAL_MODES = ("sync",)  # "async" (a weight snapshot evaluated in the background) is planned
 THRESHOLD_ACTIONS = ("alert", "stop")
 ERROR_POLICIES = ("log", "raise")
+DEFAULT_TABLE_ROWS = 16
 WANDB_MODES = ("online", "offline", "disabled")
 POLICY_KINDS = ("tiny",)  # "hf" (a local Hugging Face causal LM) is planned
 TASK_NAMES = ("arithmetic",)
@@ -216,7 +217,7 @@ class EvaluatorConfig:
     """alert: log, record and alert; stop: also stop training cleanly."""
     on_error: str = "log"
     """log: an exception in an evaluation is recorded and training goes on; raise: fail fast."""
-    max_table_rows: int = 16
+    max_table_rows: int = DEFAULT_TABLE_ROWS
     """Sample generations per eval set kept for the W&B table."""
 
     def check(self, path: str) -> None:

@@ -12,8 +12,9 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from areal_lightning.callbacks.thresholds import THRESHOLD_ACTIONS, Alert, ThresholdMonitor
+from areal_lightning.callbacks.thresholds import Alert, ThresholdMonitor
 from areal_lightning.callbacks.trigger import HybridTrigger
+from areal_lightning.config import DEFAULT_TABLE_ROWS, ERROR_POLICIES, EVAL_MODES, THRESHOLD_ACTIONS
 from areal_lightning.data.eval_sets import EvalSet, as_eval_sets
 from areal_lightning.eval_round import EvalRoundError, EvaluateFn, SetResult, check_eval_sets_consistent, run_round
 from areal_lightning.tracking.history import EvalHistory, eval_record, event_record
@@ -21,9 +22,6 @@ from areal_lightning.tracking.loggers import log_eval_results, send_alert
 
 log = logging.getLogger(__name__)
 
-ERROR_POLICIES = ("log", "raise")
-EVAL_MODES = ("sync",)
-DEFAULT_TABLE_ROWS = 16
 
 
 def _choice(arg: str, value: Any, choices: Sequence[str]) -> None:

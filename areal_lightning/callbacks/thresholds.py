@@ -7,8 +7,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-THRESHOLD_ACTIONS = ("alert", "stop")
-
 
 @dataclass(frozen=True)
 class Alert:
