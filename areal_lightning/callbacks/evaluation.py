@@ -23,7 +23,6 @@ from areal_lightning.tracking.loggers import log_eval_results, send_alert
 log = logging.getLogger(__name__)
 
 
-
 def _choice(arg: str, value: Any, choices: Sequence[str]) -> None:
     if value not in choices:
         raise ValueError(f"Unsupported parameter value `EvaluationCallback({arg}={value!r})`. Possible choices are: {', '.join(choices)}")
