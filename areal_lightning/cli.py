@@ -67,12 +67,11 @@ def fit_main(args: argparse.Namespace) -> int:
 
     from areal_lightning.callbacks.evaluation import EvaluationCallback
     from areal_lightning.config import save_config
-    from areal_lightning.rl.evaluation import arithmetic_eval_sets
     from areal_lightning.rl.grpo import GRPOModule
 
     L.seed_everything(cfg.seed, verbose=False)
     module = GRPOModule.from_config(cfg)
-    callback = EvaluationCallback.from_config(cfg, arithmetic_eval_sets(cfg, module.task))
+    callback = EvaluationCallback.from_config(cfg)
     trainer = build_trainer(cfg, [callback])
     if trainer.is_global_zero:
         log.info("config saved to %s", save_config(cfg, cfg.output_dir))

@@ -192,3 +192,24 @@ def test_grpo_run_with_evaluation_ends_with_the_same_weights_as_without(tmp_path
     assert weights[0].keys() == weights[1].keys()
     for name, tensor in weights[0].items():
         assert torch.equal(weights[1][name], tensor), name
+
+
+def test_from_config_alone_builds_the_main_jobs_eval_sets_and_triggers():
+    import doctest
+
+    from areal_lightning.callbacks import evaluation
+    from areal_lightning.config import load_config
+    from areal_lightning.data.fingerprint import fingerprint
+    from areal_lightning.rl.evaluation import arithmetic_eval_sets
+    from areal_lightning.rl.grpo import GRPOModule
+
+    cfg = load_config(None, ["eval_sets.easy.size=7", "eval_sets.hard.digits=2", "eval_sets.hard.size=3",
+                             "evaluator.freq_steps=5", "evaluator.eval_before_train=true"])
+    callback = EvaluationCallback.from_config(cfg)
+    expected = arithmetic_eval_sets(cfg, GRPOModule.from_config(cfg).task)
+    assert [(s.name, fingerprint(s.name, s.keys), dict(s.options)) for s in callback.eval_sets] == \
+        [(s.name, fingerprint(s.name, s.keys), dict(s.options)) for s in expected]
+    assert callback.trigger.freq_steps == 5 and callback.trigger.eval_before_train
+    assert str(callback.output_dir) == cfg.output_dir and callback.seed == cfg.seed
+    result = doctest.testmod(evaluation)
+    assert result.attempted > 0 and result.failed == 0

@@ -14,7 +14,7 @@ from typing_extensions import override
 
 from areal_lightning.callbacks.thresholds import Alert, ThresholdMonitor
 from areal_lightning.callbacks.trigger import HybridTrigger
-from areal_lightning.config import DEFAULT_TABLE_ROWS, ERROR_POLICIES, EVAL_MODES, THRESHOLD_ACTIONS
+from areal_lightning.config import DEFAULT_TABLE_ROWS, ERROR_POLICIES, EVAL_MODES, THRESHOLD_ACTIONS, Config
 from areal_lightning.data.eval_sets import EvalSet, as_eval_sets
 from areal_lightning.eval_round import EvalRoundError, EvaluateFn, SetResult, check_eval_sets_consistent, run_round
 from areal_lightning.tracking.history import EvalHistory, eval_record, event_record
@@ -116,9 +116,23 @@ class EvaluationCallback(Callback):
             eval_sets=[s.name for s in self.eval_sets])
 
     @classmethod
-    def from_config(cls, cfg: Any, eval_sets: Mapping[str, Sequence[Any]] | Sequence[EvalSet],
+    def from_config(cls, cfg: Config, eval_sets: Mapping[str, Sequence[Any]] | Sequence[EvalSet] | None = None,
                     evaluate_fn: EvaluateFn | None = None, **kwargs: Any) -> EvaluationCallback:
-        """Builds the callback from a `Config` (its `evaluator` block, `output_dir` and `seed`)."""
+        """Builds the callback from a `Config`: its `evaluator` block, `output_dir`, `seed` and, unless
+        `eval_sets` is given, the `eval_sets` block (sets of the arithmetic task, as the main job uses).
+
+        Example:
+            >>> from areal_lightning.config import load_config
+            >>> cfg = load_config(None, ["eval_sets.easy.size=5", "eval_sets.hard.digits=2", "evaluator.freq_steps=50"])
+            >>> cb = EvaluationCallback.from_config(cfg)
+            >>> [s.name for s in cb.eval_sets], [len(s.samples) for s in cb.eval_sets], cb.trigger.describe()
+            (['easy', 'hard'], [5, 200], 'evaluate every 50 steps, at the end')
+        """
+        if eval_sets is None:
+            from areal_lightning.data.tasks import ArithmeticTask
+            from areal_lightning.rl.evaluation import arithmetic_eval_sets
+
+            eval_sets = arithmetic_eval_sets(cfg, ArithmeticTask(cfg.task.train_digits, cfg.task.train_size, cfg.seed))
         ev = cfg.evaluator
         options = dict(
             freq_epochs=ev.freq_epochs, freq_steps=ev.freq_steps, freq_secs=ev.freq_secs,
