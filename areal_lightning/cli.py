@@ -32,7 +32,7 @@ def _quiet_lightning() -> None:
         log.propagate = False
 
 
-def build_trainer(cfg: Config, callbacks: list, *, enable_checkpointing: bool = True):  # noqa: ANN201 - lazy import
+def build_trainer(cfg: Config, callbacks: list):  # noqa: ANN201 - lazy import
     """Lightning's `Trainer` from the config's `trainer` and `logger` sections."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -41,16 +41,14 @@ def build_trainer(cfg: Config, callbacks: list, *, enable_checkpointing: bool = 
 
     output_dir = Path(cfg.output_dir)
     t = cfg.trainer
-    if enable_checkpointing:
-        callbacks = [*callbacks, ModelCheckpoint(dirpath=output_dir / "checkpoints", filename="step{step}",
-                                                 auto_insert_metric_name=False, every_n_train_steps=t.checkpoint_every_n_steps,
-                                                 save_top_k=-1, save_last=True)]
+    checkpoints = ModelCheckpoint(dirpath=output_dir / "checkpoints", filename="step{step}", auto_insert_metric_name=False,
+                                  every_n_train_steps=t.checkpoint_every_n_steps, save_top_k=-1, save_last=True)
     return L.Trainer(
         max_steps=t.max_steps, max_epochs=t.max_epochs if t.max_epochs is not None else -1,
         accelerator=t.accelerator, devices=t.devices, strategy=t.strategy, precision=t.precision,
         log_every_n_steps=t.log_every_n_steps, enable_progress_bar=t.enable_progress_bar,
-        default_root_dir=str(output_dir), logger=build_loggers(cfg, output_dir) or False, callbacks=callbacks,
-        enable_checkpointing=enable_checkpointing, enable_model_summary=False,
+        default_root_dir=str(output_dir), logger=build_loggers(cfg, output_dir) or False, callbacks=[*callbacks, checkpoints],
+        enable_model_summary=False,
     )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import yaml
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf import errors as oc_errors
 
 CONFIG_FILENAME = "config.yaml"
@@ -410,4 +410,4 @@ def to_dict(cfg: Config) -> dict[str, Any]:
     return container
 
 
-__all__ = ["Config", "ConfigError", "load_config", "save_config", "to_yaml", "to_dict", "MISSING"]
+__all__ = ["Config", "ConfigError", "load_config", "save_config", "to_yaml", "to_dict"]

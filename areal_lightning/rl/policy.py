@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 Generators = torch.Generator | Sequence[torch.Generator]
+# Log-probs at temperature 0 (greedy sampling) are taken at this temperature instead of dividing by 0.
+MIN_LOGPROB_TEMPERATURE = 1e-8
 
 
 @runtime_checkable
@@ -166,7 +168,7 @@ class TinyPolicy(nn.Module):
         key_valid = torch.cat([prompt_mask, torch.ones_like(completion_ids, dtype=torch.bool)], dim=1)
         positions = (key_valid.long().cumsum(dim=1) - 1).clamp(min=0)
         logits = self(ids, key_valid, positions)[:, prompt_ids.shape[1] - 1: -1]
-        logp = F.log_softmax(logits / max(temperature, 1e-8), dim=-1)
+        logp = F.log_softmax(logits / max(temperature, MIN_LOGPROB_TEMPERATURE), dim=-1)
         token_logp = logp.gather(-1, completion_ids[..., None]).squeeze(-1)
         entropy = -(logp.exp() * logp).sum(-1)
         return token_logp, entropy
