@@ -12,18 +12,16 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "EvaluationCallback": "areal_lightning.callbacks.evaluation",
-    "HybridTrigger": "areal_lightning.callbacks.trigger",
-    "ThresholdMonitor": "areal_lightning.callbacks.thresholds",
-    "Config": "areal_lightning.config",
-    "ConfigError": "areal_lightning.config",
-    "load_config": "areal_lightning.config",
-    "EvalSet": "areal_lightning.data.eval_sets",
-    "EvalSetMismatchError": "areal_lightning.data.fingerprint",
-    "ArithmeticTask": "areal_lightning.data.tasks",
+    # the plugin
+    "EvaluationCallback": "areal_lightning.callbacks",
+    "HybridTrigger": "areal_lightning.callbacks",
+    "ThresholdMonitor": "areal_lightning.callbacks",
     "EvalBatch": "areal_lightning.eval_round",
     "EvalContext": "areal_lightning.eval_round",
     "EvalRoundError": "areal_lightning.eval_round",
+    "EvalSet": "areal_lightning.eval_round",
+    "EvalSetMismatchError": "areal_lightning.eval_round",
+    "EvaluateFn": "areal_lightning.eval_round",
     "SetResult": "areal_lightning.eval_round",
     "run_round": "areal_lightning.eval_round",
     "AccuracyMetric": "areal_lightning.metrics",
@@ -35,13 +33,17 @@ _EXPORTS = {
     "maj_at_k": "areal_lightning.metrics",
     "pass_at_k": "areal_lightning.metrics",
     "wilson_interval": "areal_lightning.metrics",
+    "EvalHistory": "areal_lightning.tracking",
+    "read_history": "areal_lightning.tracking",
+    "plot_runs": "areal_lightning.viz",
+    # the app
+    "Config": "areal_lightning.app.config",
+    "ConfigError": "areal_lightning.app.config",
+    "load_config": "areal_lightning.app.config",
+    "ArithmeticTask": "areal_lightning.tasks.arithmetic",
     "GRPOModule": "areal_lightning.rl.grpo",
     "Policy": "areal_lightning.rl.policy",
     "TinyPolicy": "areal_lightning.rl.policy",
-    "EvalHistory": "areal_lightning.tracking.history",
-    "read_history": "areal_lightning.tracking.history",
-    "read_wandb_run": "areal_lightning.tracking.wandb_reader",
-    "plot_runs": "areal_lightning.viz.plot",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,5 +1,5 @@
 import sys
 
-from areal_lightning.cli import main
+from areal_lightning.app.cli import main
 
 sys.exit(main())

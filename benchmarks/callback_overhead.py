@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from areal_lightning.callbacks.evaluation import EvaluationCallback
+from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
 
 TARGET_PERCENT = 1.0
 DEFAULT_WIDTH = 128
@@ -142,7 +142,7 @@ def _module(model: str, steps: int, width: int) -> L.LightningModule:
     if model == "mlp":
         return MLP(steps, width)
     # The main job's model and step: GRPO on the arithmetic task with the default TinyPolicy.
-    from areal_lightning.config import load_config
+    from areal_lightning.app.config import load_config
     from areal_lightning.rl.grpo import GRPOModule
 
     return GRPOModule.from_config(load_config(None, ["eval_sets.unused.size=1", "grpo.warmup_steps=0"]))

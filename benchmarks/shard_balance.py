@@ -16,7 +16,7 @@ from statistics import mean
 
 import numpy as np
 
-from areal_lightning.data.sharding import batch_costs, cost_balance, deal_batches, global_batches
+from areal_lightning.eval_round.sharding import batch_costs, cost_balance, deal_batches, global_batches
 
 TARGET = 1.05
 WORLD_SIZES = (2, 4, 8)

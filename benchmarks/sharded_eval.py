@@ -59,7 +59,7 @@ def make_checkpoint(config: Path, root: Path) -> Path:
     import lightning as L
     import torch
 
-    from areal_lightning.config import load_config
+    from areal_lightning.app.config import load_config
     from areal_lightning.rl.grpo import GRPOModule
 
     torch.set_num_threads(1)
@@ -94,17 +94,18 @@ def round_cpu_secs(rank: int, world_size: int, config: str, ckpt: str) -> tuple[
     """(CPU seconds, wall seconds) of this rank's evaluation round, on one thread."""
     import torch
 
-    from areal_lightning.config import load_config
+    from areal_lightning.app.config import load_config
     from areal_lightning.eval_round import check_eval_sets_consistent, run_round
-    from areal_lightning.evaluate_cmd import STATE_DICT_KEY, load_checkpoint, load_weights
-    from areal_lightning.rl.evaluation import arithmetic_eval_sets, rollout_evaluate
+    from areal_lightning.app.evaluate import STATE_DICT_KEY, load_checkpoint, load_weights
+    from areal_lightning.app.builders import build_eval_sets
+    from areal_lightning.rl.rollout_eval import rollout_evaluate
     from areal_lightning.rl.grpo import GRPOModule
 
     torch.set_num_threads(1)
     cfg = load_config(config)
     module = GRPOModule.from_config(cfg)
     load_weights(module, load_checkpoint(ckpt)[STATE_DICT_KEY], ckpt)
-    eval_sets = arithmetic_eval_sets(cfg, module.task)
+    eval_sets = build_eval_sets(cfg, module.task)
     check_eval_sets_consistent(eval_sets)  # also lines the ranks up before the clocks start
     cpu, wall = time.process_time(), time.perf_counter()
     run_round(module, eval_sets, rollout_evaluate, seed=cfg.seed, global_step=0, epoch=0)

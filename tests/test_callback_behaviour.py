@@ -24,11 +24,11 @@ from callback_helpers import (
 from lightning.pytorch.loggers import CSVLogger
 from torch import Tensor
 
-from areal_lightning.callbacks.evaluation import EvaluationCallback
-from areal_lightning.config import load_config
-from areal_lightning.data.eval_sets import EvalSet
+from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
+from areal_lightning.app.config import load_config
+from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.metrics import AccuracyMetric, RewardMetric
-from areal_lightning.rl.evaluation import arithmetic_eval_sets
+from areal_lightning.app.builders import build_callback, build_eval_sets
 from areal_lightning.rl.grpo import GRPOModule
 from areal_lightning.tracking.history import eval_rows, read_history
 
@@ -180,7 +180,7 @@ def test_grpo_run_with_evaluation_ends_with_the_same_weights_as_without(tmp_path
         module = GRPOModule.from_config(cfg)
         callbacks = []
         if with_eval:  # the default evaluation: the module's own rollouts, every 2 steps and before training
-            callbacks = [EvaluationCallback.from_config(cfg, arithmetic_eval_sets(cfg, module.task), freq_steps=2,
+            callbacks = [build_callback(cfg, build_eval_sets(cfg, module.task), freq_steps=2,
                                                         eval_before_train=True)]
         make_trainer(cfg.output_dir, callbacks, GRPO_STEPS).fit(module)
         weights.append(state_copy(module))
@@ -197,19 +197,19 @@ def test_grpo_run_with_evaluation_ends_with_the_same_weights_as_without(tmp_path
 def test_from_config_alone_builds_the_main_jobs_eval_sets_and_triggers():
     import doctest
 
-    from areal_lightning.callbacks import evaluation
-    from areal_lightning.config import load_config
-    from areal_lightning.data.fingerprint import fingerprint
-    from areal_lightning.rl.evaluation import arithmetic_eval_sets
+    from areal_lightning.app import builders
+    from areal_lightning.app.config import load_config
+    from areal_lightning.eval_round.fingerprint import fingerprint
+    from areal_lightning.app.builders import build_eval_sets
     from areal_lightning.rl.grpo import GRPOModule
 
     cfg = load_config(None, ["eval_sets.easy.size=7", "eval_sets.hard.digits=2", "eval_sets.hard.size=3",
                              "evaluator.freq_steps=5", "evaluator.eval_before_train=true"])
-    callback = EvaluationCallback.from_config(cfg)
-    expected = arithmetic_eval_sets(cfg, GRPOModule.from_config(cfg).task)
+    callback = build_callback(cfg)
+    expected = build_eval_sets(cfg, GRPOModule.from_config(cfg).task)
     assert [(s.name, fingerprint(s.name, s.keys), dict(s.options)) for s in callback.eval_sets] == \
         [(s.name, fingerprint(s.name, s.keys), dict(s.options)) for s in expected]
     assert callback.trigger.freq_steps == 5 and callback.trigger.eval_before_train
     assert str(callback.output_dir) == cfg.output_dir and callback.seed == cfg.seed
-    result = doctest.testmod(evaluation)
+    result = doctest.testmod(builders)
     assert result.attempted > 0 and result.failed == 0

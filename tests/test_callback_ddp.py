@@ -36,7 +36,7 @@ from callback_helpers import (
 )
 from ddp_utils import run_ddp
 
-from areal_lightning.callbacks.evaluation import EvaluationCallback
+from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
 from areal_lightning.metrics import RewardMetric
 from areal_lightning.tracking.history import event_rows, read_history
 
@@ -73,20 +73,16 @@ def _fails_on_rank_1(module: Any, batches: Any, ctx: Any) -> dict[str, float]:
     return {"w": float(module.w)}
 
 
-class _UncopyableReward(RewardMetric):
-    """A metric holding a lambda: it cannot be pickled, so it cannot be sent to another rank."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.transform = lambda rewards: rewards
+def _metrics_before_the_loop(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
+    reward = ctx.metric("reward", RewardMetric)
+    for batch in batches:  # never entered on a rank dealt no batch
+        reward.update(torch.tensor(batch.samples, dtype=torch.float64))
+    return {}
 
 
 def _metrics_in_the_loop(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
     for batch in batches:  # never entered on a rank dealt no batch
-        rewards = torch.tensor(batch.samples, dtype=torch.float64)
-        ctx.metric("reward", RewardMetric).update(rewards)
-        if ctx.global_step == FAILING_STEP:
-            ctx.metric("uncopyable", _UncopyableReward).update(rewards)
+        ctx.metric("reward", RewardMetric).update(torch.tensor(batch.samples, dtype=torch.float64))
     return {}
 
 
@@ -112,10 +108,15 @@ def _fits(rank: int, world_size: int, root: str) -> dict[str, Any]:
     trainer.fit(CountingModule(epoch_len=SAMPLES_PER_EPOCH))
     out["error"] = (callback.evaluated_steps, trainer.global_step)
 
-    callback = EvaluationCallback(TINY_SET, _metrics_in_the_loop, freq_steps=2)
+    callback = EvaluationCallback(TINY_SET, _metrics_before_the_loop, freq_steps=2)
     trainer = _ddp_trainer(Path(root) / "idle_rank", [callback], 6)
     trainer.fit(CountingModule(epoch_len=SAMPLES_PER_EPOCH))
     out["idle_rank"] = (callback.evaluated_steps, trainer.global_step)
+
+    callback = EvaluationCallback(TINY_SET, _metrics_in_the_loop, freq_steps=3)
+    trainer = _ddp_trainer(Path(root) / "in_loop", [callback], 6)
+    trainer.fit(CountingModule(epoch_len=SAMPLES_PER_EPOCH))
+    out["in_loop"] = (callback.evaluated_steps, trainer.global_step)
     return out
 
 
@@ -162,23 +163,31 @@ def test_a_failure_on_one_rank_is_recorded_and_every_rank_trains_on(ddp_run: tup
     assert [s for s, _ in history_steps(root / "error")] == [2, 6]
 
 
-def test_metrics_created_in_the_batch_loop_reduce_when_a_rank_gets_no_batch(
+def test_metrics_declared_before_the_loop_reduce_when_a_rank_gets_no_batch(
     ddp_run: tuple[Path, list[dict[str, Any]]],
 ) -> None:
     root, results = ddp_run
     for rank in range(WORLD_SIZE):
-        assert results[rank]["idle_rank"] == ([2, 6], 6), f"rank {rank}"
+        assert results[rank]["idle_rank"] == ([2, 4, 6], 6), f"rank {rank}"
     records = read_history(root / "idle_rank")
     rewards = TINY_SET["tiny"]
-    mean = sum(rewards) / len(rewards)
     rounds = [r for r in records if "event" not in r]
-    assert [r["step"] for r in rounds] == [2, 6]
+    assert [r["step"] for r in rounds] == [2, 4, 6]
     for record in rounds:
-        assert record["metrics"]["reward/mean"] == pytest.approx(mean)
+        assert record["metrics"]["reward/mean"] == pytest.approx(sum(rewards) / len(rewards))
         assert record["metrics"]["reward/max"] == max(rewards)
         assert record["num_prompts"] == len(rewards)
-    # The uncopyable metric: a clear error on every rank, recorded, and training went on.
+
+
+def test_a_metric_first_created_in_the_batch_loop_is_a_clear_error_on_every_rank(
+    ddp_run: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    root, results = ddp_run
+    for rank in range(WORLD_SIZE):
+        assert results[rank]["in_loop"] == ([], 6), f"rank {rank}"  # no round counted, training went on
+    records = read_history(root / "in_loop")
+    assert [r for r in records if "event" not in r] == []
     errors = event_rows(records, "error")
-    assert [e["step"] for e in errors] == [FAILING_STEP]
-    assert "metrics ['uncopyable'] were created on some ranks only" in errors[0]["message"]
-    assert "create every metric with ctx.metric(...) before the batch loop" in errors[0]["message"]
+    assert [e["step"] for e in errors] == [3, 6]
+    assert "metric 'reward' of eval set 'tiny' was first created inside the batch loop" in errors[0]["message"]
+    assert "create every metric with ctx.metric(...) before the loop" in errors[0]["message"]

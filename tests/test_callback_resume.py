@@ -28,7 +28,7 @@ from callback_helpers import (
 )
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from areal_lightning.callbacks.evaluation import EvaluationCallback
+from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
 from areal_lightning.tracking.history import event_rows, read_history
 
 pytestmark = [pytest.mark.filterwarnings(w) for w in QUIET_WARNINGS]

@@ -11,7 +11,7 @@ from callback_helpers import QUIET_WARNINGS, CountingModule, history_steps, make
 from lightning.pytorch.trainer.states import TrainerStatus
 from torchmetrics import CatMetric
 
-from areal_lightning.callbacks.evaluation import EvaluationCallback
+from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
 from areal_lightning.eval_round import EvalRoundError
 from areal_lightning.metrics import RewardMetric
 from areal_lightning.tracking.history import event_rows, read_history

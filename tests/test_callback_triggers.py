@@ -24,7 +24,7 @@ from callback_helpers import (
     state_copy,
 )
 
-from areal_lightning.callbacks.evaluation import EvaluationCallback
+from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
 from areal_lightning.tracking.history import eval_rows, read_history
 
 pytestmark = [pytest.mark.filterwarnings(w) for w in QUIET_WARNINGS]

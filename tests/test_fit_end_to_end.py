@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from areal_lightning.tracking.history import eval_rows, read_history
-from areal_lightning.tracking.wandb_reader import (
+from wandb_reader import (
     read_wandb_records,
     read_wandb_tables,
     wandb_config,

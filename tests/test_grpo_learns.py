@@ -8,9 +8,10 @@ import lightning as L
 import pytest
 import torch
 
-from areal_lightning.config import load_config
+from areal_lightning.app.config import load_config
 from areal_lightning.eval_round import run_round
-from areal_lightning.rl.evaluation import arithmetic_eval_sets, rollout_evaluate
+from areal_lightning.app.builders import build_eval_sets
+from areal_lightning.rl.rollout_eval import rollout_evaluate
 from areal_lightning.rl.grpo import GRPOModule
 
 TRAIN_STEPS = 200
@@ -28,7 +29,7 @@ def test_grpo_raises_eval_accuracy_far_beyond_chance(tmp_path):
     cfg = load_config(EXAMPLE, [f"trainer.max_steps={TRAIN_STEPS}", f"output_dir={tmp_path}"])
     L.seed_everything(cfg.seed, verbose=False)
     module = GRPOModule.from_config(cfg)
-    eval_sets = [s for s in arithmetic_eval_sets(cfg, module.task) if s.name == "easy"]
+    eval_sets = [s for s in build_eval_sets(cfg, module.task) if s.name == "easy"]
     trainer = L.Trainer(max_steps=TRAIN_STEPS, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
     before: dict[str, float] = {}
@@ -71,7 +72,7 @@ def test_warmup_teaches_the_format_but_not_the_answers():
     from areal_lightning.rl.warmup import format_warmup
 
     format_warmup(module.policy, module.task, steps=cfg.grpo.warmup_steps, lr=cfg.grpo.warmup_lr, seed=cfg.seed)
-    (result,) = run_round(module, arithmetic_eval_sets(cfg, module.task), rollout_evaluate, seed=3, global_step=0,
+    (result,) = run_round(module, build_eval_sets(cfg, module.task), rollout_evaluate, seed=3, global_step=0,
                           epoch=0, max_table_rows=100)
     completions = [row["completion"] for row in result.table_rows]
     well_formed = [c for c in completions if len(c) == 2 and c.isdigit()]

@@ -13,17 +13,17 @@ from typing import Any, Optional
 import pytest
 from lightning.pytorch.loggers import CSVLogger, Logger
 
-from areal_lightning.config import load_config, to_dict
+from areal_lightning.app.config import ConfigError, load_config, to_dict
 from areal_lightning.eval_round import SetResult
 from areal_lightning.tracking.loggers import (
     EVAL_STEP_KEY,
-    build_loggers,
     eval_metric_dict,
     finish_wandb,
     log_eval_results,
     send_alert,
 )
-from areal_lightning.tracking.wandb import SafeWandbLogger, build_wandb_logger, call_wandb, wandb_failure
+from areal_lightning.app.builders import build_loggers, build_wandb_logger
+from areal_lightning.tracking.wandb import SafeWandbLogger, call_wandb, wandb_failure
 
 
 def result(dataset: str, eval_secs: float = 0.5, **metrics: float) -> SetResult:
@@ -112,12 +112,10 @@ def test_wandb_logger_honours_explicit_name_and_save_dir(tmp_path: Path) -> None
     assert "mode" not in wb._wandb_init  # online is not forced over WANDB_MODE in the environment
 
 
-def test_build_wandb_logger_names_a_bad_mode(tmp_path: Path) -> None:
-    cfg = load_config(None, ["eval_sets.easy.size=4"])
-    cfg.logger.wandb.mode = "sometimes"
-    with pytest.raises(ValueError,
+def test_a_bad_wandb_mode_is_refused_when_the_config_loads() -> None:
+    with pytest.raises(ConfigError,
                        match=r"logger.wandb.mode must be one of online, offline, disabled; got 'sometimes'"):
-        build_loggers(cfg, tmp_path)
+        load_config(None, ["eval_sets.easy.size=4", "logger.wandb.mode=sometimes"])
 
 
 def test_send_alert_checks_the_level_and_skips_other_loggers() -> None:

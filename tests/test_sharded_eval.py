@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import torch
 
-from areal_lightning.config import load_config
-from areal_lightning.data.eval_sets import EvalSet
-from areal_lightning.data.fingerprint import EvalSetMismatchError
-from areal_lightning.data.sharding import sample_seed
-from areal_lightning.data.tasks import ArithmeticTask
+from areal_lightning.app.config import load_config
+from areal_lightning.eval_round.eval_set import EvalSet
+from areal_lightning.eval_round.fingerprint import EvalSetMismatchError
+from areal_lightning.eval_round.sharding import sample_seed
+from areal_lightning.tasks.arithmetic import ArithmeticTask
 from areal_lightning.eval_round import EvalBatch, EvalContext, check_eval_sets_consistent, local_batches, run_round
 from areal_lightning.metrics import RewardMetric
 from ddp_utils import run_ddp
@@ -83,12 +83,13 @@ def test_uneven_batch_counts_complete_with_exact_totals() -> None:
 
 
 def _odd_set_round(rank: int, world_size: int) -> list[Any]:
-    from areal_lightning.rl.evaluation import arithmetic_eval_sets, rollout_evaluate
+    from areal_lightning.app.builders import build_eval_sets
+    from areal_lightning.rl.rollout_eval import rollout_evaluate
     from areal_lightning.rl.grpo import GRPOModule
 
     cfg = load_config(None, ODD_SET_OVERRIDES)
     module = GRPOModule.from_config(cfg)  # seeded: the same random weights on every rank
-    eval_sets = arithmetic_eval_sets(cfg, module.task)
+    eval_sets = build_eval_sets(cfg, module.task)
     check_eval_sets_consistent(eval_sets)
     return run_round(module, eval_sets, rollout_evaluate, seed=cfg.seed, global_step=0, epoch=0,
                      max_table_rows=cfg.eval_sets["odd"].size)
@@ -111,10 +112,10 @@ def test_per_sample_outcomes_and_metrics_match_one_process() -> None:
 
 def _mismatched_sets(rank: int, world_size: int, overrides_by_rank: list[list[str]]) -> str:
     cfg = load_config(None, overrides_by_rank[rank])
-    from areal_lightning.rl.evaluation import arithmetic_eval_sets
+    from areal_lightning.app.builders import build_eval_sets
 
     try:
-        check_eval_sets_consistent(arithmetic_eval_sets(cfg, ArithmeticTask(seed=cfg.seed)))
+        check_eval_sets_consistent(build_eval_sets(cfg, ArithmeticTask(seed=cfg.seed)))
     except EvalSetMismatchError as err:
         return str(err)
     return "no error"

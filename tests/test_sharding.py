@@ -1,4 +1,4 @@
-"""Tests of areal_lightning.data.sharding: exact, world-size-independent, cost-balanced sharding."""
+"""Tests of areal_lightning.eval_round.sharding: exact, world-size-independent, cost-balanced sharding."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from areal_lightning.data import fingerprint as fingerprints
-from areal_lightning.data import sharding
-from areal_lightning.data.fingerprint import EvalSetMismatchError, check_fingerprints, fingerprint
-from areal_lightning.data.sharding import (
+from areal_lightning.eval_round import fingerprint as fingerprints
+from areal_lightning.eval_round import sharding
+from areal_lightning.eval_round.fingerprint import EvalSetMismatchError, check_fingerprints, fingerprint
+from areal_lightning.eval_round.sharding import (
     batch_cost,
     batch_costs,
     cost_balance,
@@ -198,8 +198,8 @@ def test_sample_seed_seeds_a_torch_generator() -> None:
 
 _SUBPROCESS_CODE = """
 import json, sys
-from areal_lightning.data.fingerprint import fingerprint
-from areal_lightning.data.sharding import sample_seed
+from areal_lightning.eval_round.fingerprint import fingerprint
+from areal_lightning.eval_round.sharding import sample_seed
 cases = json.loads(sys.argv[1])
 print(json.dumps({"seeds": [sample_seed(*c) for c in cases],
                   "fingerprint": fingerprint("easy", ["1+1=", b"2+2=", "ünï"])}))

@@ -22,17 +22,17 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from areal_lightning.config import Config, load_config, to_dict
+from areal_lightning.app.config import Config, load_config, to_dict
 from areal_lightning.eval_round import SetResult
 from areal_lightning.tracking.loggers import (
     EVAL_STEP_KEY,
-    build_loggers,
     finish_wandb,
     log_eval_results,
     send_alert,
 )
+from areal_lightning.app.builders import build_loggers
 from areal_lightning.tracking.wandb import TABLE_COLUMNS, SafeWandbLogger, samples_table, wandb_failure
-from areal_lightning.tracking.wandb_reader import (
+from wandb_reader import (
     read_wandb_records,
     read_wandb_tables,
     wandb_alerts,

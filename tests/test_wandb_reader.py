@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from areal_lightning.tracking.wandb_reader import (
+from wandb_reader import (
     WandbReadError,
     find_wandb_file,
     read_wandb_records,

@@ -1,17 +1,34 @@
-"""Lightning callbacks: the evaluation callback and its pure scheduler."""
+"""Lightning callbacks: the evaluation callback and its pure scheduler.
 
-from areal_lightning.callbacks.evaluation import EvaluationCallback
+`EvaluationCallback` loads Lightning on first use (PEP 562); the trigger, the thresholds and the
+option Enums are pure Python and import without it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS, ErrorPolicy, EvalMode, ThresholdAction
 from areal_lightning.callbacks.thresholds import Alert, ThresholdMonitor
-from areal_lightning.callbacks.trigger import (
-    CAUSE_BEFORE_TRAIN,
-    CAUSE_END,
-    CAUSE_EPOCHS,
-    CAUSE_SECS,
-    CAUSE_STEPS,
-    HybridTrigger,
-)
+from areal_lightning.callbacks.trigger import Cause, HybridTrigger
 
 __all__ = [
-    "EvaluationCallback", "HybridTrigger", "ThresholdMonitor", "Alert",
-    "CAUSE_BEFORE_TRAIN", "CAUSE_END", "CAUSE_EPOCHS", "CAUSE_SECS", "CAUSE_STEPS",
+    "DEFAULT_TABLE_ROWS",
+    "Alert",
+    "Cause",
+    "ErrorPolicy",
+    "EvalMode",
+    "EvaluationCallback",
+    "HybridTrigger",
+    "ThresholdAction",
+    "ThresholdMonitor",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name != "EvaluationCallback":
+        raise AttributeError(f"module 'areal_lightning.callbacks' has no attribute {name!r}")
+    value = importlib.import_module("areal_lightning.callbacks.evaluation_callback").EvaluationCallback
+    globals()[name] = value
+    return value

@@ -7,6 +7,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from areal_lightning.errors import ArgumentError
+
 
 @dataclass(frozen=True)
 class Alert:
@@ -48,7 +50,8 @@ class ThresholdMonitor:
         self.thresholds = dict(thresholds or {})
         for name, value in self.thresholds.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"`metric_thresholds[{name!r}]` must be a finite number, got {value!r}")
+                raise ArgumentError("ThresholdMonitor", f"metric_thresholds.{name}", value, "a finite number",
+                                    f"`metric_thresholds[{name!r}]` must be a finite number, got {value!r}")
         self._names: dict[str, str] = {}
         self._armed: dict[str, bool] = {}
 

@@ -36,13 +36,24 @@ import math
 import numbers
 import time
 from collections.abc import Callable, Mapping
+from enum import Enum
 from typing import Any
 
-CAUSE_BEFORE_TRAIN = "before_train"
-CAUSE_STEPS = "steps"
-CAUSE_EPOCHS = "epochs"
-CAUSE_SECS = "secs"
-CAUSE_END = "end"
+from areal_lightning.errors import ArgumentError
+
+
+class Cause(str, Enum):
+    """Why a round runs; recorded in the eval history's ``trigger`` list (as its value)."""
+
+    BEFORE_TRAIN = "before_train"
+    STEPS = "steps"
+    EPOCHS = "epochs"
+    SECS = "secs"
+    END = "end"
+
+    def __str__(self) -> str:
+        return self.value
+
 
 # state_dict keys: they are part of the checkpoint format, renaming one breaks old resumes.
 _KEY_LAST_STEP = "last_evaluated_step"
@@ -52,16 +63,15 @@ _KEY_STARTED = "training_started"
 
 
 def _is_int(value: Any) -> bool:
-    # bool is an int subclass, but `freq_steps: true` is a typo, not "every step". The exact-type
-    # test first: `after_step` checks its arguments every training step, and the ABC check is slow.
-    return type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
+    # bool is an int subclass, but `freq_steps: true` is a typo, not "every step".
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _positive_int_or_none(name: str, value: Any) -> int | None:
     if value is None:
         return None
     if not _is_int(value) or value <= 0:
-        raise ValueError(f"`HybridTrigger({name}=...)` must be a positive integer or None, got {value!r}")
+        raise ArgumentError("HybridTrigger", name, value, "a positive integer or None")
     return int(value)
 
 
@@ -73,24 +83,14 @@ def _positive_secs_or_none(value: Any) -> float | None:
     if value is None:
         return None
     if not _is_finite_real(value) or value <= 0:
-        raise ValueError(
-            "`HybridTrigger(freq_secs=...)` must be a positive finite number of seconds or None,"
-            f" got {value!r}"
-        )
+        raise ArgumentError("HybridTrigger", "freq_secs", value, "a positive finite number of seconds or None")
     return float(value)
 
 
 def _check_bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise ValueError(f"`HybridTrigger({name}=...)` must be True or False, got {value!r}")
+        raise ArgumentError("HybridTrigger", name, value, "True or False")
     return value
-
-
-def _check_count(where: str, name: str, value: Any) -> int:
-    """A global step or epoch index handed to a decision method: a non-negative integer."""
-    if not _is_int(value) or value < 0:
-        raise ValueError(f"`HybridTrigger.{where}({name}=...)` must be a non-negative integer, got {value!r}")
-    return int(value)
 
 
 def _plural(count: int | float, unit: str) -> str:
@@ -148,10 +148,13 @@ class HybridTrigger:
             )
         no_frequency = self._freq_epochs is None and self._freq_steps is None and self._freq_secs is None
         if no_frequency and not self._eval_before_train and not self._eval_at_end:
-            raise ValueError(
+            raise ArgumentError(
+                "HybridTrigger", "", None,
+                "would never evaluate: freq_epochs, freq_steps and freq_secs are all null and eval_before_train and"
+                " eval_at_end are false; set at least one of them",
                 "`HybridTrigger()` would never evaluate anything: freq_epochs, freq_steps and freq_secs are"
                 " all None and eval_before_train and eval_at_end are both False. Set at least one of"
-                " freq_epochs, freq_steps, freq_secs, or set eval_before_train / eval_at_end to True."
+                " freq_epochs, freq_steps, freq_secs, or set eval_before_train / eval_at_end to True.",
             )
         self._clock = clock
         self._running_since: float | None = None  # clock value when training (re)started; None = stopped
@@ -243,26 +246,22 @@ class HybridTrigger:
         """The global step of the latest evaluation (any cause), None before the first one."""
         return self._last_evaluated_step
 
-    def before_train(self, global_step: int) -> list[str]:
+    def before_train(self, global_step: int) -> list[Cause]:
         """Call when training starts (also after a resume); the causes to evaluate now.
 
         Returns ``["before_train"]`` when ``eval_before_train`` is on, training has never started
         in this run's history (a resumed state says it has) and ``global_step`` was not
         evaluated yet; otherwise ``[]``.
-
-        Raises:
-            ValueError: ``global_step`` is not a non-negative integer.
         """
-        global_step = _check_count("before_train", "global_step", global_step)
         due = (
             self._eval_before_train
             and not self._training_started
             and global_step != self._last_evaluated_step
         )
         self._training_started = True
-        return [CAUSE_BEFORE_TRAIN] if due else []
+        return [Cause.BEFORE_TRAIN] if due else []
 
-    def after_step(self, global_step: int, epoch: int, last_batch_of_epoch: bool) -> list[str]:
+    def after_step(self, global_step: int, epoch: int, last_batch_of_epoch: bool) -> list[Cause]:
         """Call once after every optimizer step; the causes to evaluate now (``[]``: none).
 
         Args:
@@ -275,11 +274,8 @@ class HybridTrigger:
             The causes that fired, in the order ``steps``, ``epochs``, ``secs``.
 
         Raises:
-            ValueError: ``global_step`` or ``epoch`` is not a non-negative integer.
             RuntimeError: the training clock is stopped (``start()`` was not called).
         """
-        global_step = _check_count("after_step", "global_step", global_step)
-        epoch = _check_count("after_step", "epoch", epoch)
         if self._running_since is None:
             raise RuntimeError(
                 "`HybridTrigger.after_step()` was called while the training clock is stopped: call"
@@ -289,52 +285,39 @@ class HybridTrigger:
         self._observe(global_step, epoch + 1 if last_batch_of_epoch else epoch)
         if global_step == self._last_evaluated_step:
             return []
-        causes = []
+        causes: list[Cause] = []
         if self._steps_due(global_step):
-            causes.append(CAUSE_STEPS)
+            causes.append(Cause.STEPS)
         if self._epochs_due():
-            causes.append(CAUSE_EPOCHS)
+            causes.append(Cause.EPOCHS)
         if self._freq_secs is not None and self.training_secs_since_eval() >= self._freq_secs:
-            causes.append(CAUSE_SECS)
+            causes.append(Cause.SECS)
         return causes
 
-    def after_epoch(self, global_step: int, epoch: int) -> list[str]:
+    def after_epoch(self, global_step: int, epoch: int) -> list[Cause]:
         """Call at the end of every epoch; ``["epochs"]`` if an epoch evaluation is due now.
 
         The fallback for loaders of unknown length: with a known length `after_step` already
         fired at the epoch's last step and this returns ``[]``. It also returns ``[]`` when
         ``global_step`` was evaluated already (for another cause): that evaluation saw the weights
         at the end of the epoch, so it counts as the epoch's evaluation.
-
-        Raises:
-            ValueError: ``global_step`` or ``epoch`` is not a non-negative integer.
         """
-        global_step = _check_count("after_epoch", "global_step", global_step)
-        epoch = _check_count("after_epoch", "epoch", epoch)
         self._observe(global_step, epoch + 1)
         if global_step == self._last_evaluated_step:
             return []
-        return [CAUSE_EPOCHS] if self._epochs_due() else []
+        return [Cause.EPOCHS] if self._epochs_due() else []
 
-    def at_end(self, global_step: int) -> list[str]:
+    def at_end(self, global_step: int) -> list[Cause]:
         """Call when training ends; ``["end"]`` if ``eval_at_end`` and ``global_step`` was not evaluated.
-
-        Raises:
-            ValueError: ``global_step`` is not a non-negative integer.
         """
-        global_step = _check_count("at_end", "global_step", global_step)
-        return [CAUSE_END] if self._eval_at_end and global_step != self._last_evaluated_step else []
+        return [Cause.END] if self._eval_at_end and global_step != self._last_evaluated_step else []
 
     def mark_evaluated(self, global_step: int) -> None:
         """Record that the weights at ``global_step`` were just evaluated (any cause).
 
         Call it when the evaluation *ends*: the time trigger restarts from now, so evaluation
         time does not count as training time.
-
-        Raises:
-            ValueError: ``global_step`` is not a non-negative integer.
         """
-        global_step = _check_count("mark_evaluated", "global_step", global_step)
         if self._last_evaluated_step is None or global_step > self._last_evaluated_step:
             self._last_evaluated_step = global_step
         if self._observed is not None and self._observed[0] == global_step:
@@ -383,40 +366,13 @@ class HybridTrigger:
 
         Call `start()` afterwards, when training resumes: the time between the checkpoint and
         that call (the downtime) does not count as training time.
-
-        Raises:
-            ValueError: a value in ``state`` has a wrong type or is negative.
         """
         self._reset_progress()
-        if state.get(_KEY_LAST_STEP) is not None:
-            self._last_evaluated_step = self._state_count(_KEY_LAST_STEP, state[_KEY_LAST_STEP], "or None")
-        if _KEY_EPOCHS_AT_EVAL in state:
-            self._epochs_done_at_eval = self._state_count(_KEY_EPOCHS_AT_EVAL, state[_KEY_EPOCHS_AT_EVAL])
-        if _KEY_SECS in state:
-            secs = state[_KEY_SECS]
-            if not _is_finite_real(secs) or secs < 0:
-                raise ValueError(
-                    f"`HybridTrigger.load_state_dict()`: state[{_KEY_SECS!r}] must be a non-negative"
-                    f" finite number, got {secs!r}"
-                )
-            self._banked_secs = float(secs)
-        if _KEY_STARTED in state:
-            started = state[_KEY_STARTED]
-            if not isinstance(started, bool):
-                raise ValueError(
-                    f"`HybridTrigger.load_state_dict()`: state[{_KEY_STARTED!r}] must be True or False,"
-                    f" got {started!r}"
-                )
-            self._training_started = started
+        last = state.get(_KEY_LAST_STEP)
+        self._last_evaluated_step = None if last is None else int(last)
+        self._epochs_done_at_eval = int(state.get(_KEY_EPOCHS_AT_EVAL, 0))
+        self._banked_secs = float(state.get(_KEY_SECS, 0.0))
+        self._training_started = bool(state.get(_KEY_STARTED, False))
         if self._running_since is not None:
             # Loaded while running: the loaded seconds replace everything counted so far.
             self._running_since = self._clock()
-
-    @staticmethod
-    def _state_count(key: str, value: Any, extra: str = "") -> int:
-        if not _is_int(value) or value < 0:
-            accepted = f"a non-negative integer {extra}".rstrip()
-            raise ValueError(
-                f"`HybridTrigger.load_state_dict()`: state[{key!r}] must be {accepted}, got {value!r}"
-            )
-        return int(value)

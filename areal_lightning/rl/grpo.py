@@ -13,12 +13,13 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from areal_lightning.config import Config, GRPOConfig
-from areal_lightning.data.sharding import sample_seed
-from areal_lightning.data.tasks import ArithmeticTask, Sample
+from areal_lightning.app.config import Config, GRPOConfig
+from areal_lightning.eval_round.sharding import sample_seed
+from areal_lightning.tasks.arithmetic import ArithmeticTask, Sample
 from areal_lightning.metrics import AdvantageMetric, RewardMetric
 from areal_lightning.metrics.functional import group_advantages
 from areal_lightning.rl.policy import TinyPolicy, completion_mask
+from areal_lightning.rl.rollout_eval import rollout_evaluate
 from areal_lightning.rl.warmup import format_warmup
 
 TRAIN_STREAM = "train"  # names the per-step rollout seeds, apart from every eval set's
@@ -50,7 +51,7 @@ class GRPOModule(L.LightningModule):
             evaluating in between does not change what training samples.
 
     Example:
-        >>> from areal_lightning.config import load_config
+        >>> from areal_lightning.app.config import load_config
         >>> module = GRPOModule.from_config(load_config(None, ["eval_sets.easy.size=8"]))
         >>> type(module.policy).__name__
         'TinyPolicy'
@@ -110,39 +111,38 @@ class GRPOModule(L.LightningModule):
 
     def evaluate(self, batches: Sequence[Any], ctx: Any) -> dict[str, Any]:
         """The default `evaluate_fn` of `EvaluationCallback`: rollouts, reward, accuracy, pass@k, maj@k."""
-        from areal_lightning.rl.evaluation import rollout_evaluate  # it imports this module
-
         return rollout_evaluate(self, batches, ctx)
 
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
-        g, cfg = self.grpo.group_size, self.grpo
+        hp = self.grpo
+        g = hp.group_size
         ids = batch["prompt_ids"].repeat_interleave(g, dim=0)
         mask = batch["prompt_mask"].repeat_interleave(g, dim=0)
         answers = [a for a in batch["answers"] for _ in range(g)]
         completions = self.policy.generate(
-            ids, mask, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, generators=self._rollout_generator()
+            ids, mask, max_new_tokens=hp.max_new_tokens, temperature=hp.temperature, generators=self._rollout_generator()
         )
         texts, rewards = self.score(completions, answers)
         grouped = rewards.view(-1, g)
-        advantages = group_advantages(grouped, scale=cfg.scale_advantages).reshape(-1, 1)
+        advantages = group_advantages(grouped, scale=hp.scale_advantages).reshape(-1, 1)
 
-        logp, entropy = self.policy.completion_logprobs(ids, mask, completions, temperature=cfg.temperature)
+        logp, entropy = self.policy.completion_logprobs(ids, mask, completions, temperature=hp.temperature)
         # One update per rollout: the weights that sampled are the weights being updated, so the
         # sampling policy's log-probs equal `logp` without its graph (a second forward would
         # recompute the same numbers). The ratio is 1 in value and carries the policy gradient.
         old_logp = logp.detach()
         tokens = completion_mask(completions, self.policy.eos_id).float()
         ratio = (logp - old_logp).exp()
-        clipped = ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps)
+        clipped = ratio.clamp(1 - hp.clip_eps, 1 + hp.clip_eps)
         per_token = -torch.min(ratio * advantages, clipped * advantages)
         kl = torch.zeros_like(per_token)
         if self.reference is not None:
             with torch.no_grad():
-                ref_logp, _ = self.reference.completion_logprobs(ids, mask, completions, temperature=cfg.temperature)
+                ref_logp, _ = self.reference.completion_logprobs(ids, mask, completions, temperature=hp.temperature)
             log_ratio = ref_logp - logp
             kl = log_ratio.exp() - log_ratio - 1  # k3 estimator: unbiased, non-negative
-            per_token = per_token + cfg.kl_coef * kl
+            per_token = per_token + hp.kl_coef * kl
         n_tokens = tokens.sum().clamp(min=1)
         loss = (per_token * tokens).sum() / n_tokens  # token-mean over the whole batch
 

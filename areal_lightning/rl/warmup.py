@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from areal_lightning.data.tasks import ArithmeticTask
+from areal_lightning.tasks.arithmetic import ArithmeticTask
 from areal_lightning.rl.policy import TinyPolicy, completion_mask
 
 WARMUP_BATCH_SIZE = 64

@@ -1,4 +1,4 @@
-"""Where evaluation results go: the eval history file and Weights & Biases."""
+"""Where evaluation results go: the eval history file, every Trainer logger, and Weights & Biases."""
 
 from areal_lightning.tracking.history import (
     EVAL_MODES,
@@ -13,20 +13,6 @@ from areal_lightning.tracking.history import (
     history_path,
     read_history,
 )
-from areal_lightning.tracking.wandb_reader import (
-    WandbReadError,
-    WandbTable,
-    find_wandb_file,
-    read_wandb_records,
-    read_wandb_run,
-    read_wandb_tables,
-    wandb_alerts,
-    wandb_config,
-    wandb_history,
-    wandb_metric_definitions,
-    wandb_step_metric,
-    wandb_summary,
-)
 
 __all__ = [
     "EVAL_MODES",
@@ -34,37 +20,23 @@ __all__ = [
     "HISTORY_FILENAME",
     "EvalHistory",
     "TruncatedHistoryWarning",
-    "WandbReadError",
-    "WandbTable",
     "eval_record",
     "eval_rows",
     "event_record",
     "event_rows",
-    "find_wandb_file",
     "history_path",
     "read_history",
-    "read_wandb_records",
-    "read_wandb_run",
-    "read_wandb_tables",
-    "wandb_alerts",
-    "wandb_config",
-    "wandb_history",
-    "wandb_metric_definitions",
-    "wandb_step_metric",
-    "wandb_summary",
 ]
 
 # The logger fan-out and the W&B logger import Lightning: loaded on first use (PEP 562), so
-# reading a history or a W&B run does not pay for it.
+# reading a history does not pay for it.
 _LAZY_EXPORTS = {
     "EVAL_STEP_KEY": "areal_lightning.tracking.loggers",
-    "build_loggers": "areal_lightning.tracking.loggers",
     "eval_metric_dict": "areal_lightning.tracking.loggers",
     "finish_wandb": "areal_lightning.tracking.loggers",
     "log_eval_results": "areal_lightning.tracking.loggers",
     "send_alert": "areal_lightning.tracking.loggers",
     "SafeWandbLogger": "areal_lightning.tracking.wandb",
-    "build_wandb_logger": "areal_lightning.tracking.wandb",
 }
 __all__ += sorted(_LAZY_EXPORTS)
 

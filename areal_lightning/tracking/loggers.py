@@ -27,15 +27,13 @@ import logging
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from areal_lightning.config import Config
 from areal_lightning.eval_round import SetResult
-from areal_lightning.tracking.wandb import build_wandb_logger, call_wandb, samples_table, wandb_failure
+from areal_lightning.tracking.wandb import call_wandb, samples_table, wandb_failure
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +46,6 @@ TRAINER_STEP_KEY = "trainer/global_step"
 """Lightning's `WandbLogger` x axis of everything it logs."""
 EVAL_SECS_KEY = "eval_secs"
 SAMPLES_KEY = "samples"
-CSV_DIRNAME = "csv"
-"""Lightning's CSV logs go to ``<output_dir>/csv/version_<n>/metrics.csv``."""
 ALERT_LEVELS = ("INFO", "WARN", "ERROR")
 
 # Eval keys already given their x axis, per wandb run (weak keys: a finished run may go away).
@@ -200,38 +196,9 @@ def finish_wandb(loggers: Sequence[Logger], exit_code: int = 0) -> None:
             call_wandb(logger, "finishing the run", logger._experiment.finish, exit_code=exit_code)
 
 
-def build_loggers(cfg: Config, output_dir: str | Path) -> list[Logger]:
-    """The Trainer's loggers from the config's ``logger`` section.
-
-    A `CSVLogger` under ``<output_dir>/csv`` when ``logger.csv``, then a `SafeWandbLogger` unless
-    ``logger.wandb.mode`` is disabled. No W&B run starts here (it starts on the first log).
-
-    Args:
-        cfg: the run's config.
-        output_dir: the run's output dir.
-
-    Raises:
-        ValueError: ``logger.wandb.mode`` is not one of online, offline, disabled.
-
-    Example:
-        >>> from areal_lightning.config import load_config
-        >>> cfg = load_config(None, ["eval_sets.easy.size=4"])
-        >>> [type(lg).__name__ for lg in build_loggers(cfg, "runs/demo")]
-        ['CSVLogger']
-    """
-    loggers: list[Logger] = []
-    if cfg.logger.csv:
-        loggers.append(CSVLogger(save_dir=str(output_dir), name=CSV_DIRNAME))
-    wandb_logger = build_wandb_logger(cfg, output_dir)
-    if wandb_logger is not None:
-        loggers.append(wandb_logger)
-    return loggers
-
-
 __all__ = [
     "ALERT_LEVELS",
     "EVAL_STEP_KEY",
-    "build_loggers",
     "eval_metric_dict",
     "eval_metric_key",
     "finish_wandb",

@@ -1,8 +1,6 @@
 """Weights & Biases through Lightning's `WandbLogger`: built from the config, never fatal.
 
-`build_wandb_logger(cfg, output_dir)` turns the ``logger.wandb`` block into a `SafeWandbLogger`:
-the resolved config is the run's config, the run is named ``<experiment_name>/<trial_name>`` and
-writes under ``output_dir`` unless told otherwise. `SafeWandbLogger` is a `WandbLogger` whose
+`SafeWandbLogger` is a `WandbLogger` whose
 every call into wandb goes through `call_wandb`: the first exception (no network, a bad key, an
 unusable ``save_dir``, a full disk) is reported once with ``logging.warning`` and W&B is left alone
 for the rest of the run, so training and the eval history file go on untouched.
@@ -34,7 +32,6 @@ from lightning.fabric.loggers.logger import _DummyExperiment, rank_zero_experime
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from areal_lightning.config import WANDB_MODES, Config, to_dict
 from areal_lightning.tracking.history import HISTORY_FILENAME
 
 log = logging.getLogger(__name__)
@@ -200,46 +197,6 @@ class SafeWandbLogger(WandbLogger):
             call_wandb(self, "finishing the run", self._experiment.finish, exit_code=exit_code)
 
 
-def build_wandb_logger(cfg: Config, output_dir: str | Path) -> SafeWandbLogger | None:
-    """The W&B logger of the config's ``logger.wandb`` block, or None when its mode is disabled.
-
-    The run starts lazily (on the first log), so building it costs nothing and cannot fail on W&B.
-
-    Args:
-        cfg: the run's config; ``to_dict(cfg)`` becomes the run's config.
-        output_dir: the run's output dir; the default ``save_dir``.
-
-    Raises:
-        ValueError: ``logger.wandb.mode`` is not one of online, offline, disabled.
-
-    Example:
-        >>> from areal_lightning.config import load_config
-        >>> cfg = load_config(None, ["eval_sets.easy.size=4", "logger.wandb.mode=offline"])
-        >>> build_wandb_logger(cfg, "runs/demo").save_dir
-        'runs/demo'
-    """
-    w = cfg.logger.wandb
-    if w.mode not in WANDB_MODES:
-        raise ValueError(f"logger.wandb.mode must be one of {', '.join(WANDB_MODES)}; got {w.mode!r}")
-    if w.mode == "disabled":
-        return None
-    return SafeWandbLogger(
-        project=w.project,
-        entity=w.entity,
-        name=w.name or f"{cfg.experiment_name}/{cfg.trial_name}",
-        group=w.group,
-        tags=list(w.tags),
-        save_dir=w.save_dir or str(output_dir),
-        offline=w.mode == "offline",
-        # Lightning asks for offline through WANDB_MODE, which wandb reads once per process (its
-        # settings singleton); the init argument always counts. Online is not forced, so that
-        # WANDB_MODE=offline or disabled in the environment still wins.
-        **({"mode": "offline"} if w.mode == "offline" else {}),
-        config=to_dict(cfg),
-        history_file=Path(output_dir) / HISTORY_FILENAME,
-    )
-
-
 def _cell(column: str, value: Any) -> Any:
     if value is None:
         return None
@@ -268,7 +225,6 @@ def samples_table(rows: Sequence[Mapping[str, Any]]) -> Any:
 __all__ = [
     "TABLE_COLUMNS",
     "SafeWandbLogger",
-    "build_wandb_logger",
     "call_wandb",
     "samples_table",
     "wandb_failure",

@@ -11,7 +11,7 @@ Three pure pieces make that true; every rank computes them locally from the same
 3. :func:`sample_seed` gives each sample its own seed from (run seed, eval set name, sample
    index), so a sample's randomness does not depend on its batch or rank.
 
-Ranks check that they built the same eval sets with `areal_lightning.data.fingerprint`.
+Ranks check that they built the same eval sets with `areal_lightning.eval_round.fingerprint`.
 
 Cost model: a batch is generated padded to its longest sample, so a batch costs
 ``len(batch) * max(cost of its samples)`` (see :func:`batch_cost`). A sample's cost is whatever

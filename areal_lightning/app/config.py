@@ -8,9 +8,13 @@ raised before any training starts.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
+import typing
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
 
@@ -18,41 +22,66 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf import errors as oc_errors
 
+from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS, ErrorPolicy, EvalMode, ThresholdAction
+from areal_lightning.callbacks.thresholds import ThresholdMonitor
+from areal_lightning.callbacks.trigger import HybridTrigger
+from areal_lightning.errors import ArgumentError
+from areal_lightning.eval_round.eval_set import EvalSet
+
 CONFIG_FILENAME = "config.yaml"
-EVAL_MODES = ("sync",)  # "async" (a weight snapshot evaluated in the background) is planned
-THRESHOLD_ACTIONS = ("alert", "stop")
-ERROR_POLICIES = ("log", "raise")
-DEFAULT_TABLE_ROWS = 16
-WANDB_MODES = ("online", "offline", "disabled")
-POLICY_KINDS = ("tiny",)  # "hf" (a local Hugging Face causal LM) is planned
-TASK_NAMES = ("arithmetic",)
+
+
+class PolicyKind(str, Enum):
+    """``tiny``: a small transformer built from the config."""
+
+    TINY = "tiny"
+
+
+class TaskName(str, Enum):
+    """``arithmetic``: the embedded default task."""
+
+    ARITHMETIC = "arithmetic"
+
+
+class WandbMode(str, Enum):
+    """``online``, ``offline`` (writes under save_dir, sync later) or ``disabled``."""
+
+    ONLINE = "online"
+    OFFLINE = "offline"
+    DISABLED = "disabled"
 
 
 class ConfigError(ValueError):
     """A configuration problem, worded for the user who wrote the YAML file or the override."""
 
 
-def _positive_int(path: str, value: Any, *, allow_none: bool = False, allow_zero: bool = False) -> None:
+# Integer and float fields are typed: OmegaConf itself refuses `abc` or `true` for them. What it
+# cannot know is the range; fields that no runtime class owns are checked here.
+def _at_least(path: str, value: int | float | None, low: int, *, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
-    low = 0 if allow_zero else 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        accepted = "a non-negative integer" if allow_zero else "a positive integer"
+    if value is None or not math.isfinite(value) or value < low:
+        accepted = {0: "a non-negative", 1: "a positive"}[low] + (" integer" if isinstance(value, int) else " number")
         raise ConfigError(f"{path} must be {accepted}{' or null' if allow_none else ''}, got {value!r}")
 
 
-def _positive_float(path: str, value: Any, *, allow_none: bool = False, allow_zero: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not allow_zero):
+def _positive_number(path: str, value: float, *, allow_zero: bool = False) -> None:
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         accepted = "a non-negative number" if allow_zero else "a positive number"
-        raise ConfigError(f"{path} must be {accepted}{' or null' if allow_none else ''}, got {value!r}")
+        raise ConfigError(f"{path} must be {accepted}, got {value!r}")
 
 
-def _choice(path: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{path} must be one of {', '.join(choices)}; got {value!r}")
+@contextlib.contextmanager
+def _owned_by(path: str) -> Iterator[None]:
+    """The runtime class's own check, reworded with the config key path instead of the call."""
+    try:
+        yield
+    except ArgumentError as err:
+        key = f"{path}.{err.arg}" if err.arg else path
+        if not err.arg:  # a problem of several arguments together: `accepted` words it
+            raise ConfigError(f"{key} {err.accepted}") from None
+        accepted = err.accepted.replace("None", "null").replace("True or False", "true or false")
+        raise ConfigError(f"{key} must be {accepted}, got {err.value!r}") from None
 
 
 @dataclass
@@ -79,19 +108,19 @@ class TrainerConfig:
     """Save a checkpoint under <output_dir>/checkpoints every N steps (and the last one); null: only at the end."""
 
     def check(self, path: str) -> None:
-        _positive_int(f"{path}.max_steps", self.max_steps)
-        _positive_int(f"{path}.max_epochs", self.max_epochs, allow_none=True)
-        _positive_int(f"{path}.devices", self.devices)
-        _positive_int(f"{path}.log_every_n_steps", self.log_every_n_steps)
-        _positive_int(f"{path}.checkpoint_every_n_steps", self.checkpoint_every_n_steps, allow_none=True)
+        _at_least(f"{path}.max_steps", self.max_steps, 1)
+        _at_least(f"{path}.max_epochs", self.max_epochs, 1, allow_none=True)
+        _at_least(f"{path}.devices", self.devices, 1)
+        _at_least(f"{path}.log_every_n_steps", self.log_every_n_steps, 1)
+        _at_least(f"{path}.checkpoint_every_n_steps", self.checkpoint_every_n_steps, 1, allow_none=True)
 
 
 @dataclass
 class PolicyConfig:
     """The language model being trained."""
 
-    kind: str = "tiny"
-    """tiny: a small transformer built from this config (hf, a local Hugging Face causal LM, is planned)."""
+    kind: PolicyKind = PolicyKind.TINY
+    """tiny: a small transformer built from this config."""
     path: Optional[str] = None
     """Local directory of a model, for kinds that load one. Never downloaded."""
     d_model: int = 64
@@ -104,9 +133,8 @@ class PolicyConfig:
     """Longest prompt plus completion, in tokens."""
 
     def check(self, path: str) -> None:
-        _choice(f"{path}.kind", self.kind, POLICY_KINDS)
         for name in ("d_model", "n_layers", "n_heads", "max_len"):
-            _positive_int(f"{path}.{name}", getattr(self, name))
+            _at_least(f"{path}.{name}", getattr(self, name), 1)
         if self.d_model % self.n_heads:
             raise ConfigError(f"{path}.n_heads must divide {path}.d_model, got d_model={self.d_model}, n_heads={self.n_heads}")
 
@@ -115,7 +143,7 @@ class PolicyConfig:
 class TaskConfig:
     """The task the policy is trained on."""
 
-    name: str = "arithmetic"
+    name: TaskName = TaskName.ARITHMETIC
     """Only `arithmetic`, the embedded default, for now."""
     train_digits: int = 1
     """Digits of the operands of training prompts."""
@@ -123,9 +151,8 @@ class TaskConfig:
     """Training prompts: a finite set iterated in epochs."""
 
     def check(self, path: str) -> None:
-        _choice(f"{path}.name", self.name, TASK_NAMES)
-        _positive_int(f"{path}.train_digits", self.train_digits)
-        _positive_int(f"{path}.train_size", self.train_size)
+        _at_least(f"{path}.train_digits", self.train_digits, 1)
+        _at_least(f"{path}.train_size", self.train_size, 1)
 
 
 @dataclass
@@ -154,17 +181,16 @@ class GRPOConfig:
     """Learning rate of the format warm-up."""
 
     def check(self, path: str) -> None:
-        _positive_int(f"{path}.group_size", self.group_size)
         if self.group_size < 2:
             raise ConfigError(f"{path}.group_size must be at least 2 (advantages are relative to the group), got {self.group_size}")
-        _positive_int(f"{path}.prompts_per_step", self.prompts_per_step)
-        _positive_float(f"{path}.lr", self.lr)
-        _positive_float(f"{path}.clip_eps", self.clip_eps)
-        _positive_float(f"{path}.kl_coef", self.kl_coef, allow_zero=True)
-        _positive_float(f"{path}.temperature", self.temperature)
-        _positive_int(f"{path}.max_new_tokens", self.max_new_tokens)
-        _positive_int(f"{path}.warmup_steps", self.warmup_steps, allow_zero=True)
-        _positive_float(f"{path}.warmup_lr", self.warmup_lr)
+        _at_least(f"{path}.prompts_per_step", self.prompts_per_step, 1)
+        _positive_number(f"{path}.lr", self.lr)
+        _positive_number(f"{path}.clip_eps", self.clip_eps)
+        _positive_number(f"{path}.kl_coef", self.kl_coef, allow_zero=True)
+        _positive_number(f"{path}.temperature", self.temperature)
+        _at_least(f"{path}.max_new_tokens", self.max_new_tokens, 1)
+        _at_least(f"{path}.warmup_steps", self.warmup_steps, 0)
+        _positive_number(f"{path}.warmup_lr", self.warmup_lr)
 
 
 @dataclass
@@ -188,11 +214,12 @@ class EvalSetConfig:
     so that no single batch outweighs a rank's share; null: batches by count only."""
 
     def check(self, path: str) -> None:
-        _positive_float(f"{path}.max_batch_cost", self.max_batch_cost, allow_none=True)
-        for name in ("digits", "size", "n_samples", "batch_size"):
-            _positive_int(f"{path}.{name}", getattr(self, name))
-        _positive_float(f"{path}.temperature", self.temperature, allow_zero=True)
-        _positive_int(f"{path}.max_new_tokens", self.max_new_tokens, allow_none=True)
+        for name in ("digits", "size", "n_samples"):
+            _at_least(f"{path}.{name}", getattr(self, name), 1)
+        with _owned_by(path):
+            EvalSet(path.rsplit(".", 1)[-1], [None], batch_size=self.batch_size, max_batch_cost=self.max_batch_cost)
+        _positive_number(f"{path}.temperature", self.temperature, allow_zero=True)
+        _at_least(f"{path}.max_new_tokens", self.max_new_tokens, 1, allow_none=True)
 
 
 @dataclass
@@ -209,42 +236,31 @@ class EvaluatorConfig:
     """Evaluate the initial weights (step 0) before the first optimizer step."""
     eval_at_end: bool = True
     """Evaluate the final weights, unless the last step was just evaluated."""
-    mode: str = "sync"
-    """sync: training waits for the evaluation (async, on a weight snapshot, is planned)."""
+    mode: EvalMode = EvalMode.SYNC
+    """sync: training waits for the evaluation."""
     metric_thresholds: dict[str, float] = field(default_factory=dict)
     """Alert when a metric that reached its threshold falls below it, e.g. {accuracy: 0.7}."""
-    threshold_action: str = "alert"
+    threshold_action: ThresholdAction = ThresholdAction.ALERT
     """alert: log, record and alert; stop: also stop training cleanly."""
-    on_error: str = "log"
+    on_error: ErrorPolicy = ErrorPolicy.LOG
     """log: an exception in an evaluation is recorded and training goes on; raise: fail fast."""
     max_table_rows: int = DEFAULT_TABLE_ROWS
     """Sample generations per eval set kept for the W&B table."""
 
     def check(self, path: str) -> None:
-        _positive_int(f"{path}.freq_epochs", self.freq_epochs, allow_none=True)
-        _positive_int(f"{path}.freq_steps", self.freq_steps, allow_none=True)
-        _positive_float(f"{path}.freq_secs", self.freq_secs, allow_none=True)
-        if (self.freq_epochs, self.freq_steps, self.freq_secs) == (None, None, None) and not (
-            self.eval_before_train or self.eval_at_end
-        ):
-            raise ConfigError(
-                f"{path} would never evaluate: freq_epochs, freq_steps and freq_secs are all null and "
-                "eval_before_train and eval_at_end are false; set at least one of them"
-            )
-        _choice(f"{path}.mode", self.mode, EVAL_MODES)
-        _choice(f"{path}.threshold_action", self.threshold_action, THRESHOLD_ACTIONS)
-        _choice(f"{path}.on_error", self.on_error, ERROR_POLICIES)
-        for name, value in self.metric_thresholds.items():
-            if not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ConfigError(f"{path}.metric_thresholds.{name} must be a finite number, got {value!r}")
-        _positive_int(f"{path}.max_table_rows", self.max_table_rows, allow_zero=True)
+        # The callback's own checks, at load time and with the config's key names.
+        with _owned_by(path):
+            HybridTrigger(freq_epochs=self.freq_epochs, freq_steps=self.freq_steps, freq_secs=self.freq_secs,
+                          eval_before_train=self.eval_before_train, eval_at_end=self.eval_at_end)
+            ThresholdMonitor(self.metric_thresholds)
+        _at_least(f"{path}.max_table_rows", self.max_table_rows, 0)
 
 
 @dataclass
 class WandbConfig:
     """Weights & Biases, through Lightning's `WandbLogger`."""
 
-    mode: str = "disabled"
+    mode: WandbMode = WandbMode.DISABLED
     """online, offline (writes under save_dir, sync later) or disabled."""
     project: str = "areal-lightning"
     """W&B project."""
@@ -259,9 +275,6 @@ class WandbConfig:
     save_dir: Optional[str] = None
     """Where W&B writes; null: <output_dir>."""
 
-    def check(self, path: str) -> None:
-        _choice(f"{path}.mode", self.mode, WANDB_MODES)
-
 
 @dataclass
 class LoggerConfig:
@@ -271,9 +284,6 @@ class LoggerConfig:
     """Weights & Biases."""
     csv: bool = True
     """Also write Lightning's CSV logs under <output_dir>/csv."""
-
-    def check(self, path: str) -> None:
-        self.wandb.check(f"{path}.wandb")
 
 
 @dataclass
@@ -297,9 +307,8 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
     def __post_init__(self) -> None:
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
-        for section in ("trainer", "policy", "task", "grpo", "evaluator", "logger"):
+        _at_least("seed", self.seed, 0)
+        for section in ("trainer", "policy", "task", "grpo", "evaluator"):
             getattr(self, section).check(section)
         if not self.eval_sets:
             raise ConfigError("eval_sets is empty; define at least one, e.g. eval_sets: {easy: {digits: 1, size: 200}}")
@@ -311,8 +320,20 @@ def _accepted_keys(object_type: Any) -> list[str]:
     return [f.name for f in fields(object_type)] if is_dataclass(object_type) else []
 
 
+def _enum_field(object_type: Any, name: str) -> type[Enum] | None:
+    """The Enum type of dataclass field `name`, or None (OmegaConf names Enum members, we show values)."""
+    if not is_dataclass(object_type):
+        return None
+    hint = typing.get_type_hints(object_type).get(name)
+    return hint if isinstance(hint, type) and issubclass(hint, Enum) else None
+
+
 def _explain(err: oc_errors.OmegaConfBaseException, source: str) -> ConfigError:
     key = err.full_key or "<root>"
+    enum = _enum_field(err.object_type, key.rsplit(".", 1)[-1])
+    if isinstance(err, oc_errors.ValidationError) and enum is not None:
+        accepted = ", ".join(m.value for m in enum)
+        return ConfigError(f"{key} must be one of {accepted}; got {err.value!r} (from {source}).")
     detail = str(err.msg).splitlines()[0] if err.msg else type(err).__name__
     if isinstance(err, (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError)):
         accepted = _accepted_keys(err.object_type)
@@ -390,9 +411,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return cfg
 
 
+def _plain(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
 def to_yaml(cfg: Config) -> str:
-    """The resolved config as YAML, loadable again by `load_config`."""
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    """The resolved config as YAML (Enum fields by value), loadable again by `load_config`."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
 
 
 def save_config(cfg: Config, output_dir: str | Path) -> Path:
@@ -405,9 +436,9 @@ def save_config(cfg: Config, output_dir: str | Path) -> Path:
 
 def to_dict(cfg: Config) -> dict[str, Any]:
     """Plain nested dict of the resolved config (for loggers such as W&B)."""
-    container = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    container = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=False)
     assert isinstance(container, dict)
-    return container
+    return _plain(container)
 
 
 __all__ = ["Config", "ConfigError", "load_config", "save_config", "to_yaml", "to_dict"]

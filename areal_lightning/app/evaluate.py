@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import pickle
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_lightning.cli import _fail, _quiet_lightning
-from areal_lightning.config import Config, ConfigError, load_config
+from areal_lightning.app.console import fail, quiet_lightning
+from areal_lightning.app.config import Config, ConfigError, load_config
 
 if TYPE_CHECKING:  # heavy imports stay out of `areal-lightning --help` and `plot`
     from lightning.fabric import Fabric
@@ -37,14 +35,12 @@ EVAL_FAILED = 1
 """Exit status when the evaluation itself failed (`evaluate_fn` raised on some rank)."""
 STATE_DICT_KEY = "state_dict"
 """Where a Lightning checkpoint keeps the module's weights."""
-# Key names shown in a mismatch message: enough to recognise the module, short enough to read.
+# Keys shown when a file is not a checkpoint, and characters per line of torch's key-mismatch report.
 MAX_KEYS_SHOWN = 5
+MAX_PROBLEM_CHARS = 240
 METRIC_DECIMALS = 4
 SECS_DECIMALS = 2
 
-# torch.load(weights_only=True) names an object it will not unpickle in these words (torch >= 2.4).
-_REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
-_UNPICKLER_SAYS = "WeightsUnpickler error:"
 
 
 class CheckpointError(ValueError):
@@ -61,17 +57,21 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
                              "when the safe loader refuses an object inside")
 
 
-def _brief(keys: Sequence[str]) -> str:
-    shown = ", ".join(keys[:MAX_KEYS_SHOWN])
-    more = f" and {len(keys) - MAX_KEYS_SHOWN} more" if len(keys) > MAX_KEYS_SHOWN else ""
-    return f"{len(keys)} ({shown}{more})"
-
-
 def _first_words(err: Exception) -> str:
-    """The gist of a `torch.load` failure: the unpickler's own words if any, else the first line."""
+    """The gist of a `torch.load` failure: its first line."""
     text = str(err).strip()
-    detail = text.split(_UNPICKLER_SAYS, 1)[1].strip() if _UNPICKLER_SAYS in text else text
-    return f"{type(err).__name__}: {detail.splitlines()[0]}" if detail else type(err).__name__
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+
+
+def _unsafe_globals(path: Path) -> list[str]:
+    """The classes and functions a checkpoint pickles that `weights_only=True` refuses; [] when
+    the file is not a torch zip archive (the loader's own error then says what is wrong)."""
+    from torch.serialization import get_unsafe_globals_in_checkpoint
+
+    try:
+        return list(get_unsafe_globals_in_checkpoint(path))
+    except Exception:  # noqa: BLE001 - not a zip checkpoint: torch.load's message is the better one
+        return []
 
 
 def load_checkpoint(path: str | Path, *, trust: bool = False) -> dict[str, Any]:
@@ -90,7 +90,7 @@ def load_checkpoint(path: str | Path, *, trust: bool = False) -> dict[str, Any]:
         >>> load_checkpoint("missing.ckpt")
         Traceback (most recent call last):
         ...
-        areal_lightning.evaluate_cmd.CheckpointError: --ckpt 'missing.ckpt' does not exist; ...
+        areal_lightning.app.evaluate.CheckpointError: --ckpt 'missing.ckpt' does not exist; ...
     """
     import torch
 
@@ -98,13 +98,13 @@ def load_checkpoint(path: str | Path, *, trust: bool = False) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"--ckpt {str(path)!r} does not exist; pass a Lightning checkpoint file, "
                               "e.g. <output_dir>/checkpoints/last.ckpt")
+    refused = [] if trust else _unsafe_globals(path)
+    if refused:
+        raise CheckpointError(f"--ckpt {str(path)!r} holds objects the safe loader refuses ({', '.join(refused)}); "
+                              "pass --trust-checkpoint if you trust this file")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=not trust)
     except Exception as err:  # noqa: BLE001 - any unreadable file gets the same one-line answer
-        refused = _REFUSED_GLOBAL.search(str(err)) if isinstance(err, pickle.UnpicklingError) else None
-        if refused:
-            raise CheckpointError(f"--ckpt {str(path)!r} holds objects the safe loader refuses ({refused.group(1)}); "
-                                  "pass --trust-checkpoint if you trust this file") from None
         raise CheckpointError(f"--ckpt {str(path)!r} is not a Lightning checkpoint: torch.load failed "
                               f"({_first_words(err)})") from None
     if not isinstance(ckpt, Mapping) or not isinstance(ckpt.get(STATE_DICT_KEY), Mapping) or "global_step" not in ckpt:
@@ -118,26 +118,17 @@ def load_weights(module: GRPOModule, state_dict: Mapping[str, Any], ckpt_path: s
     """Loads the checkpoint's weights into the module built from the config, strictly.
 
     Raises:
-        CheckpointError: naming the missing keys, the unexpected keys and the shape mismatches,
-            when the checkpoint holds another model than the config describes.
+        CheckpointError: naming the missing keys, the unexpected keys and the shape mismatches
+            (torch's own report, shortened), when the checkpoint holds another model.
     """
-    own = module.state_dict()
-    missing = [k for k in own if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in own]
-    shapes = [f"{k} {tuple(state_dict[k].shape)} in the checkpoint, {tuple(v.shape)} in the model"
-              for k, v in own.items() if k in state_dict and hasattr(state_dict[k], "shape")
-              and tuple(state_dict[k].shape) != tuple(v.shape)]
-    problems = []
-    if missing:
-        problems.append(f"missing keys {_brief(missing)}")
-    if unexpected:
-        problems.append(f"unexpected keys {_brief(unexpected)}")
-    if shapes:
-        problems.append(f"shape mismatches {_brief(shapes)}")
-    if problems:
-        raise CheckpointError(f"--ckpt {str(ckpt_path)!r} does not match the model of the config: " + "; ".join(problems)
-                              + "; use the config the checkpoint was trained with (policy and grpo.kl_coef)")
-    module.load_state_dict(state_dict, strict=True)
+    try:
+        module.load_state_dict(state_dict, strict=True)
+    except RuntimeError as err:
+        # torch lists every key; the first lines name the kinds of problem, which is what a person needs.
+        lines = [line.strip() for line in str(err).splitlines()[1:] if line.strip()]
+        shown = "; ".join(line if len(line) <= MAX_PROBLEM_CHARS else line[:MAX_PROBLEM_CHARS] + " ..." for line in lines)
+        raise CheckpointError(f"--ckpt {str(ckpt_path)!r} does not match the model of the config: {shown}; "
+                              "use the config the checkpoint was trained with (policy and grpo.kl_coef)") from None
 
 
 def _cell(value: float) -> str:
@@ -177,12 +168,13 @@ def _build_fabric(cfg: Config) -> Fabric:
 def _evaluate_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule, step: int, epoch: int) -> list[SetResult]:
     """Every rank: check the eval sets agree, run the round on the unwrapped module."""
     from areal_lightning.eval_round import check_eval_sets_consistent, run_round
-    from areal_lightning.rl.evaluation import arithmetic_eval_sets, rollout_evaluate
+    from areal_lightning.app.builders import build_eval_sets
+    from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     # No DDP wrapper: the round runs no collective inside a forward, so ranks dealt different
     # numbers of batches never wait on each other mid-round.
     module = fabric.strategy.precision.convert_module(module).to(fabric.device)
-    eval_sets = arithmetic_eval_sets(cfg, module.task)
+    eval_sets = build_eval_sets(cfg, module.task)
     check_eval_sets_consistent(eval_sets)  # every rank raises together on a mismatch
     with fabric.autocast():
         results = run_round(module, eval_sets, rollout_evaluate, seed=cfg.seed, global_step=step, epoch=epoch,
@@ -217,13 +209,12 @@ def evaluate_main(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, args.overrides)
         ckpt = load_checkpoint(args.ckpt, trust=args.trust_checkpoint)
     except (ConfigError, CheckpointError) as err:
-        return _fail(str(err))
-    _quiet_lightning()
+        return fail(str(err))
+    quiet_lightning()
     import torch
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-    from areal_lightning.data.fingerprint import EvalSetMismatchError
-    from areal_lightning.eval_round import EvalRoundError
+    from areal_lightning.eval_round import EvalRoundError, EvalSetMismatchError
     from areal_lightning.rl.grpo import GRPOModule
 
     try:
@@ -232,16 +223,16 @@ def evaluate_main(args: argparse.Namespace) -> int:
         step, epoch = int(ckpt["global_step"]), int(ckpt.get("epoch", 0))  # the weights' place in training
         del ckpt  # optimizer states and the rest: not needed, and not to be copied to spawned ranks
     except CheckpointError as err:
-        return _fail(str(err))
+        return fail(str(err))
     try:
         fabric = _build_fabric(cfg)
     except (MisconfigurationException, ValueError, RuntimeError) as err:
-        return _fail(f"trainer settings (accelerator={cfg.trainer.accelerator!r}, devices={cfg.trainer.devices}, "
+        return fail(f"trainer settings (accelerator={cfg.trainer.accelerator!r}, devices={cfg.trainer.devices}, "
                      f"strategy={cfg.trainer.strategy!r}, precision={cfg.trainer.precision!r}) are not usable: {err}")
     try:
         results = fabric.launch(_evaluate_on_rank, cfg, module, step, epoch)
     except EvalSetMismatchError as err:
-        return _fail(str(err)) if fabric.global_rank == 0 else 0
+        return fail(str(err)) if fabric.global_rank == 0 else 0
     except EvalRoundError as err:
         if fabric.global_rank == 0:
             print(f"areal-lightning: evaluation failed: {err}", file=sys.stderr)

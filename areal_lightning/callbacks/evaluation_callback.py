@@ -13,20 +13,22 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from areal_lightning.callbacks.thresholds import Alert, ThresholdMonitor
-from areal_lightning.callbacks.trigger import HybridTrigger
-from areal_lightning.config import DEFAULT_TABLE_ROWS, ERROR_POLICIES, EVAL_MODES, THRESHOLD_ACTIONS, Config
-from areal_lightning.data.eval_sets import EvalSet, as_eval_sets
-from areal_lightning.eval_round import EvalRoundError, EvaluateFn, SetResult, check_eval_sets_consistent, run_round
+from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS, ErrorPolicy, EvalMode, ThresholdAction, choice
+from areal_lightning.callbacks.trigger import Cause, HybridTrigger
+from areal_lightning.errors import ArgumentError
+from areal_lightning.eval_round import (
+    EvalRoundError,
+    EvalSet,
+    EvaluateFn,
+    SetResult,
+    as_eval_sets,
+    check_eval_sets_consistent,
+    run_round,
+)
 from areal_lightning.tracking.history import EvalHistory, eval_record, event_record
 from areal_lightning.tracking.loggers import log_eval_results, send_alert
 
 log = logging.getLogger(__name__)
-
-
-def _choice(arg: str, value: Any, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ValueError(f"Unsupported parameter value `EvaluationCallback({arg}={value!r})`. Possible choices are: {', '.join(choices)}")
-
 
 def _epoch_ran_to_end(trainer: L.Trainer) -> bool:
     """The epoch loop consumed its last batch (or its `limit_train_batches`), the same on every rank."""
@@ -80,27 +82,26 @@ class EvaluationCallback(Callback):
         eval_before_train: bool = False,
         eval_at_end: bool = True,
         metric_thresholds: Mapping[str, float] | None = None,
-        threshold_action: str = "alert",
-        on_error: str = "log",
+        threshold_action: ThresholdAction | str = ThresholdAction.ALERT,
+        on_error: ErrorPolicy | str = ErrorPolicy.LOG,
         output_dir: str | Path | None = None,
         seed: int | None = None,
         max_table_rows: int = DEFAULT_TABLE_ROWS,
-        mode: str = "sync",
+        mode: EvalMode | str = EvalMode.SYNC,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.eval_sets = as_eval_sets(eval_sets)
         if evaluate_fn is not None and not callable(evaluate_fn):
             raise ValueError(f"`EvaluationCallback(evaluate_fn=...)` must be callable or None, got {evaluate_fn!r}")
-        _choice("threshold_action", threshold_action, THRESHOLD_ACTIONS)
-        _choice("on_error", on_error, ERROR_POLICIES)
-        _choice("mode", mode, EVAL_MODES)
+        self.threshold_action = choice("threshold_action", threshold_action, ThresholdAction)
+        self.on_error = choice("on_error", on_error, ErrorPolicy)
+        self.mode = choice("mode", mode, EvalMode)
         # Checked here, not at the first round: a negative count would silently keep no table rows.
         if isinstance(max_table_rows, bool) or not isinstance(max_table_rows, int) or max_table_rows < 0:
-            raise ValueError(f"`EvaluationCallback(max_table_rows=...)` must be a non-negative integer, got {max_table_rows!r}")
+            raise ArgumentError("EvaluationCallback", "max_table_rows", max_table_rows, "a non-negative integer")
         self.trigger = HybridTrigger(freq_epochs=freq_epochs, freq_steps=freq_steps, freq_secs=freq_secs,
                                      eval_before_train=eval_before_train, eval_at_end=eval_at_end, clock=clock)
         self.thresholds = ThresholdMonitor(metric_thresholds)
-        self.threshold_action, self.on_error, self.mode = threshold_action, on_error, mode
         self.output_dir = Path(output_dir) if output_dir is not None else None
         self.seed = seed
         self.max_table_rows = max_table_rows
@@ -114,34 +115,6 @@ class EvaluationCallback(Callback):
         self._state_key = self._generate_state_key(
             freq_epochs=self.trigger.freq_epochs, freq_steps=self.trigger.freq_steps, freq_secs=self.trigger.freq_secs,
             eval_sets=[s.name for s in self.eval_sets])
-
-    @classmethod
-    def from_config(cls, cfg: Config, eval_sets: Mapping[str, Sequence[Any]] | Sequence[EvalSet] | None = None,
-                    evaluate_fn: EvaluateFn | None = None, **kwargs: Any) -> EvaluationCallback:
-        """Builds the callback from a `Config`: its `evaluator` block, `output_dir`, `seed` and, unless
-        `eval_sets` is given, the `eval_sets` block (sets of the arithmetic task, as the main job uses).
-
-        Example:
-            >>> from areal_lightning.config import load_config
-            >>> cfg = load_config(None, ["eval_sets.easy.size=5", "eval_sets.hard.digits=2", "evaluator.freq_steps=50"])
-            >>> cb = EvaluationCallback.from_config(cfg)
-            >>> [s.name for s in cb.eval_sets], [len(s.samples) for s in cb.eval_sets], cb.trigger.describe()
-            (['easy', 'hard'], [5, 200], 'evaluate every 50 steps, at the end')
-        """
-        if eval_sets is None:
-            from areal_lightning.data.tasks import ArithmeticTask
-            from areal_lightning.rl.evaluation import arithmetic_eval_sets
-
-            eval_sets = arithmetic_eval_sets(cfg, ArithmeticTask(cfg.task.train_digits, cfg.task.train_size, cfg.seed))
-        ev = cfg.evaluator
-        options = dict(
-            freq_epochs=ev.freq_epochs, freq_steps=ev.freq_steps, freq_secs=ev.freq_secs,
-            eval_before_train=ev.eval_before_train, eval_at_end=ev.eval_at_end, metric_thresholds=dict(ev.metric_thresholds),
-            threshold_action=ev.threshold_action, on_error=ev.on_error, output_dir=cfg.output_dir, seed=cfg.seed,
-            max_table_rows=ev.max_table_rows, mode=ev.mode,
-        )
-        options.update(kwargs)
-        return cls(eval_sets, evaluate_fn, **options)
 
     @property
     @override
@@ -216,14 +189,14 @@ class EvaluationCallback(Callback):
 
     # ---- the decision and the round ------------------------------------------------------------
 
-    def _agree(self, trainer: L.Trainer, causes: list[str]) -> list[str]:
+    def _agree(self, trainer: L.Trainer, causes: list[Cause]) -> list[Cause]:
         if self.trigger.freq_secs is None:
             return causes  # steps and epochs are the same numbers on every rank
         # Each rank reads its own clock, so the time trigger can fire on one rank and not on
         # another; acting on that would leave ranks waiting in different collectives. Rank 0 decides.
         return trainer.strategy.broadcast(causes, src=0)
 
-    def _evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule, causes: list[str]) -> None:
+    def _evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule, causes: list[Cause]) -> None:
         step, epoch = trainer.global_step, trainer.current_epoch
         evaluate_fn = self._evaluate_fn or (lambda module, batches, ctx: module.evaluate(batches, ctx))
         try:
@@ -232,7 +205,7 @@ class EvaluationCallback(Callback):
                                 show_progress=trainer.progress_bar_callback is not None)
         except EvalRoundError as err:
             self.trigger.mark_evaluated(step)
-            if self.on_error == "raise":
+            if self.on_error is ErrorPolicy.RAISE:
                 raise
             self._record_error(trainer, step, err)
             return
@@ -242,11 +215,11 @@ class EvaluationCallback(Callback):
             self._record(trainer, results, step, epoch, causes)
         self._check_thresholds(trainer, results, step)
 
-    def _record(self, trainer: L.Trainer, results: list[SetResult], step: int, epoch: int, causes: list[str]) -> None:
+    def _record(self, trainer: L.Trainer, results: list[SetResult], step: int, epoch: int, causes: list[Cause]) -> None:
         assert self._history is not None
         self._history.append_many(
             eval_record(step, epoch, r.dataset, r.metrics, trigger=causes, num_samples=r.num_samples,
-                        num_prompts=r.num_prompts, eval_secs=r.eval_secs, mode=self.mode, world_size=trainer.world_size)
+                        num_prompts=r.num_prompts, eval_secs=r.eval_secs, mode=self.mode.value, world_size=trainer.world_size)
             for r in results
         )
         log_eval_results(trainer.loggers, results, step)
@@ -274,7 +247,7 @@ class EvaluationCallback(Callback):
                                                   metric=alert.metric, value=alert.value, threshold=alert.threshold))
                 send_alert(trainer.loggers, title=f"areal-lightning: {alert.dataset}/{alert.metric} below threshold",
                            text=alert.message)
-        if self.threshold_action == "stop":
+        if self.threshold_action is ThresholdAction.STOP:
             # Reduced metrics are identical on every rank, but a stop decided alone would leave
             # the other ranks in the next step's collectives: agree explicitly.
             stop = trainer.strategy.reduce_boolean_decision(bool(alerts), all=False)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from areal_lightning.errors import ArgumentError
 
 DEFAULT_EVAL_BATCH_SIZE = 64
 
@@ -27,7 +31,8 @@ class EvalSet:
             (the default GRPO evaluation reads n_samples, temperature, max_new_tokens).
 
     Raises:
-        ValueError: for an empty name or samples, or a batch size that is not a positive integer.
+        ValueError: for an empty name or samples, a batch size that is not a positive integer, or a
+            max_batch_cost that is not a positive number.
 
     Example:
         >>> EvalSet("easy", ["1+1=", "2+3="], batch_size=1).costs
@@ -48,7 +53,11 @@ class EvalSet:
         if len(self.samples) == 0:
             raise ValueError(f"`EvalSet(name={self.name!r})` has no samples; give at least one")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ValueError(f"`EvalSet(batch_size=...)` must be a positive integer, got {self.batch_size!r}")
+            raise ArgumentError("EvalSet", "batch_size", self.batch_size, "a positive integer")
+        cost = self.max_batch_cost
+        if cost is not None and (isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost)
+                                 or cost <= 0):
+            raise ArgumentError("EvalSet", "max_batch_cost", cost, "a positive number or None")
 
     @property
     def costs(self) -> list[float]:

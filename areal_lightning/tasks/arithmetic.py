@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from areal_lightning.data.tokenizer import CharTokenizer
+from areal_lightning.tasks.tokenizer import CharTokenizer
 
 ALPHABET = "0123456789+="
 CORRECT_REWARD = 1.0

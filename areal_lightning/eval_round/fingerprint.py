@@ -7,9 +7,13 @@ metrics, or deal some samples twice and others never.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 
-__all__ = ["EvalSetMismatchError", "check_fingerprints", "fingerprint"]
+from areal_lightning.eval_round.eval_set import EvalSet
+from areal_lightning.eval_round.ranks import all_gather_object
+
+__all__ = ["EvalSetMismatchError", "check_eval_sets_consistent", "check_fingerprints", "eval_set_fingerprint", "fingerprint"]
 
 # blake2b's personalisation separates these digests from any other use of the same bytes; bump
 # the version if the encoding ever changes.
@@ -107,3 +111,20 @@ def check_fingerprints(per_rank: Sequence[Mapping[str, str]]) -> None:
             "; ".join(problems)
             + "; every rank must build the same eval sets (same seed, size, data files)"
         )
+
+
+def eval_set_fingerprint(eval_set: EvalSet) -> str:
+    """The fingerprint of an eval set's samples and of what the deal and the outcomes depend on
+    besides them: batch size, costs and options. Ranks that cut different batches would evaluate
+    some samples twice and others never, with the right total count."""
+    layout = {"batch_size": eval_set.batch_size, "max_batch_cost": eval_set.max_batch_cost,
+              "costs": eval_set.costs, "options": dict(eval_set.options)}
+    return fingerprint(eval_set.name, [json.dumps(layout, sort_keys=True, default=repr), *eval_set.keys])
+
+
+def check_eval_sets_consistent(eval_sets: Sequence[EvalSet]) -> None:
+    """Raises `EvalSetMismatchError` on every rank when ranks hold different eval sets.
+
+    Every rank must call it (one object gather); without a process group it checks nothing.
+    """
+    check_fingerprints(all_gather_object({s.name: eval_set_fingerprint(s) for s in eval_sets}))

@@ -3,34 +3,33 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+from torch import Tensor
 
-from areal_lightning.config import Config
-from areal_lightning.data.eval_sets import EvalSet
-from areal_lightning.data.tasks import CORRECT_REWARD, ArithmeticTask, Sample
 from areal_lightning.eval_round import EvalBatch, EvalContext
 from areal_lightning.metrics import AccuracyMetric, MajAtK, PassAtK, RewardMetric
-from areal_lightning.rl.grpo import GRPOModule
+from areal_lightning.rl.policy import Policy
+from areal_lightning.tasks.arithmetic import CORRECT_REWARD, ArithmeticTask, Sample
 
 DEFAULT_N_SAMPLES = 4
 DEFAULT_EVAL_TEMPERATURE = 0.6
 
 
-def arithmetic_eval_sets(cfg: Config, task: ArithmeticTask) -> list[EvalSet]:
-    """The config's eval sets, in config order; a sample's cost is its prompt length."""
-    out = []
-    for name, es in cfg.eval_sets.items():
-        options = {"n_samples": es.n_samples, "temperature": es.temperature,
-                   "max_new_tokens": es.max_new_tokens or cfg.grpo.max_new_tokens}
-        out.append(EvalSet(name=name, samples=task.make_samples(name, es.digits, es.size), batch_size=es.batch_size,
-                           cost_fn=lambda s: float(len(s.prompt)), key_fn=lambda s: s.key,
-                           max_batch_cost=es.max_batch_cost, options=options))
-    return out
+class RolloutModule(Protocol):
+    """What the default evaluation needs of a module; `GRPOModule` has it."""
+
+    policy: Policy
+    task: ArithmeticTask
+
+    @property
+    def grpo(self) -> Any: ...
+
+    def score(self, completions: Tensor, answers: Sequence[str]) -> tuple[list[str], Tensor]: ...
 
 
-def rollout_evaluate(module: GRPOModule, batches: Sequence[EvalBatch], ctx: EvalContext) -> dict[str, Any]:
+def rollout_evaluate(module: RolloutModule, batches: Sequence[EvalBatch], ctx: EvalContext) -> dict[str, Any]:
     """Samples `n_samples` completions per prompt, each prompt from its own seed, and updates
     reward, accuracy, pass@1, pass@n and maj@n."""
     n = int(ctx.options.get("n_samples", DEFAULT_N_SAMPLES))

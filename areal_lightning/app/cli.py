@@ -1,0 +1,43 @@
+"""`areal-lightning fit | evaluate | plot` (also `python -m areal_lightning`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-c", "--config", required=True, help="YAML config file (e.g. examples/arithmetic/grpo.yaml)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. trainer.max_steps=50")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: one sub-command per user task; heavy imports wait until a command runs."""
+    from areal_lightning.app.evaluate import add_evaluate_arguments, evaluate_main
+    from areal_lightning.app.fit import add_fit_arguments, fit_main
+    from areal_lightning.viz.plot import add_plot_arguments, plot_main
+
+    parser = argparse.ArgumentParser(prog="areal-lightning", description="RL training of language models with evaluation")
+    sub = parser.add_subparsers(dest="command", required=True)
+    fit = sub.add_parser("fit", help="train with RL, evaluating on the configured triggers")
+    _add_config_arguments(fit)
+    add_fit_arguments(fit)
+    fit.set_defaults(main=fit_main)
+    evaluate = sub.add_parser("evaluate", help="evaluate a checkpoint on the configured eval sets")
+    _add_config_arguments(evaluate)
+    add_evaluate_arguments(evaluate)
+    evaluate.set_defaults(main=evaluate_main)
+    plot = sub.add_parser("plot", help="draw eval curves from run directories")
+    add_plot_arguments(plot)
+    plot.set_defaults(main=plot_main)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.main(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""What `evaluate_fn` receives and what a round returns: batches, the context, the reduced result."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, overload
+
+import torch
+
+from torchmetrics import Metric
+
+
+@dataclass(frozen=True)
+class EvalBatch:
+    """A batch of one eval set: the samples, their indices in the set and their own seeds."""
+
+    indices: list[int]
+    samples: list[Any]
+    seeds: list[int]
+
+
+class EvalRoundError(RuntimeError):
+    """`evaluate_fn` failed on at least one rank; raised on every rank, so none is left waiting."""
+
+
+@dataclass
+class EvalContext:
+    """What `evaluate_fn` knows about the round besides the module and its batches.
+
+    Create every metric with `metric(...)` before the batch loop: a rank dealt no batch never
+    runs the loop, and its metrics must still join the reduction. Call `record_sample` for
+    generations worth showing; those with `index < max_table_rows` are kept.
+    """
+
+    dataset: str
+    rank: int
+    world_size: int
+    global_step: int
+    epoch: int
+    device: torch.device
+    seed: int
+    options: Mapping[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Metric] = field(default_factory=dict)
+    num_samples: int = 0
+    max_table_rows: int = 0
+    table_rows: list[dict[str, Any]] = field(default_factory=list)
+    loop_started: bool = False
+
+    def metric(self, name: str, factory: Callable[[], Metric]) -> Metric:
+        """The metric called `name`, created on this round's device on first use.
+
+        Raises:
+            EvalRoundError: when first asked for after the batch loop started.
+        """
+        if name not in self.metrics:
+            if self.loop_started:
+                raise EvalRoundError(
+                    f"metric {name!r} of eval set {self.dataset!r} was first created inside the batch loop; create "
+                    "every metric with ctx.metric(...) before the loop (a rank dealt no batch never reaches it)"
+                )
+            metric = factory()
+            dtype = metric.dtype
+            metric = metric.to(self.device)
+            if metric.dtype != dtype:  # torchmetrics' .to() resets a float64 metric to float32
+                metric.set_dtype(dtype)
+            self.metrics[name] = metric
+        return self.metrics[name]
+
+    def record_sample(self, index: int, **row: Any) -> None:
+        """Keeps `row` (any JSON-like columns) for the samples table when `index < max_table_rows`."""
+        if index < self.max_table_rows:
+            self.table_rows.append({"index": index, **row})
+
+
+class BatchList(Sequence[EvalBatch]):
+    """This rank's batches; the first access marks the context's batch loop as started."""
+
+    def __init__(self, batches: list[EvalBatch], ctx: EvalContext) -> None:
+        self._batches, self._ctx = batches, ctx
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    @overload
+    def __getitem__(self, index: int) -> EvalBatch: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[EvalBatch]: ...
+    def __getitem__(self, index: int | slice) -> EvalBatch | Sequence[EvalBatch]:
+        self._ctx.loop_started = True
+        return self._batches[index]
+
+    def __iter__(self) -> Iterator[EvalBatch]:
+        self._ctx.loop_started = True
+        return iter(self._batches)
+
+
+class EvaluateFn(Protocol):
+    """``evaluate_fn(module, batches, ctx) -> {name: value}``: the user's part of a round.
+
+    Values are per-sample tensors (averaged over samples) or scalars (this rank's mean over its
+    prompts); both are reduced exactly across ranks. Return ``{}`` or None when every result
+    lives in ``ctx.metrics``.
+    """
+
+    def __call__(self, module: Any, batches: Sequence[EvalBatch], ctx: EvalContext, /) -> Mapping[str, Any] | None: ...
+
+
+@dataclass
+class SetResult:
+    """One eval set's reduced result of a round."""
+
+    dataset: str
+    metrics: dict[str, float]
+    num_samples: int
+    num_prompts: int
+    eval_secs: float
+    table_rows: list[dict[str, Any]]
+
+

@@ -1,0 +1,1 @@
+"""Tasks: the embedded arithmetic task and its character tokenizer."""

@@ -1,0 +1,93 @@
+"""The plugin stands alone: importing the callback and the metrics loads nothing of the app."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "areal_lightning"
+PLUGIN = ("callbacks", "metrics", "eval_round", "tracking", "viz", "errors")
+APP = ("areal_lightning.app", "areal_lightning.rl", "areal_lightning.tasks")
+
+
+def _loaded_after(code: str) -> list[str]:
+    probe = f"import sys, json\n{code}\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
+    return json.loads(out.stdout)
+
+
+def test_a_user_of_the_callback_and_the_metrics_loads_no_app_module() -> None:
+    loaded = _loaded_after("from areal_lightning.callbacks import EvaluationCallback\n"
+                           "from areal_lightning.metrics import RewardMetric\n"
+                           "from areal_lightning.eval_round import run_round\n"
+                           "from areal_lightning.tracking.loggers import log_eval_results")
+    assert "areal_lightning.callbacks.evaluation_callback" in loaded  # the probe did load the plugin
+    assert [m for m in loaded if m.startswith(APP)] == []
+
+
+def _imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def test_no_plugin_module_imports_the_app_not_even_lazily() -> None:
+    offenders = {}
+    for part in PLUGIN:
+        for path in sorted((PACKAGE / part).rglob("*.py")) if (PACKAGE / part).is_dir() else [PACKAGE / f"{part}.py"]:
+            bad = sorted(m for m in _imports(path) if m.startswith(APP))
+            if bad:
+                offenders[str(path.relative_to(PACKAGE))] = bad
+    assert offenders == {}
+
+
+def test_no_module_imports_a_private_name_from_another_module() -> None:
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("areal_lightning"):
+                offenders += [f"{path.relative_to(PACKAGE)}: {node.module}.{a.name}" for a in node.names
+                              if a.name.startswith("_") and a.name != "__version__"]
+    assert offenders == []
+
+
+def _module_graph() -> dict[str, set[str]]:
+    graph = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        graph[name] = {m for m in _imports(path) if m.startswith("areal_lightning")}
+    return graph
+
+
+def test_the_package_has_no_import_cycle_between_modules() -> None:
+    graph = _module_graph()
+    # A package's __init__ re-exports its modules; an edge to a package stands for its __init__.
+    cycles = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        for target in sorted(graph.get(node, ())):
+            if target in stack:
+                cycle = stack[stack.index(target):] + [target]
+                if not any(c.startswith(n + ".") or n.startswith(c + ".") for n, c in zip(cycle, cycle[1:])):
+                    cycles.append(" -> ".join(cycle))
+            elif target not in done:
+                visit(target, [*stack, target])
+        done.add(node)
+
+    done: set[str] = set()
+    for start in sorted(graph):
+        if start not in done:
+            visit(start, [start])
+    assert cycles == []
+
+
+if __name__ == "__main__":
+    print(json.dumps({k: sorted(v) for k, v in _module_graph().items()}, indent=1))
