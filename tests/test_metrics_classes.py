@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+import warnings
 
 import numpy as np
 import pytest
@@ -64,7 +66,7 @@ def test_reward_metric_hand_made() -> None:
 
 def test_reward_metric_random_batches_against_numpy() -> None:
     rng = np.random.default_rng(0)
-    metric, seen = RewardMetric(nan_policy="ignore"), []
+    metric, seen = RewardMetric(nan_strategy="ignore"), []
     for _ in range(20):
         batch = random_rewards(rng, int(rng.integers(0, 6)), int(rng.integers(1, 7))).astype(np.float32)
         metric.update(torch.tensor(batch))
@@ -84,30 +86,47 @@ def test_reward_metric_sums_in_float64() -> None:
     assert metric.compute()["mean"].item() == pytest.approx(float(np.float32(0.1)), rel=1e-12)
 
 
-def test_reward_metric_nan_policies() -> None:
+def test_reward_metric_nan_strategies() -> None:
     batch = torch.tensor([1.0, NAN, 0.0, NAN])
     with pytest.raises(
         ValueError,
         match=r"`RewardMetric.update\(rewards=...\)` got 2 NaN value\(s\) out of 4 "
-        r"with nan_policy='error'",
+        r"with nan_strategy='error'; pass nan_strategy='ignore'",
     ):
         RewardMetric().update(batch)
-    ignore, zero = RewardMetric(nan_policy="ignore"), RewardMetric(nan_policy="zero")
-    ignore.update(batch)
+    dropped = {"mean": 0.5, "std": 0.5, "min": 0.0, "max": 1.0}
+    for strategy in ("ignore", "warn"):
+        metric = RewardMetric(nan_strategy=strategy)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            metric.update(batch)
+        assert [str(w.message) for w in caught] == (
+            ["`RewardMetric.update(rewards=...)` got 2 NaN value(s) out of 4; dropped them (nan_strategy='warn')"]
+            if strategy == "warn" else []
+        )
+        assert nan_equal(as_floats(metric.compute()), dropped)
+    zero = RewardMetric(nan_strategy=0.0)
     zero.update(batch)
-    assert nan_equal(as_floats(ignore.compute()), {"mean": 0.5, "std": 0.5, "min": 0.0, "max": 1.0})
     zero_expected = {"mean": 0.25, "std": float(np.std([1, 0, 0, 0])), "min": 0.0, "max": 1.0}
     assert nan_equal(as_floats(zero.compute()), zero_expected)
+    assert torch.isnan(batch).sum().item() == 2  # the replacement did not write into the caller's rewards
+    disabled = RewardMetric(nan_strategy="disable")
+    disabled.update(batch)
+    assert all(math.isnan(v) for v in as_floats(disabled.compute()).values())
+
+
+@pytest.mark.parametrize("bad", ["zero", "drop", None, True, NAN, math.inf])
+def test_reward_metric_rejects_unknown_nan_strategy(bad: object) -> None:
     with pytest.raises(
         ValueError,
-        match=r"`RewardMetric\(nan_policy=...\)` must be one of \('error', 'ignore', "
-        r"'zero'\), got 'drop'",
+        match=r"`RewardMetric\(nan_strategy=...\)` must be one of \('error', 'warn', 'ignore', 'disable'\) "
+        rf"or a finite float that replaces NaN, got {re.escape(repr(bad))}",
     ):
-        RewardMetric(nan_policy="drop")
+        RewardMetric(nan_strategy=bad)
 
 
 def test_reward_metric_without_samples_is_nan() -> None:
-    metric = RewardMetric(nan_policy="ignore")
+    metric = RewardMetric(nan_strategy="ignore")
     with pytest.warns(UserWarning, match=BEFORE_UPDATE):
         assert all(math.isnan(v) for v in as_floats(metric.compute()).values())
     metric.update(torch.tensor([NAN]))  # only ignored values: still nothing counted
@@ -183,7 +202,7 @@ def test_accuracy_metric_hand_made_threshold_is_strict_as_in_seed() -> None:
 @pytest.mark.parametrize(("threshold", "confidence"), [(0.8, 0.95), (0.5, 0.9), (0.0, 0.99), (1.0, 0.95)])
 def test_accuracy_metric_random_against_reference(threshold: float, confidence: float) -> None:
     rng = np.random.default_rng(5)
-    metric = AccuracyMetric(threshold=threshold, confidence=confidence, nan_policy="zero")
+    metric = AccuracyMetric(threshold=threshold, confidence=confidence, nan_strategy=0.0)
     successes = total = 0
     for _ in range(12):
         batch = random_rewards(rng, int(rng.integers(0, 5)), 4).astype(np.float32)
@@ -195,14 +214,15 @@ def test_accuracy_metric_random_against_reference(threshold: float, confidence: 
     assert nan_equal(as_floats(metric.compute()), expected)
 
 
-def test_accuracy_metric_nan_policy_and_empty() -> None:
+def test_accuracy_metric_nan_strategy_and_empty() -> None:
     batch = torch.tensor([1.0, NAN])
     with pytest.raises(ValueError, match=r"`AccuracyMetric.update\(rewards=...\)` got 1 NaN value\(s\) out of 2"):
         AccuracyMetric().update(batch)
-    ignore, zero = AccuracyMetric(nan_policy="ignore"), AccuracyMetric(nan_policy="zero")
-    ignore.update(batch)
-    zero.update(batch)
-    assert ignore.compute()["accuracy"].item() == 1.0 and zero.compute()["accuracy"].item() == 0.5
+    ignore, zero = AccuracyMetric(nan_strategy="ignore"), AccuracyMetric(nan_strategy=0.0)
+    disabled, correct = AccuracyMetric(nan_strategy="disable"), AccuracyMetric(nan_strategy=1.0)
+    for metric in (ignore, zero, disabled, correct):
+        metric.update(batch)
+    assert [m.compute()["accuracy"].item() for m in (ignore, zero, disabled, correct)] == [1.0, 0.5, 0.5, 1.0]
     with pytest.warns(UserWarning, match=BEFORE_UPDATE):
         empty = as_floats(AccuracyMetric().compute())
     assert math.isnan(empty["accuracy"]) and (empty["ci_low"], empty["ci_high"]) == (0.0, 1.0)
@@ -218,8 +238,8 @@ def test_accuracy_metric_constructor_errors() -> None:
             AccuracyMetric(threshold=bad)
     with pytest.raises(ValueError, match=r"`AccuracyMetric\(confidence=...\)` must be a number in \(0, 1\), got 95"):
         AccuracyMetric(confidence=95)
-    with pytest.raises(ValueError, match=r"`AccuracyMetric\(nan_policy=...\)` must be one of .*got 'warn'"):
-        AccuracyMetric(nan_policy="warn")
+    with pytest.raises(ValueError, match=r"`AccuracyMetric\(nan_strategy=...\)` must be one of .*got 'zero'"):
+        AccuracyMetric(nan_strategy="zero")
 
 
 # ----------------------------------------------------------------------------- PassAtK, MajAtK

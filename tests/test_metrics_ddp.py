@@ -36,9 +36,9 @@ NAN = float("nan")
 PHASES = ("mid", "final")
 
 METRICS: dict[str, Callable[..., Metric]] = {
-    "reward": lambda **kw: RewardMetric(nan_policy="ignore", **kw),
+    "reward": lambda **kw: RewardMetric(nan_strategy="ignore", **kw),
     "advantage": lambda **kw: AdvantageMetric(scale=True, **kw),
-    "accuracy": lambda **kw: AccuracyMetric(threshold=0.8, nan_policy="zero", **kw),
+    "accuracy": lambda **kw: AccuracyMetric(threshold=0.8, nan_strategy=0.0, **kw),
     "pass@2": lambda **kw: PassAtK(k=2, **kw),
     "maj@3": lambda **kw: MajAtK(k=3, **kw),
 }

@@ -12,7 +12,6 @@ from areal_lightning.metrics.accuracy import AccuracyMetric
 from areal_lightning.metrics.advantage import AdvantageMetric
 from areal_lightning.metrics.functional import (
     ADVANTAGE_EPS,
-    NAN_POLICIES,
     NO_ANSWER,
     group_advantages,
     maj_at_k,
@@ -28,7 +27,6 @@ from areal_lightning.metrics.sampling import MajAtK, PassAtK
 
 __all__ = [
     "ADVANTAGE_EPS",
-    "NAN_POLICIES",
     "NO_ANSWER",
     "AccuracyMetric",
     "AdvantageMetric",

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Literal, Union
 
 import torch
 from torch import Tensor
+from torchmetrics.utilities import rank_zero_warn
 
 ADVANTAGE_EPS: float = 1e-6
 """Added to a group's std before dividing, so that near-constant groups do not explode."""
-
-NAN_POLICIES: tuple[str, ...] = ("error", "ignore", "zero")
-"""Accepted ``nan_policy`` values of the reward metrics."""
 
 NO_ANSWER: int = -1
 """``answer_ids`` value of a sample without a parsable final answer; it never wins a vote."""
@@ -64,27 +63,45 @@ def _check_confidence(confidence: float, where: str) -> float:
     return float(confidence)
 
 
-def _check_nan_policy(nan_policy: str, where: str) -> str:
-    if nan_policy not in NAN_POLICIES:
-        raise ValueError(f"`{where}(nan_policy=...)` must be one of {NAN_POLICIES}, got {nan_policy!r}")
-    return nan_policy
+NanStrategy = Union[Literal["error", "warn", "ignore", "disable"], float]
+"""torchmetrics' ``nan_strategy`` vocabulary (``torchmetrics.aggregation``): what a NaN reward means."""
+
+_NAN_STRATEGY_NAMES: tuple[str, ...] = ("error", "warn", "ignore", "disable")
 
 
-def _apply_nan_policy(values: Tensor, nan_policy: str, where: str) -> Tensor:
-    """Flatten ``values`` (dtype kept) and handle NaN as ``nan_policy`` says (see ``NAN_POLICIES``)."""
+def _check_nan_strategy(nan_strategy: NanStrategy, where: str) -> NanStrategy:
+    if isinstance(nan_strategy, str) and nan_strategy in _NAN_STRATEGY_NAMES:
+        return nan_strategy
+    if isinstance(nan_strategy, numbers.Real) and not isinstance(nan_strategy, bool) and math.isfinite(nan_strategy):
+        return float(nan_strategy)
+    raise ValueError(
+        f"`{where}(nan_strategy=...)` must be one of {_NAN_STRATEGY_NAMES} or a finite float that replaces "
+        f"NaN, got {nan_strategy!r}"
+    )
+
+
+def _apply_nan_strategy(values: Tensor, nan_strategy: NanStrategy, where: str) -> Tensor:
+    """Flatten ``values`` (dtype kept) and handle NaN as ``nan_strategy`` (already checked) says."""
+    # Not torchmetrics' BaseAggregator._cast_and_nan_check_input: it is private, writes a float
+    # replacement into the caller's tensor in place, and its error names neither metric nor count.
     values = torch.as_tensor(values).detach().flatten()
+    if nan_strategy == "disable":
+        return values
     nan = torch.isnan(values)
     num_nan = int(nan.sum())
     if num_nan == 0:
         return values
-    if nan_policy == "error":
+    seen = f"`{where}(rewards=...)` got {num_nan} NaN value(s) out of {values.numel()}"
+    if nan_strategy == "error":
         raise ValueError(
-            f"`{where}(rewards=...)` got {num_nan} NaN value(s) out of {values.numel()} with "
-            "nan_policy='error'; pass nan_policy='ignore' to drop them or 'zero' to count them as 0.0"
+            f"{seen} with nan_strategy='error'; pass nan_strategy='ignore' (or 'warn') to drop them, "
+            "or a float such as 0.0 to replace them"
         )
-    if nan_policy == "ignore":
+    if nan_strategy in ("ignore", "warn"):
+        if nan_strategy == "warn":
+            rank_zero_warn(f"{seen}; dropped them (nan_strategy='warn')", UserWarning)
         return values[~nan]
-    return torch.where(nan, torch.zeros_like(values), values)
+    return torch.where(nan, torch.full_like(values, nan_strategy), values)
 
 
 def _mean_std(count: Tensor, total: Tensor, sq_total: Tensor) -> tuple[Tensor, Tensor]:

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from areal_lightning.metrics.functional import _apply_nan_policy, _check_nan_policy, _mean_std
+from areal_lightning.metrics.functional import NanStrategy, _apply_nan_strategy, _check_nan_strategy, _mean_std
 
 
 class RewardMetric(Metric):
@@ -26,12 +26,14 @@ class RewardMetric(Metric):
     (true for rewards in [0, 1]); an infinite reward makes the mean infinite and the std NaN.
 
     Args:
-        nan_policy: what a NaN reward means: ``"error"`` raises a ``ValueError`` naming how many
-            NaN were seen, ``"ignore"`` drops them, ``"zero"`` counts them as 0.0.
+        nan_strategy: what a NaN reward means, in torchmetrics' words: ``"error"`` raises a
+            ``ValueError`` naming how many NaN were seen, ``"ignore"`` drops them, ``"warn"`` drops
+            them with a warning, ``"disable"`` skips the check (a NaN then makes every result
+            NaN), a float replaces them (``0.0``: a missing reward counts as a failure).
         kwargs: passed to :class:`torchmetrics.Metric` (``dist_sync_fn``, ``process_group``, ...).
 
     Raises:
-        ValueError: if ``nan_policy`` is not one of ``"error"``, ``"ignore"``, ``"zero"``.
+        ValueError: if ``nan_strategy`` is neither one of those names nor a finite float.
 
     ``compute()`` returns ``{"mean", "std", "min", "max"}`` (float64 scalars); with no sample at
     all (nothing updated yet, or only ignored NaN) each is NaN.
@@ -54,11 +56,11 @@ class RewardMetric(Metric):
     reward_min: Tensor
     reward_max: Tensor
 
-    def __init__(self, nan_policy: str = "error", **kwargs: Any) -> None:
+    def __init__(self, nan_strategy: NanStrategy = "error", **kwargs: Any) -> None:
         # No compute cache: a cached compute skips the sync, so a rank without updates since its
         # last compute would skip the gathers the other ranks run (wrong values or a hang).
         super().__init__(**{"compute_with_cache": False, **kwargs})
-        self.nan_policy = _check_nan_policy(nan_policy, "RewardMetric")
+        self.nan_strategy = _check_nan_strategy(nan_strategy, "RewardMetric")
         zero = torch.zeros((), dtype=torch.float64)
         self.add_state("num_samples", zero.clone(), dist_reduce_fx="sum")
         self.add_state("reward_sum", zero.clone(), dist_reduce_fx="sum")
@@ -68,7 +70,7 @@ class RewardMetric(Metric):
 
     def update(self, rewards: Tensor) -> None:
         """Add per-sample rewards (any shape, flattened; bool / integer rewards are cast to float64)."""
-        values = _apply_nan_policy(rewards, self.nan_policy, "RewardMetric.update")
+        values = _apply_nan_strategy(rewards, self.nan_strategy, "RewardMetric.update")
         values = values.to(device=self.reward_sum.device, dtype=torch.float64)
         if values.numel() == 0:
             return
