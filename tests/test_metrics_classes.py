@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 import warnings
 
 import numpy as np
@@ -86,6 +87,20 @@ def test_reward_metric_sums_in_float64() -> None:
     assert metric.compute()["mean"].item() == pytest.approx(float(np.float32(0.1)), rel=1e-12)
 
 
+def test_reward_metric_std_survives_a_large_offset() -> None:
+    # E[x^2] - E[x]^2 gave 0.0 here (true std 0.29): rounding of the squared offset swamps the spread.
+    rng = np.random.default_rng(11)
+    metric, seen = RewardMetric(), []
+    for _ in range(20):
+        batch = 1e8 + rng.random(int(rng.integers(1, 40)))
+        metric.update(torch.tensor(batch))
+        seen += batch.tolist()
+    got = as_floats(metric.compute())
+    # Exact references (statistics works in fractions); the float64 mean limits us to ~1e-16 * mean / std.
+    assert got["std"] == pytest.approx(statistics.pstdev(seen), rel=1e-7)
+    assert got["mean"] == pytest.approx(statistics.fmean(seen), rel=1e-15)
+
+
 def test_reward_metric_nan_strategies() -> None:
     batch = torch.tensor([1.0, NAN, 0.0, NAN])
     with pytest.raises(
@@ -129,8 +144,11 @@ def test_reward_metric_without_samples_is_nan() -> None:
     metric = RewardMetric(nan_strategy="ignore")
     with pytest.warns(UserWarning, match=BEFORE_UPDATE):
         assert all(math.isnan(v) for v in as_floats(metric.compute()).values())
-    metric.update(torch.tensor([NAN]))  # only ignored values: still nothing counted
+    batch_value = metric(torch.tensor([NAN]))  # forward of only ignored values: nothing counted
+    assert all(math.isnan(v) for v in as_floats(batch_value).values())
     assert all(math.isnan(v) for v in as_floats(metric.compute()).values())
+    metric.update(torch.tensor([1.0, 0.0]))  # merging two empty states left no NaN behind
+    assert nan_equal(as_floats(metric.compute()), {"mean": 0.5, "std": 0.5, "min": 0.0, "max": 1.0})
 
 
 def test_reward_metric_forward_reset_and_integer_rewards() -> None:
