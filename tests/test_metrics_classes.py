@@ -163,10 +163,10 @@ def test_reward_metric_forward_reset_and_integer_rewards() -> None:
 
 
 # ----------------------------------------------------------------------------- AdvantageMetric
-def reference_advantage_stats(batches: list[np.ndarray], scale: bool) -> dict[str, float]:
+def reference_advantage_stats(batches: list[np.ndarray], scale: bool, std: str = "sample") -> dict[str, float]:
     counted, zero, groups = [], 0, 0
     for rewards in batches:
-        adv = np.array(ref_group_advantages(rewards.tolist(), scale), dtype=np.float64).reshape(rewards.shape)
+        adv = np.array(ref_group_advantages(rewards.tolist(), scale, std), dtype=np.float64).reshape(rewards.shape)
         counted.append(adv[~np.isnan(rewards)])
         zero += sum(ref_zero_std(rewards.tolist()))
         groups += rewards.shape[0]
@@ -188,19 +188,23 @@ def test_advantage_metric_hand_made() -> None:
     assert nan_equal(as_floats(metric.compute()), expected)
 
 
-@pytest.mark.parametrize("scale", [True, False])
-def test_advantage_metric_random_against_reference(scale: bool) -> None:
+@pytest.mark.parametrize(("scale", "std"), [(True, "sample"), (True, "population"), (False, "sample")])
+def test_advantage_metric_random_against_reference(scale: bool, std: str) -> None:
     rng = np.random.default_rng(3)
     batches = [random_rewards(rng, int(rng.integers(1, 6)), int(rng.integers(1, 7))) for _ in range(15)]
-    metric = AdvantageMetric(scale=scale)
+    metric = AdvantageMetric(scale=scale, std=std)
     for rewards in batches:
         metric.update(torch.tensor(rewards))
-    assert nan_equal(as_floats(metric.compute()), reference_advantage_stats(batches, scale), tol=1e-9)
+    assert nan_equal(as_floats(metric.compute()), reference_advantage_stats(batches, scale, std), tol=1e-9)
 
 
 def test_advantage_metric_errors_and_empty() -> None:
     with pytest.raises(ValueError, match=r"`AdvantageMetric\(scale=...\)` must be True or False, got 'yes'"):
         AdvantageMetric(scale="yes")
+    with pytest.raises(
+        ValueError, match=r"`AdvantageMetric\(std=...\)` must be one of \['sample', 'population'\], got 'biased'"
+    ):
+        AdvantageMetric(std="biased")
     with pytest.raises(
         ValueError, match=r"`AdvantageMetric.update\(rewards=...\)` must be a 2-D tensor.*got " r"shape \(3,\)"
     ):

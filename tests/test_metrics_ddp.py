@@ -38,7 +38,7 @@ PHASES = ("mid", "final")
 METRICS: dict[str, Callable[..., Metric]] = {
     "reward": lambda **kw: RewardMetric(nan_strategy="ignore", **kw),
     "reward@1e8": lambda **kw: RewardMetric(**kw),  # rewards 1e8 + U(0, 1): the std must survive the offset
-    "advantage": lambda **kw: AdvantageMetric(scale=True, **kw),
+    "advantage": lambda **kw: AdvantageMetric(scale=True, std="sample", **kw),
     "accuracy": lambda **kw: AccuracyMetric(threshold=0.8, nan_strategy=0.0, **kw),
     "pass@2": lambda **kw: PassAtK(k=2, **kw),
     "maj@3": lambda **kw: MajAtK(k=3, **kw),
@@ -56,7 +56,7 @@ HAND: dict[str, tuple[list[Batch], list[Batch]]] = {
     "pass@2": ([(np.array([[1, 0, 0, 0]]),)], [(np.array([[1, 1, 0, 0]]),)]),
     "maj@3": ([(np.array([[3, 5, 5]]), np.array([[0, 1, 1]]))], [(np.array([[-1, -1, -1]]), np.array([[0, 0, 0]]))]),
 }
-_HALF = 0.5 / (0.5 + ADVANTAGE_EPS)
+_HALF = 0.5 / (math.sqrt(0.5) + ADVANTAGE_EPS)  # rank 0: {1, 0}, sample std sqrt(1/2)
 HAND_EXPECTED: dict[str, dict[str, float]] = {
     "reward": {"mean": 0.5, "std": math.sqrt(1 / 6), "min": 0.0, "max": 1.0},
     "reward@1e8": {"mean": 1e8 + 0.5, "std": math.sqrt(1 / 24), "min": 1e8 + 0.25, "max": 1e8 + 0.75},
@@ -155,7 +155,7 @@ def reference(name: str, batches: list[Batch]) -> dict[str, float]:
     if name == "advantage":
         if not batches:
             return dict.fromkeys(("mean", "std", "abs_mean", "zero_std_frac"), NAN)
-        return reference_advantage_stats([b[0] for b in batches], scale=True)
+        return reference_advantage_stats([b[0] for b in batches], scale=True, std="sample")
     if name == "accuracy":
         v = np.concatenate([np.nan_to_num(b[0], nan=0.0).ravel() for b in batches] + [np.zeros(0, np.float32)])
         successes = int((v > np.float32(0.8)).sum())

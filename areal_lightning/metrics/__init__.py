@@ -13,6 +13,7 @@ from areal_lightning.metrics.advantage import AdvantageMetric
 from areal_lightning.metrics.functional import (
     ADVANTAGE_EPS,
     NO_ANSWER,
+    AdvantageStd,
     group_advantages,
     maj_at_k,
     maj_at_k_per_prompt,
@@ -30,6 +31,7 @@ __all__ = [
     "NO_ANSWER",
     "AccuracyMetric",
     "AdvantageMetric",
+    "AdvantageStd",
     "MajAtK",
     "PassAtK",
     "RewardMetric",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from enum import Enum
 from typing import Literal, Union
 
 import torch
@@ -126,6 +127,44 @@ def _check_rewards_2d(rewards: Tensor, where: str) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- group advantages
+class AdvantageStd(str, Enum):
+    """Which std divides group advantages (``group_advantages(std=...)``); a plain string works too."""
+
+    SAMPLE = "sample"
+    """Divide the squared deviations by ``n - 1`` (``torch.std``), as TRL's ``GRPOTrainer`` and
+    verl's ``compute_grpo_outcome_advantage`` do."""
+
+    POPULATION = "population"
+    """Divide by ``n`` (``torch.std(unbiased=False)``): the spread of the group itself."""
+
+
+def _check_std(std: AdvantageStd | str, where: str) -> AdvantageStd:
+    try:
+        return AdvantageStd(std)
+    except (ValueError, TypeError):
+        raise ValueError(
+            f"`{where}(std=...)` must be one of {[s.value for s in AdvantageStd]}, got {std!r}"
+        ) from None
+
+
+def _check_eps(eps: float, where: str) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 <= eps < math.inf:
+        raise ValueError(f"`{where}(eps=...)` must be a finite number >= 0, got {eps!r}")
+    return float(eps)
+
+
+def _zero_std_groups(rewards: Tensor) -> Tensor:
+    """:func:`zero_std_groups` of rewards already checked by ``_check_rewards_2d``."""
+    rewards = rewards.to(torch.float64)
+    if rewards.shape[1] == 0:  # amin/amax refuse empty rows; an empty group has no spread
+        return torch.ones(rewards.shape[0], dtype=torch.bool, device=rewards.device)
+    finite = ~torch.isnan(rewards)
+    inf = torch.full_like(rewards, math.inf)
+    low = torch.where(finite, rewards, inf).amin(dim=1)
+    high = torch.where(finite, rewards, -inf).amax(dim=1)
+    return (low == high) | ~finite.any(dim=1)
+
+
 def zero_std_groups(rewards: Tensor) -> Tensor:
     """Flag the groups whose finite rewards are all equal (no learning signal for GRPO).
 
@@ -145,57 +184,68 @@ def zero_std_groups(rewards: Tensor) -> Tensor:
         >>> zero_std_groups(torch.tensor([[1.0, 1.0, float("nan")], [0.0, 1.0, 1.0]]))
         tensor([ True, False])
     """
-    rewards = _check_rewards_2d(rewards, "zero_std_groups").to(torch.float64)
-    if rewards.shape[1] == 0:  # amin/amax refuse empty rows; an empty group has no spread
-        return torch.ones(rewards.shape[0], dtype=torch.bool, device=rewards.device)
-    finite = ~torch.isnan(rewards)
-    inf = torch.full_like(rewards, math.inf)
-    low = torch.where(finite, rewards, inf).amin(dim=1)
-    high = torch.where(finite, rewards, -inf).amax(dim=1)
-    return (low == high) | ~finite.any(dim=1)
+    return _zero_std_groups(_check_rewards_2d(rewards, "zero_std_groups"))
 
 
-def group_advantages(rewards: Tensor, scale: bool = True, eps: float = ADVANTAGE_EPS) -> Tensor:
+def _group_advantages(rewards: Tensor, scale: bool, std: AdvantageStd, eps: float) -> Tensor:
+    """:func:`group_advantages` of checked rewards and arguments."""
+    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.get_default_dtype()
+    r = rewards.to(torch.float64)
+    finite = ~torch.isnan(r)
+    count = finite.sum(dim=1, keepdim=True)
+    mean = torch.where(finite, r, 0.0).sum(dim=1, keepdim=True) / count.clamp_min(1)
+    centered = torch.where(finite, r - mean, 0.0)
+    if scale:
+        dof = count - 1 if std is AdvantageStd.SAMPLE else count
+        # A group with dof < 1 has at most one finite reward: it is zero-std and zeroed below.
+        group_std = ((centered * centered).sum(dim=1, keepdim=True) / dof.clamp_min(1)).sqrt()
+        centered = centered / (group_std + eps)
+    # Rounding in the mean would leave tiny non-zero values in constant groups; force exact zeros.
+    flat = _zero_std_groups(rewards).unsqueeze(1)
+    return torch.where(flat, torch.zeros_like(centered), centered).to(out_dtype)
+
+
+def group_advantages(
+    rewards: Tensor, scale: bool = True, std: AdvantageStd | str = AdvantageStd.SAMPLE, eps: float = ADVANTAGE_EPS
+) -> Tensor:
     """Group-relative advantages (GRPO): each reward minus its group's mean, optionally scaled.
 
-    ``A[p, g] = (r[p, g] - mean_p) / (std_p + eps)`` with ``scale=True``, else ``r[p, g] - mean_p``,
-    where ``std_p`` is the *population* std of the group (``unbiased=False``, divide by the
-    number of finite rewards). NaN rewards are missing: left out of the group's mean and std, and
-    their own advantage is 0. A group whose finite rewards are all equal (including one with fewer
-    than two finite rewards) gets exactly zero advantage. Computed in float64, returned in the
-    input's dtype (integer or bool rewards give the default float dtype).
+    ``A[p, g] = (r[p, g] - mean_p) / (std_p + eps)`` with ``scale=True``, else ``r[p, g] - mean_p``.
+    ``std_p`` is the group's *sample* std by default (divide by ``n - 1``, ``n`` its number of
+    finite rewards), the convention of TRL's ``GRPOTrainer`` and verl's
+    ``compute_grpo_outcome_advantage``; ``std="population"`` divides by ``n`` instead, which
+    makes advantages larger by ``sqrt(n / (n - 1))``. NaN rewards are missing: left out of the
+    group's mean and std, and their own advantage is 0. A group whose finite rewards are all equal
+    gets exactly zero advantage; so does a group with a single finite reward (``G == 1``, or all
+    but one missing), which has no sample std (verl returns that reward unchanged instead).
+    Computed in float64, returned in the input's dtype (integer or bool rewards give the default
+    float dtype).
 
     Args:
         rewards: ``[P, G]`` rewards, one row per group of samples of the same prompt.
         scale: divide by ``std + eps``.
+        std: ``"sample"`` (``n - 1``) or ``"population"`` (``n``), see :class:`AdvantageStd`;
+            used only with ``scale=True``.
         eps: non-negative, added to the std before dividing.
 
     Returns:
         ``[P, G]`` advantages.
 
     Raises:
-        ValueError: if ``rewards`` is not 2-D or holds an infinite value, or ``eps`` is negative.
+        ValueError: if ``rewards`` is not 2-D or holds an infinite value, ``std`` is not one of
+            the two conventions, or ``eps`` is negative.
 
     Example:
         >>> group_advantages(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), scale=False)
         tensor([[ 0.5000, -0.5000],
                 [ 0.0000,  0.0000]])
+        >>> group_advantages(torch.tensor([[0.0, 1.0, 2.0]]), eps=0.0)  # sample std 1.0
+        tensor([[-1.,  0.,  1.]])
     """
-    rewards = _check_rewards_2d(rewards, "group_advantages")
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 <= eps < math.inf:
-        raise ValueError(f"`group_advantages(eps=...)` must be a finite number >= 0, got {eps!r}")
-    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.get_default_dtype()
-    r = rewards.to(torch.float64)
-    finite = ~torch.isnan(r)
-    count = finite.sum(dim=1, keepdim=True).clamp_min(1)
-    mean = torch.where(finite, r, 0.0).sum(dim=1, keepdim=True) / count
-    centered = torch.where(finite, r - mean, 0.0)
-    if scale:
-        std = ((centered * centered).sum(dim=1, keepdim=True) / count).sqrt()
-        centered = centered / (std + eps)
-    # Rounding in the mean would leave tiny non-zero values in constant groups; force exact zeros.
-    flat = zero_std_groups(rewards).unsqueeze(1)
-    return torch.where(flat, torch.zeros_like(centered), centered).to(out_dtype)
+    return _group_advantages(
+        _check_rewards_2d(rewards, "group_advantages"), scale,
+        _check_std(std, "group_advantages"), _check_eps(eps, "group_advantages"),
+    )
 
 
 # ----------------------------------------------------------------------------- pass@k, maj@k, mean@n
