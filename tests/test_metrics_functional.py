@@ -319,18 +319,23 @@ def test_wilson_errors() -> None:
             ValueError, match=rf"`wilson_interval\(confidence=...\)` must be a number in \(0, 1\), got " rf"{bad!r}"
         ):
             wilson_interval(1, 2, bad)
-    with pytest.raises(ValueError, match=r"`wilson_interval\(total=...\)` must be finite and >= 0, got -1.0"):
-        wilson_interval(0, -1)
-    with pytest.raises(
-        ValueError,
-        match=r"`wilson_interval\(successes=...\)` must be in \[0, total\], got "
-        r"successes=3.0, total=2.0",
-    ):
-        wilson_interval(3, 2)
-    with pytest.raises(
-        ValueError, match=r"`wilson_interval\(successes=...\)` must be in \[0, total\], got " r"successes=-1.0"
-    ):
-        wilson_interval(-1, 2)
+    for bad_total in (-1, 0.5, 2.5, math.inf, NAN):
+        with pytest.raises(
+            ValueError,
+            match=rf"`wilson_interval\(total=...\)` must be a whole number >= 0 \(a count of trials\), "
+            rf"got {float(bad_total)}",
+        ):
+            wilson_interval(0, bad_total)
+    for bad_successes, total in ((3, 2), (-1, 2), (0.8, 10), (NAN, 2)):
+        with pytest.raises(
+            ValueError,
+            match=r"`wilson_interval\(successes=...\)` must be a whole number in \[0, total\], got "
+            rf"successes={float(bad_successes)}, total={float(total)}",
+        ):
+            wilson_interval(bad_successes, total)
+    # A fractional total below 1 used to be taken as 1: 0.25 of 0.5 gave the interval of 0.25 of 1.
+    with pytest.raises(ValueError, match=r"`wilson_interval\(total=...\)` .* got 0.5"):
+        wilson_interval(torch.tensor([1.0, 0.5]), torch.tensor([2.0, 0.5]))
 
 
 # ----------------------------------------------------------------------------- docs

@@ -394,19 +394,20 @@ def wilson_interval(
     """Wilson score interval for a proportion ``successes / total`` (float64, elementwise).
 
     Unlike the normal approximation it stays inside [0, 1] and behaves at 0 and ``total``
-    successes. ``total == 0`` gives the uninformative interval (0.0, 1.0).
+    successes. ``total == 0`` gives the uninformative interval (0.0, 1.0). Both arguments are
+    counts: a fraction (e.g. a proportion passed instead of a count) is rejected, not rounded.
 
     Args:
-        successes: number of successes, ``0 <= successes <= total``.
-        total: number of trials, ``>= 0``.
+        successes: whole number of successes, ``0 <= successes <= total``.
+        total: whole number of trials, ``>= 0``.
         confidence: two-sided confidence level in (0, 1).
 
     Returns:
         ``(low, high)``, float64 tensors of the broadcast shape of the inputs.
 
     Raises:
-        ValueError: if ``confidence`` is outside (0, 1), ``total`` is negative, or ``successes``
-            is outside [0, total].
+        ValueError: if ``confidence`` is outside (0, 1), ``total`` is not a whole number >= 0, or
+            ``successes`` is not a whole number in [0, total].
 
     Example:
         >>> low, high = wilson_interval(8, 10)
@@ -417,17 +418,19 @@ def wilson_interval(
     s = torch.as_tensor(successes, dtype=torch.float64)
     t = torch.as_tensor(total, dtype=torch.float64, device=s.device)
     s, t = torch.broadcast_tensors(s, t)
-    bad_t = ~(torch.isfinite(t) & (t >= 0))
-    if bad_t.any():
-        raise ValueError(f"`wilson_interval(total=...)` must be finite and >= 0, got {t[bad_t][0].item()}")
-    bad_s = ~(torch.isfinite(s) & (s >= 0) & (s <= t))
-    if bad_s.any():  # report the first offending pair, not a whole tensor
+    bad_t = ~(torch.isfinite(t) & (t >= 0) & (t == t.floor()))
+    if bad_t.any():  # report the first offending value, not a whole tensor
         raise ValueError(
-            f"`wilson_interval(successes=...)` must be in [0, total], "
+            f"`wilson_interval(total=...)` must be a whole number >= 0 (a count of trials), got {t[bad_t][0].item()}"
+        )
+    bad_s = ~(torch.isfinite(s) & (s >= 0) & (s <= t) & (s == s.floor()))
+    if bad_s.any():
+        raise ValueError(
+            f"`wilson_interval(successes=...)` must be a whole number in [0, total], "
             f"got successes={s[bad_s][0].item()}, total={t[bad_s][0].item()}"
         )
     z = torch.special.ndtri(torch.tensor(0.5 + confidence / 2, dtype=torch.float64, device=s.device))
-    safe_t = t.clamp_min(1)
+    safe_t = t.clamp_min(1)  # changes total == 0 only, whose interval is replaced below
     p = s / safe_t
     z2n = z * z / safe_t
     center = (p + z2n / 2) / (1 + z2n)
