@@ -78,7 +78,7 @@ def test_reward_metric_random_batches_against_numpy() -> None:
     assert nan_equal(as_floats(metric.compute()), expected)
 
 
-def test_reward_metric_sums_in_float64() -> None:
+def test_reward_metric_accumulates_in_float64() -> None:
     metric = RewardMetric()
     batch = torch.full((10_000,), 0.1, dtype=torch.float32)
     for _ in range(100):

@@ -1,8 +1,9 @@
 """RL evaluation metrics: pure functions and torchmetrics classes that are exact under DDP.
 
-``functional`` holds the math; the classes only accumulate float64 sums / min / max, each with
-its ``dist_reduce_fx``, so a result synced over ranks equals the single-process result over the
-union of the data, whatever the number of updates per rank (a rank with none included). Every
+``functional`` holds the math; the classes only accumulate float64 states (sums, min / max, and
+RewardMetric's moments), each with its ``dist_reduce_fx``, so a result synced over ranks equals
+the single-process result over the union of the data, whatever the number of updates per rank
+(a rank with none included). Every
 ``compute()`` runs the same gathers on every rank (the classes default to
 ``compute_with_cache=False``); on a rank without update torchmetrics warns "compute ... before
 update" on local rank 0 only, and the synced value is still right.

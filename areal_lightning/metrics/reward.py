@@ -2,7 +2,7 @@
 
 The mean and std come from (count, mean, M2) moments merged with Chan et al.'s parallel formula,
 not from sums of squares: ``E[x^2] - E[x]^2`` cancels catastrophically once the rewards' offset
-dwarfs their spread (rewards ``1e8 + U(0, 1)`` got a std of 0.0 instead of 0.29).
+dwarfs their spread (for rewards ``1e8 + U(0, 1)`` it gives a std of 0.0 instead of 0.29).
 """
 
 from __future__ import annotations
