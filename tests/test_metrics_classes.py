@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import re
+import statistics
+import warnings
 
 import numpy as np
 import pytest
@@ -64,7 +67,7 @@ def test_reward_metric_hand_made() -> None:
 
 def test_reward_metric_random_batches_against_numpy() -> None:
     rng = np.random.default_rng(0)
-    metric, seen = RewardMetric(nan_policy="ignore"), []
+    metric, seen = RewardMetric(nan_strategy="ignore"), []
     for _ in range(20):
         batch = random_rewards(rng, int(rng.integers(0, 6)), int(rng.integers(1, 7))).astype(np.float32)
         metric.update(torch.tensor(batch))
@@ -75,7 +78,7 @@ def test_reward_metric_random_batches_against_numpy() -> None:
     assert nan_equal(as_floats(metric.compute()), expected)
 
 
-def test_reward_metric_sums_in_float64() -> None:
+def test_reward_metric_accumulates_in_float64() -> None:
     metric = RewardMetric()
     batch = torch.full((10_000,), 0.1, dtype=torch.float32)
     for _ in range(100):
@@ -84,34 +87,68 @@ def test_reward_metric_sums_in_float64() -> None:
     assert metric.compute()["mean"].item() == pytest.approx(float(np.float32(0.1)), rel=1e-12)
 
 
-def test_reward_metric_nan_policies() -> None:
+def test_reward_metric_std_survives_a_large_offset() -> None:
+    # E[x^2] - E[x]^2 gave 0.0 here (true std 0.29): rounding of the squared offset swamps the spread.
+    rng = np.random.default_rng(11)
+    metric, seen = RewardMetric(), []
+    for _ in range(20):
+        batch = 1e8 + rng.random(int(rng.integers(1, 40)))
+        metric.update(torch.tensor(batch))
+        seen += batch.tolist()
+    got = as_floats(metric.compute())
+    # Exact references (statistics works in fractions); the float64 mean limits us to ~1e-16 * mean / std.
+    assert got["std"] == pytest.approx(statistics.pstdev(seen), rel=1e-7)
+    assert got["mean"] == pytest.approx(statistics.fmean(seen), rel=1e-15)
+
+
+def test_reward_metric_nan_strategies() -> None:
     batch = torch.tensor([1.0, NAN, 0.0, NAN])
     with pytest.raises(
         ValueError,
         match=r"`RewardMetric.update\(rewards=...\)` got 2 NaN value\(s\) out of 4 "
-        r"with nan_policy='error'",
+        r"with nan_strategy='error'; pass nan_strategy='ignore'",
     ):
         RewardMetric().update(batch)
-    ignore, zero = RewardMetric(nan_policy="ignore"), RewardMetric(nan_policy="zero")
-    ignore.update(batch)
+    dropped = {"mean": 0.5, "std": 0.5, "min": 0.0, "max": 1.0}
+    for strategy in ("ignore", "warn"):
+        metric = RewardMetric(nan_strategy=strategy)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            metric.update(batch)
+        assert [str(w.message) for w in caught] == (
+            ["`RewardMetric.update(rewards=...)` got 2 NaN value(s) out of 4; dropped them (nan_strategy='warn')"]
+            if strategy == "warn" else []
+        )
+        assert nan_equal(as_floats(metric.compute()), dropped)
+    zero = RewardMetric(nan_strategy=0.0)
     zero.update(batch)
-    assert nan_equal(as_floats(ignore.compute()), {"mean": 0.5, "std": 0.5, "min": 0.0, "max": 1.0})
     zero_expected = {"mean": 0.25, "std": float(np.std([1, 0, 0, 0])), "min": 0.0, "max": 1.0}
     assert nan_equal(as_floats(zero.compute()), zero_expected)
+    assert torch.isnan(batch).sum().item() == 2  # the replacement did not write into the caller's rewards
+    disabled = RewardMetric(nan_strategy="disable")
+    disabled.update(batch)
+    assert all(math.isnan(v) for v in as_floats(disabled.compute()).values())
+
+
+@pytest.mark.parametrize("bad", ["zero", "drop", None, True, NAN, math.inf])
+def test_reward_metric_rejects_unknown_nan_strategy(bad: object) -> None:
     with pytest.raises(
         ValueError,
-        match=r"`RewardMetric\(nan_policy=...\)` must be one of \('error', 'ignore', "
-        r"'zero'\), got 'drop'",
+        match=r"`RewardMetric\(nan_strategy=...\)` must be one of \('error', 'warn', 'ignore', 'disable'\) "
+        rf"or a finite float that replaces NaN, got {re.escape(repr(bad))}",
     ):
-        RewardMetric(nan_policy="drop")
+        RewardMetric(nan_strategy=bad)
 
 
 def test_reward_metric_without_samples_is_nan() -> None:
-    metric = RewardMetric(nan_policy="ignore")
+    metric = RewardMetric(nan_strategy="ignore")
     with pytest.warns(UserWarning, match=BEFORE_UPDATE):
         assert all(math.isnan(v) for v in as_floats(metric.compute()).values())
-    metric.update(torch.tensor([NAN]))  # only ignored values: still nothing counted
+    batch_value = metric(torch.tensor([NAN]))  # forward of only ignored values: nothing counted
+    assert all(math.isnan(v) for v in as_floats(batch_value).values())
     assert all(math.isnan(v) for v in as_floats(metric.compute()).values())
+    metric.update(torch.tensor([1.0, 0.0]))  # merging two empty states left no NaN behind
+    assert nan_equal(as_floats(metric.compute()), {"mean": 0.5, "std": 0.5, "min": 0.0, "max": 1.0})
 
 
 def test_reward_metric_forward_reset_and_integer_rewards() -> None:
@@ -126,10 +163,10 @@ def test_reward_metric_forward_reset_and_integer_rewards() -> None:
 
 
 # ----------------------------------------------------------------------------- AdvantageMetric
-def reference_advantage_stats(batches: list[np.ndarray], scale: bool) -> dict[str, float]:
+def reference_advantage_stats(batches: list[np.ndarray], scale: bool, std: str = "sample") -> dict[str, float]:
     counted, zero, groups = [], 0, 0
     for rewards in batches:
-        adv = np.array(ref_group_advantages(rewards.tolist(), scale), dtype=np.float64).reshape(rewards.shape)
+        adv = np.array(ref_group_advantages(rewards.tolist(), scale, std), dtype=np.float64).reshape(rewards.shape)
         counted.append(adv[~np.isnan(rewards)])
         zero += sum(ref_zero_std(rewards.tolist()))
         groups += rewards.shape[0]
@@ -151,19 +188,23 @@ def test_advantage_metric_hand_made() -> None:
     assert nan_equal(as_floats(metric.compute()), expected)
 
 
-@pytest.mark.parametrize("scale", [True, False])
-def test_advantage_metric_random_against_reference(scale: bool) -> None:
+@pytest.mark.parametrize(("scale", "std"), [(True, "sample"), (True, "population"), (False, "sample")])
+def test_advantage_metric_random_against_reference(scale: bool, std: str) -> None:
     rng = np.random.default_rng(3)
     batches = [random_rewards(rng, int(rng.integers(1, 6)), int(rng.integers(1, 7))) for _ in range(15)]
-    metric = AdvantageMetric(scale=scale)
+    metric = AdvantageMetric(scale=scale, std=std)
     for rewards in batches:
         metric.update(torch.tensor(rewards))
-    assert nan_equal(as_floats(metric.compute()), reference_advantage_stats(batches, scale), tol=1e-9)
+    assert nan_equal(as_floats(metric.compute()), reference_advantage_stats(batches, scale, std), tol=1e-9)
 
 
 def test_advantage_metric_errors_and_empty() -> None:
     with pytest.raises(ValueError, match=r"`AdvantageMetric\(scale=...\)` must be True or False, got 'yes'"):
         AdvantageMetric(scale="yes")
+    with pytest.raises(
+        ValueError, match=r"`AdvantageMetric\(std=...\)` must be one of \['sample', 'population'\], got 'biased'"
+    ):
+        AdvantageMetric(std="biased")
     with pytest.raises(
         ValueError, match=r"`AdvantageMetric.update\(rewards=...\)` must be a 2-D tensor.*got " r"shape \(3,\)"
     ):
@@ -183,7 +224,7 @@ def test_accuracy_metric_hand_made_threshold_is_strict_as_in_seed() -> None:
 @pytest.mark.parametrize(("threshold", "confidence"), [(0.8, 0.95), (0.5, 0.9), (0.0, 0.99), (1.0, 0.95)])
 def test_accuracy_metric_random_against_reference(threshold: float, confidence: float) -> None:
     rng = np.random.default_rng(5)
-    metric = AccuracyMetric(threshold=threshold, confidence=confidence, nan_policy="zero")
+    metric = AccuracyMetric(threshold=threshold, confidence=confidence, nan_strategy=0.0)
     successes = total = 0
     for _ in range(12):
         batch = random_rewards(rng, int(rng.integers(0, 5)), 4).astype(np.float32)
@@ -195,14 +236,15 @@ def test_accuracy_metric_random_against_reference(threshold: float, confidence: 
     assert nan_equal(as_floats(metric.compute()), expected)
 
 
-def test_accuracy_metric_nan_policy_and_empty() -> None:
+def test_accuracy_metric_nan_strategy_and_empty() -> None:
     batch = torch.tensor([1.0, NAN])
     with pytest.raises(ValueError, match=r"`AccuracyMetric.update\(rewards=...\)` got 1 NaN value\(s\) out of 2"):
         AccuracyMetric().update(batch)
-    ignore, zero = AccuracyMetric(nan_policy="ignore"), AccuracyMetric(nan_policy="zero")
-    ignore.update(batch)
-    zero.update(batch)
-    assert ignore.compute()["accuracy"].item() == 1.0 and zero.compute()["accuracy"].item() == 0.5
+    ignore, zero = AccuracyMetric(nan_strategy="ignore"), AccuracyMetric(nan_strategy=0.0)
+    disabled, correct = AccuracyMetric(nan_strategy="disable"), AccuracyMetric(nan_strategy=1.0)
+    for metric in (ignore, zero, disabled, correct):
+        metric.update(batch)
+    assert [m.compute()["accuracy"].item() for m in (ignore, zero, disabled, correct)] == [1.0, 0.5, 0.5, 1.0]
     with pytest.warns(UserWarning, match=BEFORE_UPDATE):
         empty = as_floats(AccuracyMetric().compute())
     assert math.isnan(empty["accuracy"]) and (empty["ci_low"], empty["ci_high"]) == (0.0, 1.0)
@@ -218,8 +260,8 @@ def test_accuracy_metric_constructor_errors() -> None:
             AccuracyMetric(threshold=bad)
     with pytest.raises(ValueError, match=r"`AccuracyMetric\(confidence=...\)` must be a number in \(0, 1\), got 95"):
         AccuracyMetric(confidence=95)
-    with pytest.raises(ValueError, match=r"`AccuracyMetric\(nan_policy=...\)` must be one of .*got 'warn'"):
-        AccuracyMetric(nan_policy="warn")
+    with pytest.raises(ValueError, match=r"`AccuracyMetric\(nan_strategy=...\)` must be one of .*got 'zero'"):
+        AccuracyMetric(nan_strategy="zero")
 
 
 # ----------------------------------------------------------------------------- PassAtK, MajAtK

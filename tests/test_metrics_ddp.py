@@ -36,9 +36,10 @@ NAN = float("nan")
 PHASES = ("mid", "final")
 
 METRICS: dict[str, Callable[..., Metric]] = {
-    "reward": lambda **kw: RewardMetric(nan_policy="ignore", **kw),
-    "advantage": lambda **kw: AdvantageMetric(scale=True, **kw),
-    "accuracy": lambda **kw: AccuracyMetric(threshold=0.8, nan_policy="zero", **kw),
+    "reward": lambda **kw: RewardMetric(nan_strategy="ignore", **kw),
+    "reward@1e8": lambda **kw: RewardMetric(**kw),  # rewards 1e8 + U(0, 1): the std must survive the offset
+    "advantage": lambda **kw: AdvantageMetric(scale=True, std="sample", **kw),
+    "accuracy": lambda **kw: AccuracyMetric(threshold=0.8, nan_strategy=0.0, **kw),
     "pass@2": lambda **kw: PassAtK(k=2, **kw),
     "maj@3": lambda **kw: MajAtK(k=3, **kw),
 }
@@ -49,14 +50,16 @@ SCENARIOS: dict[str, tuple[int, int]] = {"hand": (1, 1), "rank1_idle": (4, 0), "
 Batch = tuple[np.ndarray, ...]
 HAND: dict[str, tuple[list[Batch], list[Batch]]] = {
     "reward": ([(np.array([[1.0, 0.0]]),)], [(np.array([[0.5, NAN]]),)]),
+    "reward@1e8": ([(np.array([[1e8 + 0.25, 1e8 + 0.75]]),)], [(np.array([[1e8 + 0.5]]),)]),
     "advantage": ([(np.array([[1.0, 0.0]]),)], [(np.array([[1.0, 1.0], [NAN, 0.5]]),)]),
     "accuracy": ([(np.array([[1.0, 0.8]], dtype=np.float32),)], [(np.array([[0.9, NAN, 0.0]], dtype=np.float32),)]),
     "pass@2": ([(np.array([[1, 0, 0, 0]]),)], [(np.array([[1, 1, 0, 0]]),)]),
     "maj@3": ([(np.array([[3, 5, 5]]), np.array([[0, 1, 1]]))], [(np.array([[-1, -1, -1]]), np.array([[0, 0, 0]]))]),
 }
-_HALF = 0.5 / (0.5 + ADVANTAGE_EPS)
+_HALF = 0.5 / (math.sqrt(0.5) + ADVANTAGE_EPS)  # rank 0: {1, 0}, sample std sqrt(1/2)
 HAND_EXPECTED: dict[str, dict[str, float]] = {
     "reward": {"mean": 0.5, "std": math.sqrt(1 / 6), "min": 0.0, "max": 1.0},
+    "reward@1e8": {"mean": 1e8 + 0.5, "std": math.sqrt(1 / 24), "min": 1e8 + 0.25, "max": 1e8 + 0.75},
     "advantage": {"mean": 0.0, "std": math.sqrt(2 * _HALF**2 / 5), "abs_mean": 2 * _HALF / 5, "zero_std_frac": 2 / 3},
     "accuracy": dict(zip(("accuracy", "ci_low", "ci_high"), (0.4, *ref_wilson(2, 5)))),
     "pass@2": {"value": (0.5 + 5 / 6) / 2},
@@ -66,6 +69,8 @@ HAND_EXPECTED: dict[str, dict[str, float]] = {
 
 def _random_batch(name: str, rng: np.random.Generator) -> Batch:
     p = int(rng.integers(0, 6))
+    if name == "reward@1e8":
+        return (1e8 + rng.random((p, int(rng.integers(1, 7)))),)
     if name in ("reward", "accuracy"):
         return (random_rewards(rng, p, int(rng.integers(1, 7))).astype(np.float32),)
     if name == "advantage":
@@ -141,7 +146,7 @@ def single_process(name: str, batches: list[Batch]) -> dict[str, float]:
 
 def reference(name: str, batches: list[Batch]) -> dict[str, float]:
     """Independent plain NumPy / Python result over ``batches``."""
-    if name == "reward":
+    if name in ("reward", "reward@1e8"):
         v = np.concatenate([b[0].astype(np.float64).ravel() for b in batches] + [np.zeros(0)])
         v = v[~np.isnan(v)]
         if not v.size:
@@ -150,7 +155,7 @@ def reference(name: str, batches: list[Batch]) -> dict[str, float]:
     if name == "advantage":
         if not batches:
             return dict.fromkeys(("mean", "std", "abs_mean", "zero_std_frac"), NAN)
-        return reference_advantage_stats([b[0] for b in batches], scale=True)
+        return reference_advantage_stats([b[0] for b in batches], scale=True, std="sample")
     if name == "accuracy":
         v = np.concatenate([np.nan_to_num(b[0], nan=0.0).ravel() for b in batches] + [np.zeros(0, np.float32)])
         successes = int((v > np.float32(0.8)).sum())
@@ -163,17 +168,19 @@ def reference(name: str, batches: list[Batch]) -> dict[str, float]:
     return {"value": float(np.mean(per_prompt)) if per_prompt else NAN}
 
 
+# The float64 mean of rewards near 1e8 is only good to ~1e-8, which bounds the std to ~1e-16 * mean / std.
+TOLERANCE: dict[str, float] = {"reward@1e8": 1e-7}
 CASES = [(s, m, p) for s in SCENARIOS for m in METRICS for p in PHASES]
 
 
 @pytest.mark.parametrize(("scenario", "name", "phase"), CASES)
 def test_ddp_result_equals_single_process_over_union(ddp_results, scenario: str, name: str, phase: str) -> None:
     union = [b for rank_part in rank_batches(scenario, name) for b in phase_batches(rank_part, phase)]
-    expected = reference(name, union)
-    assert nan_equal(single_process(name, union), expected, tol=1e-9)
+    expected, tol = reference(name, union), TOLERANCE.get(name, 1e-9)
+    assert nan_equal(single_process(name, union), expected, tol=tol)
     for rank in range(WORLD_SIZE):
         got = ddp_results[rank][(scenario, name, phase)]["value"]
-        assert nan_equal(got, expected, tol=1e-9), f"rank {rank}: {got} != {expected}"
+        assert nan_equal(got, expected, tol=tol), f"rank {rank}: {got} != {expected}"
     if scenario == "hand" and phase == "final":
         assert nan_equal(ddp_results[0][(scenario, name, phase)]["value"], HAND_EXPECTED[name], tol=1e-9)
 
@@ -182,7 +189,7 @@ def test_ddp_result_equals_single_process_over_union(ddp_results, scenario: str,
 def test_every_rank_runs_the_same_collectives(ddp_results, scenario: str, name: str, phase: str) -> None:
     syncs = [ddp_results[rank][(scenario, name, phase)]["syncs"] for rank in range(WORLD_SIZE)]
     assert syncs[0] == syncs[1]
-    assert len(syncs[0]) == len(METRICS[name]()._defaults)  # one gather per state, scalars only
+    assert len(syncs[0]) == len(METRICS[name]()._defaults)  # one gather per state
 
 
 def test_compute_on_a_rank_without_update(ddp_results) -> None:

@@ -6,7 +6,9 @@ The ``ref_*`` functions below are the references; the class and DDP tests import
 from __future__ import annotations
 
 import doctest
+import inspect
 import math
+import re
 import statistics
 from collections import Counter
 from fractions import Fraction
@@ -18,6 +20,7 @@ import torch
 import areal_lightning.metrics as metrics_pkg
 from areal_lightning.metrics import (
     ADVANTAGE_EPS,
+    AdvantageStd,
     group_advantages,
     maj_at_k,
     maj_at_k_per_prompt,
@@ -33,7 +36,9 @@ NAN = float("nan")
 
 
 # ----------------------------------------------------------------------------- references
-def ref_group_advantages(rewards: list[list[float]], scale: bool, eps: float = ADVANTAGE_EPS) -> list[list[float]]:
+def ref_group_advantages(
+    rewards: list[list[float]], scale: bool, std: str = "sample", eps: float = ADVANTAGE_EPS
+) -> list[list[float]]:
     out = []
     for row in rewards:
         finite = [r for r in row if not math.isnan(r)]
@@ -41,8 +46,8 @@ def ref_group_advantages(rewards: list[list[float]], scale: bool, eps: float = A
             out.append([0.0] * len(row))
             continue
         mean = sum(finite) / len(finite)
-        std = statistics.pstdev(finite)
-        div = std + eps if scale else 1.0
+        spread = statistics.stdev(finite) if std == "sample" else statistics.pstdev(finite)
+        div = spread + eps if scale else 1.0
         out.append([0.0 if math.isnan(r) else (r - mean) / div for r in row])
     return out
 
@@ -89,15 +94,34 @@ def random_rewards(rng: np.random.Generator, p: int, g: int, nan_rate: float = 0
 def test_group_advantages_hand_made() -> None:
     rewards = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
     assert group_advantages(rewards, scale=False).tolist() == [[0.5, -0.5], [0.0, 0.0], [-0.5, 0.5]]
-    scaled = group_advantages(torch.tensor([[0.0, 1.0, 2.0]], dtype=torch.float64))
-    std = math.sqrt(2 / 3)  # population std, not the sample std sqrt(1)
-    np.testing.assert_allclose(scaled.numpy(), [[-1 / (std + ADVANTAGE_EPS), 0.0, 1 / (std + ADVANTAGE_EPS)]])
+    one_right = torch.tensor([[1.0, 0.0, 0.0, 0.0]], dtype=torch.float64)  # mean 1/4
+    # Sample std (TRL, verl): sqrt((9/16 + 3/16) / 3) = 1/2. Population std: sqrt(3/16).
+    assert group_advantages(one_right, eps=0.0).tolist() == [[1.5, -0.5, -0.5, -0.5]]
+    third = 1 / math.sqrt(3)
+    np.testing.assert_allclose(
+        group_advantages(one_right, std="population", eps=0.0).numpy(), [[3 * third, -third, -third, -third]]
+    )
+    spread = torch.tensor([[0.0, 1.0, 2.0]], dtype=torch.float64)  # sample std 1, population std sqrt(2/3)
+    eps = ADVANTAGE_EPS
+    np.testing.assert_allclose(group_advantages(spread).numpy(), [[-1 / (1 + eps), 0.0, 1 / (1 + eps)]])
+    pop = math.sqrt(2 / 3) + eps
+    np.testing.assert_allclose(
+        group_advantages(spread, std=AdvantageStd.POPULATION).numpy(), [[-1 / pop, 0.0, 1 / pop]]
+    )
+
+
+@pytest.mark.parametrize("std", ["sample", "population"])
+def test_group_of_one_reward_gets_zero_advantage(std: str) -> None:
+    # A single finite reward has no sample std (n - 1 = 0); it gives no signal, not NaN.
+    rewards = torch.tensor([[0.7], [0.2]])
+    assert group_advantages(rewards, std=std).tolist() == [[0.0], [0.0]]
+    assert group_advantages(torch.tensor([[NAN, 0.3, NAN]]), std=std).tolist() == [[0.0, 0.0, 0.0]]
 
 
 def test_group_advantages_nan_rewards_are_missing() -> None:
     rewards = torch.tensor([[1.0, NAN, 0.0], [NAN, 1.0, NAN], [NAN, NAN, NAN]], dtype=torch.float64)
     got = group_advantages(rewards)
-    half = 0.5 / (0.5 + ADVANTAGE_EPS)
+    half = 0.5 / (math.sqrt(0.5) + ADVANTAGE_EPS)  # sample std of {1, 0}
     np.testing.assert_allclose(got.numpy(), [[half, 0.0, -half], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
 
 
@@ -108,13 +132,14 @@ def test_constant_groups_give_exact_zero_and_dtype_is_kept() -> None:
     assert group_advantages(torch.tensor([[1, 0]])).dtype == torch.get_default_dtype()
 
 
-@pytest.mark.parametrize("scale", [True, False])
+@pytest.mark.parametrize(("scale", "std"), [(True, "sample"), (True, "population"), (False, "sample")])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_group_advantages_random_against_reference(scale: bool, seed: int) -> None:
+def test_group_advantages_random_against_reference(scale: bool, std: str, seed: int) -> None:
     rng = np.random.default_rng(seed)
     rewards = random_rewards(rng, 40, int(rng.integers(1, 9)))
-    got = group_advantages(torch.tensor(rewards), scale=scale, eps=1e-3)
-    np.testing.assert_allclose(got.numpy(), ref_group_advantages(rewards.tolist(), scale, eps=1e-3), atol=1e-12)
+    got = group_advantages(torch.tensor(rewards), scale=scale, std=std, eps=1e-3)
+    expected = ref_group_advantages(rewards.tolist(), scale, std, eps=1e-3)
+    np.testing.assert_allclose(got.numpy(), expected, atol=1e-12)
     assert zero_std_groups(torch.tensor(rewards)).tolist() == ref_zero_std(rewards.tolist())
 
 
@@ -136,6 +161,15 @@ def test_group_functions_reject_bad_rewards(fn) -> None:
 def test_group_advantages_rejects_negative_eps() -> None:
     with pytest.raises(ValueError, match=r"`group_advantages\(eps=...\)` must be a finite number >= 0, got -1.0"):
         group_advantages(torch.zeros(1, 2), eps=-1.0)
+
+
+@pytest.mark.parametrize("bad", ["unbiased", "Sample", None, True, 1])
+def test_group_advantages_rejects_unknown_std(bad: object) -> None:
+    with pytest.raises(
+        ValueError,
+        match=rf"`group_advantages\(std=...\)` must be one of \['sample', 'population'\], got {re.escape(repr(bad))}",
+    ):
+        group_advantages(torch.zeros(1, 2), std=bad)
 
 
 # ----------------------------------------------------------------------------- pass@k
@@ -286,18 +320,23 @@ def test_wilson_errors() -> None:
             ValueError, match=rf"`wilson_interval\(confidence=...\)` must be a number in \(0, 1\), got " rf"{bad!r}"
         ):
             wilson_interval(1, 2, bad)
-    with pytest.raises(ValueError, match=r"`wilson_interval\(total=...\)` must be finite and >= 0, got -1.0"):
-        wilson_interval(0, -1)
-    with pytest.raises(
-        ValueError,
-        match=r"`wilson_interval\(successes=...\)` must be in \[0, total\], got "
-        r"successes=3.0, total=2.0",
-    ):
-        wilson_interval(3, 2)
-    with pytest.raises(
-        ValueError, match=r"`wilson_interval\(successes=...\)` must be in \[0, total\], got " r"successes=-1.0"
-    ):
-        wilson_interval(-1, 2)
+    for bad_total in (-1, 0.5, 2.5, math.inf, NAN):
+        with pytest.raises(
+            ValueError,
+            match=rf"`wilson_interval\(total=...\)` must be a whole number >= 0 \(a count of trials\), "
+            rf"got {float(bad_total)}",
+        ):
+            wilson_interval(0, bad_total)
+    for bad_successes, total in ((3, 2), (-1, 2), (0.8, 10), (NAN, 2)):
+        with pytest.raises(
+            ValueError,
+            match=r"`wilson_interval\(successes=...\)` must be a whole number in \[0, total\], got "
+            rf"successes={float(bad_successes)}, total={float(total)}",
+        ):
+            wilson_interval(bad_successes, total)
+    # A fractional total below 1 used to be taken as 1: 0.25 of 0.5 gave the interval of 0.25 of 1.
+    with pytest.raises(ValueError, match=r"`wilson_interval\(total=...\)` .* got 0.5"):
+        wilson_interval(torch.tensor([1.0, 0.5]), torch.tensor([2.0, 0.5]))
 
 
 # ----------------------------------------------------------------------------- docs
@@ -307,6 +346,8 @@ def test_docstring_examples_run(module) -> None:
     assert result.attempted > 0 and result.failed == 0
 
 
-def test_package_exports_everything_it_lists() -> None:
-    for name in metrics_pkg.__all__:
-        assert getattr(metrics_pkg, name) is not None
+def test_package_exports_exactly_its_public_names() -> None:
+    # Every public name the package imports is listed, and every listed name is defined.
+    names = vars(metrics_pkg)
+    public = [name for name, value in names.items() if not name.startswith("_") and not inspect.ismodule(value)]
+    assert sorted(metrics_pkg.__all__) == sorted(public)

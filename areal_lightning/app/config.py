@@ -26,6 +26,7 @@ from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS, ErrorPolicy, E
 from areal_lightning.callbacks.thresholds import ThresholdMonitor
 from areal_lightning.callbacks.trigger import HybridTrigger
 from areal_lightning.errors import ArgumentError
+from areal_lightning.metrics.functional import AdvantageStd
 from areal_lightning.eval_round.eval_set import EvalSet
 
 CONFIG_FILENAME = "config.yaml"
@@ -175,6 +176,8 @@ class GRPOConfig:
     """Tokens generated per completion."""
     scale_advantages: bool = True
     """Divide advantages by the group's std (plus a small epsilon)."""
+    advantage_std: AdvantageStd = AdvantageStd.SAMPLE
+    """sample: the group's sample std (n - 1), as TRL and verl divide by; population: the n-divided one."""
     warmup_steps: int = 150
     """Supervised steps that teach the answer format only (random digits, then end of sequence)."""
     warmup_lr: float = 1.0e-3

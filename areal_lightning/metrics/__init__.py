@@ -1,8 +1,9 @@
 """RL evaluation metrics: pure functions and torchmetrics classes that are exact under DDP.
 
-``functional`` holds the math; the classes only accumulate float64 sums / min / max, each with
-its ``dist_reduce_fx``, so a result synced over ranks equals the single-process result over the
-union of the data, whatever the number of updates per rank (a rank with none included). Every
+``functional`` holds the math; the classes only accumulate float64 states (sums, min / max, and
+RewardMetric's moments), each with its ``dist_reduce_fx``, so a result synced over ranks equals
+the single-process result over the union of the data, whatever the number of updates per rank
+(a rank with none included). Every
 ``compute()`` runs the same gathers on every rank (the classes default to
 ``compute_with_cache=False``); on a rank without update torchmetrics warns "compute ... before
 update" on local rank 0 only, and the synced value is still right.
@@ -12,8 +13,8 @@ from areal_lightning.metrics.accuracy import AccuracyMetric
 from areal_lightning.metrics.advantage import AdvantageMetric
 from areal_lightning.metrics.functional import (
     ADVANTAGE_EPS,
-    NAN_POLICIES,
     NO_ANSWER,
+    AdvantageStd,
     group_advantages,
     maj_at_k,
     maj_at_k_per_prompt,
@@ -28,10 +29,10 @@ from areal_lightning.metrics.sampling import MajAtK, PassAtK
 
 __all__ = [
     "ADVANTAGE_EPS",
-    "NAN_POLICIES",
     "NO_ANSWER",
     "AccuracyMetric",
     "AdvantageMetric",
+    "AdvantageStd",
     "MajAtK",
     "PassAtK",
     "RewardMetric",

@@ -11,9 +11,10 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from areal_lightning.metrics.functional import (
-    _apply_nan_policy,
+    NanStrategy,
+    _apply_nan_strategy,
     _check_confidence,
-    _check_nan_policy,
+    _check_nan_strategy,
     wilson_interval,
 )
 
@@ -32,12 +33,14 @@ class AccuracyMetric(Metric):
     Args:
         threshold: finite number in [0, 1]; a sample is correct when its reward is above it.
         confidence: level of the two-sided Wilson interval, in (0, 1).
-        nan_policy: what a NaN reward means: ``"error"`` (raise), ``"ignore"`` (drop it) or
-            ``"zero"`` (reward 0.0, i.e. incorrect).
+        nan_strategy: what a NaN reward means, in torchmetrics' words: ``"error"`` (raise),
+            ``"ignore"`` (drop it), ``"warn"`` (drop it with a warning), ``"disable"`` (no check:
+            ``NaN > threshold`` is false, so it counts as incorrect) or a float that replaces it
+            (``0.0``: incorrect).
         kwargs: passed to :class:`torchmetrics.Metric`.
 
     Raises:
-        ValueError: if ``threshold``, ``confidence`` or ``nan_policy`` is out of range.
+        ValueError: if ``threshold``, ``confidence`` or ``nan_strategy`` is out of range.
 
     ``compute()`` returns ``{"accuracy", "ci_low", "ci_high"}`` (float64 scalars); with no
     sample, accuracy is NaN and the interval is (0, 1).
@@ -60,7 +63,7 @@ class AccuracyMetric(Metric):
         self,
         threshold: float = DEFAULT_THRESHOLD,
         confidence: float = DEFAULT_CONFIDENCE,
-        nan_policy: str = "error",
+        nan_strategy: NanStrategy = "error",
         **kwargs: Any,
     ) -> None:
         # No compute cache: a cached compute skips the sync, so a rank without updates since its
@@ -73,13 +76,13 @@ class AccuracyMetric(Metric):
             )
         self.threshold = float(threshold)
         self.confidence = _check_confidence(confidence, "AccuracyMetric")
-        self.nan_policy = _check_nan_policy(nan_policy, "AccuracyMetric")
+        self.nan_strategy = _check_nan_strategy(nan_strategy, "AccuracyMetric")
         self.add_state("num_correct", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("num_samples", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, rewards: Tensor) -> None:
         """Count the samples of ``rewards`` (any shape) whose reward is above the threshold."""
-        values = _apply_nan_policy(rewards, self.nan_policy, "AccuracyMetric.update")
+        values = _apply_nan_strategy(rewards, self.nan_strategy, "AccuracyMetric.update")
         # Compare in the rewards' own dtype, as the seed's `rewards > 0.8` does: a float32 reward of
         # 0.8 is not above 0.8 (in float64 it would be 0.800000012 > 0.8).
         self.num_correct += (values > self.threshold).sum().to(self.num_correct.device)

@@ -10,26 +10,35 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from areal_lightning.metrics.functional import (
+    ADVANTAGE_EPS,
+    AdvantageStd,
     _check_rewards_2d,
+    _check_std,
+    _group_advantages,
     _mean_std,
-    group_advantages,
-    zero_std_groups,
+    _zero_std_groups,
 )
 
 
 class AdvantageMetric(Metric):
-    """Mean, population std and mean absolute value of group advantages, and the zero-std share.
+    """Mean, std and mean absolute value of group advantages, and the zero-std share.
 
     ``update`` takes the raw ``[P, G]`` rewards of ``P`` groups and computes
     :func:`~areal_lightning.metrics.functional.group_advantages` itself. Samples with a NaN
     (missing) reward are left out of "mean", "std" and "abs_mean" (their advantage is a
     placeholder 0). "zero_std_frac" is the share of groups whose finite rewards are all equal:
     they give GRPO no signal, and a rising share is the first sign of collapse. All states are
-    float64 sums, exact under DDP (see :class:`~areal_lightning.metrics.RewardMetric`).
+    float64 sums, exact under DDP (see :class:`~areal_lightning.metrics.RewardMetric`); the
+    reported "std" is the population std of all counted advantages.
 
     Args:
         scale: divide advantages by the group std (+ ``ADVANTAGE_EPS``), as in GRPO.
+        std: which group std divides them, ``"sample"`` (``n - 1``, as TRL and verl) or
+            ``"population"`` (``n``); see :func:`~areal_lightning.metrics.group_advantages`.
         kwargs: passed to :class:`torchmetrics.Metric`.
+
+    Raises:
+        ValueError: if ``scale`` is not a bool or ``std`` is not one of the two conventions.
 
     ``compute()`` returns ``{"mean", "std", "abs_mean", "zero_std_frac"}`` (float64 scalars),
     NaN where nothing was counted.
@@ -52,27 +61,28 @@ class AdvantageMetric(Metric):
     num_groups: Tensor
     num_zero_std_groups: Tensor
 
-    def __init__(self, scale: bool = True, **kwargs: Any) -> None:
+    def __init__(self, scale: bool = True, std: AdvantageStd | str = AdvantageStd.SAMPLE, **kwargs: Any) -> None:
         # No compute cache: a cached compute skips the sync, so a rank without updates since its
         # last compute would skip the gathers the other ranks run (wrong values or a hang).
         super().__init__(**{"compute_with_cache": False, **kwargs})
         if not isinstance(scale, bool):
             raise ValueError(f"`AdvantageMetric(scale=...)` must be True or False, got {scale!r}")
         self.scale = scale
+        self.std = _check_std(std, "AdvantageMetric")
         for name in ("num_samples", "adv_sum", "adv_sq_sum", "adv_abs_sum", "num_groups", "num_zero_std_groups"):
             self.add_state(name, torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, rewards: Tensor) -> None:
         """Add ``[P, G]`` rewards of ``P`` groups (NaN marks a missing reward)."""
         rewards = _check_rewards_2d(rewards, "AdvantageMetric.update").detach()
-        advantages = group_advantages(rewards, scale=self.scale).to(torch.float64)
+        advantages = _group_advantages(rewards, self.scale, self.std, ADVANTAGE_EPS).to(torch.float64)
         counted = advantages[~torch.isnan(rewards)].to(self.adv_sum.device)
         self.num_samples += counted.numel()
         self.adv_sum += counted.sum()
         self.adv_sq_sum += (counted * counted).sum()
         self.adv_abs_sum += counted.abs().sum()
         self.num_groups += rewards.shape[0]
-        self.num_zero_std_groups += zero_std_groups(rewards).sum().to(self.adv_sum.device)
+        self.num_zero_std_groups += _zero_std_groups(rewards).sum().to(self.adv_sum.device)
 
     def compute(self) -> dict[str, Tensor]:
         """Return ``{"mean", "std", "abs_mean", "zero_std_frac"}``."""

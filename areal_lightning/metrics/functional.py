@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import math
 import numbers
+from enum import Enum
+from typing import Literal, Union
 
 import torch
 from torch import Tensor
+from torchmetrics.utilities import rank_zero_warn
 
 ADVANTAGE_EPS: float = 1e-6
 """Added to a group's std before dividing, so that near-constant groups do not explode."""
-
-NAN_POLICIES: tuple[str, ...] = ("error", "ignore", "zero")
-"""Accepted ``nan_policy`` values of the reward metrics."""
 
 NO_ANSWER: int = -1
 """``answer_ids`` value of a sample without a parsable final answer; it never wins a vote."""
@@ -64,27 +64,45 @@ def _check_confidence(confidence: float, where: str) -> float:
     return float(confidence)
 
 
-def _check_nan_policy(nan_policy: str, where: str) -> str:
-    if nan_policy not in NAN_POLICIES:
-        raise ValueError(f"`{where}(nan_policy=...)` must be one of {NAN_POLICIES}, got {nan_policy!r}")
-    return nan_policy
+NanStrategy = Union[Literal["error", "warn", "ignore", "disable"], float]
+"""torchmetrics' ``nan_strategy`` vocabulary (``torchmetrics.aggregation``): what a NaN reward means."""
+
+_NAN_STRATEGY_NAMES: tuple[str, ...] = ("error", "warn", "ignore", "disable")
 
 
-def _apply_nan_policy(values: Tensor, nan_policy: str, where: str) -> Tensor:
-    """Flatten ``values`` (dtype kept) and handle NaN as ``nan_policy`` says (see ``NAN_POLICIES``)."""
+def _check_nan_strategy(nan_strategy: NanStrategy, where: str) -> NanStrategy:
+    if isinstance(nan_strategy, str) and nan_strategy in _NAN_STRATEGY_NAMES:
+        return nan_strategy
+    if isinstance(nan_strategy, numbers.Real) and not isinstance(nan_strategy, bool) and math.isfinite(nan_strategy):
+        return float(nan_strategy)
+    raise ValueError(
+        f"`{where}(nan_strategy=...)` must be one of {_NAN_STRATEGY_NAMES} or a finite float that replaces "
+        f"NaN, got {nan_strategy!r}"
+    )
+
+
+def _apply_nan_strategy(values: Tensor, nan_strategy: NanStrategy, where: str) -> Tensor:
+    """Flatten ``values`` (dtype kept) and handle NaN as ``nan_strategy`` (already checked) says."""
+    # Not torchmetrics' BaseAggregator._cast_and_nan_check_input: it is private, writes a float
+    # replacement into the caller's tensor in place, and its error names neither metric nor count.
     values = torch.as_tensor(values).detach().flatten()
+    if nan_strategy == "disable":
+        return values
     nan = torch.isnan(values)
     num_nan = int(nan.sum())
     if num_nan == 0:
         return values
-    if nan_policy == "error":
+    seen = f"`{where}(rewards=...)` got {num_nan} NaN value(s) out of {values.numel()}"
+    if nan_strategy == "error":
         raise ValueError(
-            f"`{where}(rewards=...)` got {num_nan} NaN value(s) out of {values.numel()} with "
-            "nan_policy='error'; pass nan_policy='ignore' to drop them or 'zero' to count them as 0.0"
+            f"{seen} with nan_strategy='error'; pass nan_strategy='ignore' (or 'warn') to drop them, "
+            "or a float such as 0.0 to replace them"
         )
-    if nan_policy == "ignore":
+    if nan_strategy in ("ignore", "warn"):
+        if nan_strategy == "warn":
+            rank_zero_warn(f"{seen}; dropped them (nan_strategy='warn')", UserWarning)
         return values[~nan]
-    return torch.where(nan, torch.zeros_like(values), values)
+    return torch.where(nan, torch.full_like(values, nan_strategy), values)
 
 
 def _mean_std(count: Tensor, total: Tensor, sq_total: Tensor) -> tuple[Tensor, Tensor]:
@@ -109,6 +127,44 @@ def _check_rewards_2d(rewards: Tensor, where: str) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- group advantages
+class AdvantageStd(str, Enum):
+    """Which std divides group advantages (``group_advantages(std=...)``); a plain string works too."""
+
+    SAMPLE = "sample"
+    """Divide the squared deviations by ``n - 1`` (``torch.std``), as TRL's ``GRPOTrainer`` and
+    verl's ``compute_grpo_outcome_advantage`` do."""
+
+    POPULATION = "population"
+    """Divide by ``n`` (``torch.std(unbiased=False)``): the spread of the group itself."""
+
+
+def _check_std(std: AdvantageStd | str, where: str) -> AdvantageStd:
+    try:
+        return AdvantageStd(std)
+    except (ValueError, TypeError):
+        raise ValueError(
+            f"`{where}(std=...)` must be one of {[s.value for s in AdvantageStd]}, got {std!r}"
+        ) from None
+
+
+def _check_eps(eps: float, where: str) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 <= eps < math.inf:
+        raise ValueError(f"`{where}(eps=...)` must be a finite number >= 0, got {eps!r}")
+    return float(eps)
+
+
+def _zero_std_groups(rewards: Tensor) -> Tensor:
+    """:func:`zero_std_groups` of rewards already checked by ``_check_rewards_2d``."""
+    rewards = rewards.to(torch.float64)
+    if rewards.shape[1] == 0:  # amin/amax refuse empty rows; an empty group has no spread
+        return torch.ones(rewards.shape[0], dtype=torch.bool, device=rewards.device)
+    finite = ~torch.isnan(rewards)
+    inf = torch.full_like(rewards, math.inf)
+    low = torch.where(finite, rewards, inf).amin(dim=1)
+    high = torch.where(finite, rewards, -inf).amax(dim=1)
+    return (low == high) | ~finite.any(dim=1)
+
+
 def zero_std_groups(rewards: Tensor) -> Tensor:
     """Flag the groups whose finite rewards are all equal (no learning signal for GRPO).
 
@@ -128,57 +184,68 @@ def zero_std_groups(rewards: Tensor) -> Tensor:
         >>> zero_std_groups(torch.tensor([[1.0, 1.0, float("nan")], [0.0, 1.0, 1.0]]))
         tensor([ True, False])
     """
-    rewards = _check_rewards_2d(rewards, "zero_std_groups").to(torch.float64)
-    if rewards.shape[1] == 0:  # amin/amax refuse empty rows; an empty group has no spread
-        return torch.ones(rewards.shape[0], dtype=torch.bool, device=rewards.device)
-    finite = ~torch.isnan(rewards)
-    inf = torch.full_like(rewards, math.inf)
-    low = torch.where(finite, rewards, inf).amin(dim=1)
-    high = torch.where(finite, rewards, -inf).amax(dim=1)
-    return (low == high) | ~finite.any(dim=1)
+    return _zero_std_groups(_check_rewards_2d(rewards, "zero_std_groups"))
 
 
-def group_advantages(rewards: Tensor, scale: bool = True, eps: float = ADVANTAGE_EPS) -> Tensor:
+def _group_advantages(rewards: Tensor, scale: bool, std: AdvantageStd, eps: float) -> Tensor:
+    """:func:`group_advantages` of checked rewards and arguments."""
+    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.get_default_dtype()
+    r = rewards.to(torch.float64)
+    finite = ~torch.isnan(r)
+    count = finite.sum(dim=1, keepdim=True)
+    mean = torch.where(finite, r, 0.0).sum(dim=1, keepdim=True) / count.clamp_min(1)
+    centered = torch.where(finite, r - mean, 0.0)
+    if scale:
+        dof = count - 1 if std is AdvantageStd.SAMPLE else count
+        # A group with dof < 1 has at most one finite reward: it is zero-std and zeroed below.
+        group_std = ((centered * centered).sum(dim=1, keepdim=True) / dof.clamp_min(1)).sqrt()
+        centered = centered / (group_std + eps)
+    # Rounding in the mean would leave tiny non-zero values in constant groups; force exact zeros.
+    flat = _zero_std_groups(rewards).unsqueeze(1)
+    return torch.where(flat, torch.zeros_like(centered), centered).to(out_dtype)
+
+
+def group_advantages(
+    rewards: Tensor, scale: bool = True, std: AdvantageStd | str = AdvantageStd.SAMPLE, eps: float = ADVANTAGE_EPS
+) -> Tensor:
     """Group-relative advantages (GRPO): each reward minus its group's mean, optionally scaled.
 
-    ``A[p, g] = (r[p, g] - mean_p) / (std_p + eps)`` with ``scale=True``, else ``r[p, g] - mean_p``,
-    where ``std_p`` is the *population* std of the group (``unbiased=False``, divide by the
-    number of finite rewards). NaN rewards are missing: left out of the group's mean and std, and
-    their own advantage is 0. A group whose finite rewards are all equal (including one with fewer
-    than two finite rewards) gets exactly zero advantage. Computed in float64, returned in the
-    input's dtype (integer or bool rewards give the default float dtype).
+    ``A[p, g] = (r[p, g] - mean_p) / (std_p + eps)`` with ``scale=True``, else ``r[p, g] - mean_p``.
+    ``std_p`` is the group's *sample* std by default (divide by ``n - 1``, ``n`` its number of
+    finite rewards), the convention of TRL's ``GRPOTrainer`` and verl's
+    ``compute_grpo_outcome_advantage``; ``std="population"`` divides by ``n`` instead, which
+    makes advantages larger by ``sqrt(n / (n - 1))``. NaN rewards are missing: left out of the
+    group's mean and std, and their own advantage is 0. A group whose finite rewards are all equal
+    gets exactly zero advantage; so does a group with a single finite reward (``G == 1``, or all
+    but one missing), which has no sample std (verl returns that reward unchanged instead).
+    Computed in float64, returned in the input's dtype (integer or bool rewards give the default
+    float dtype).
 
     Args:
         rewards: ``[P, G]`` rewards, one row per group of samples of the same prompt.
         scale: divide by ``std + eps``.
+        std: ``"sample"`` (``n - 1``) or ``"population"`` (``n``), see :class:`AdvantageStd`;
+            used only with ``scale=True``.
         eps: non-negative, added to the std before dividing.
 
     Returns:
         ``[P, G]`` advantages.
 
     Raises:
-        ValueError: if ``rewards`` is not 2-D or holds an infinite value, or ``eps`` is negative.
+        ValueError: if ``rewards`` is not 2-D or holds an infinite value, ``std`` is not one of
+            the two conventions, or ``eps`` is negative.
 
     Example:
         >>> group_advantages(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), scale=False)
         tensor([[ 0.5000, -0.5000],
                 [ 0.0000,  0.0000]])
+        >>> group_advantages(torch.tensor([[0.0, 1.0, 2.0]]), eps=0.0)  # sample std 1.0
+        tensor([[-1.,  0.,  1.]])
     """
-    rewards = _check_rewards_2d(rewards, "group_advantages")
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 <= eps < math.inf:
-        raise ValueError(f"`group_advantages(eps=...)` must be a finite number >= 0, got {eps!r}")
-    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.get_default_dtype()
-    r = rewards.to(torch.float64)
-    finite = ~torch.isnan(r)
-    count = finite.sum(dim=1, keepdim=True).clamp_min(1)
-    mean = torch.where(finite, r, 0.0).sum(dim=1, keepdim=True) / count
-    centered = torch.where(finite, r - mean, 0.0)
-    if scale:
-        std = ((centered * centered).sum(dim=1, keepdim=True) / count).sqrt()
-        centered = centered / (std + eps)
-    # Rounding in the mean would leave tiny non-zero values in constant groups; force exact zeros.
-    flat = zero_std_groups(rewards).unsqueeze(1)
-    return torch.where(flat, torch.zeros_like(centered), centered).to(out_dtype)
+    return _group_advantages(
+        _check_rewards_2d(rewards, "group_advantages"), scale,
+        _check_std(std, "group_advantages"), _check_eps(eps, "group_advantages"),
+    )
 
 
 # ----------------------------------------------------------------------------- pass@k, maj@k, mean@n
@@ -327,19 +394,20 @@ def wilson_interval(
     """Wilson score interval for a proportion ``successes / total`` (float64, elementwise).
 
     Unlike the normal approximation it stays inside [0, 1] and behaves at 0 and ``total``
-    successes. ``total == 0`` gives the uninformative interval (0.0, 1.0).
+    successes. ``total == 0`` gives the uninformative interval (0.0, 1.0). Both arguments are
+    counts: a fraction (e.g. a proportion passed instead of a count) is rejected, not rounded.
 
     Args:
-        successes: number of successes, ``0 <= successes <= total``.
-        total: number of trials, ``>= 0``.
+        successes: whole number of successes, ``0 <= successes <= total``.
+        total: whole number of trials, ``>= 0``.
         confidence: two-sided confidence level in (0, 1).
 
     Returns:
         ``(low, high)``, float64 tensors of the broadcast shape of the inputs.
 
     Raises:
-        ValueError: if ``confidence`` is outside (0, 1), ``total`` is negative, or ``successes``
-            is outside [0, total].
+        ValueError: if ``confidence`` is outside (0, 1), ``total`` is not a whole number >= 0, or
+            ``successes`` is not a whole number in [0, total].
 
     Example:
         >>> low, high = wilson_interval(8, 10)
@@ -350,17 +418,19 @@ def wilson_interval(
     s = torch.as_tensor(successes, dtype=torch.float64)
     t = torch.as_tensor(total, dtype=torch.float64, device=s.device)
     s, t = torch.broadcast_tensors(s, t)
-    bad_t = ~(torch.isfinite(t) & (t >= 0))
-    if bad_t.any():
-        raise ValueError(f"`wilson_interval(total=...)` must be finite and >= 0, got {t[bad_t][0].item()}")
-    bad_s = ~(torch.isfinite(s) & (s >= 0) & (s <= t))
-    if bad_s.any():  # report the first offending pair, not a whole tensor
+    bad_t = ~(torch.isfinite(t) & (t >= 0) & (t == t.floor()))
+    if bad_t.any():  # report the first offending value, not a whole tensor
         raise ValueError(
-            f"`wilson_interval(successes=...)` must be in [0, total], "
+            f"`wilson_interval(total=...)` must be a whole number >= 0 (a count of trials), got {t[bad_t][0].item()}"
+        )
+    bad_s = ~(torch.isfinite(s) & (s >= 0) & (s <= t) & (s == s.floor()))
+    if bad_s.any():
+        raise ValueError(
+            f"`wilson_interval(successes=...)` must be a whole number in [0, total], "
             f"got successes={s[bad_s][0].item()}, total={t[bad_s][0].item()}"
         )
     z = torch.special.ndtri(torch.tensor(0.5 + confidence / 2, dtype=torch.float64, device=s.device))
-    safe_t = t.clamp_min(1)
+    safe_t = t.clamp_min(1)  # changes total == 0 only, whose interval is replaced below
     p = s / safe_t
     z2n = z * z / safe_t
     center = (p + z2n / 2) / (1 + z2n)

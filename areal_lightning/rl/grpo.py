@@ -68,7 +68,7 @@ class GRPOModule(L.LightningModule):
         self.reference = copy.deepcopy(policy).requires_grad_(False) if self.grpo.kl_coef > 0 else None
         self.warmed_up = False
         self.train_reward = RewardMetric()
-        self.train_advantage = AdvantageMetric(scale=self.grpo.scale_advantages)
+        self.train_advantage = AdvantageMetric(scale=self.grpo.scale_advantages, std=self.grpo.advantage_std)
 
     @classmethod
     def from_config(cls, cfg: Config) -> GRPOModule:
@@ -125,7 +125,7 @@ class GRPOModule(L.LightningModule):
         )
         texts, rewards = self.score(completions, answers)
         grouped = rewards.view(-1, g)
-        advantages = group_advantages(grouped, scale=hp.scale_advantages).reshape(-1, 1)
+        advantages = group_advantages(grouped, scale=hp.scale_advantages, std=hp.advantage_std).reshape(-1, 1)
 
         logp, entropy = self.policy.completion_logprobs(ids, mask, completions, temperature=hp.temperature)
         # One update per rollout: the weights that sampled are the weights being updated, so the
