@@ -136,7 +136,7 @@ def test_completion_logprobs_carry_gradients_and_ignore_training_mode(policy):
     policy.model.zero_grad(set_to_none=True)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
 def test_every_generated_token_matches_an_uncached_forward(policy, temperature):
     ids, mask = policy.encode_prompts(PROMPTS)
     seeds = list(range(100, 100 + len(PROMPTS)))
