@@ -43,7 +43,8 @@ class HFTokenizer:
         if eos_id is None:
             raise ValueError("`HFTokenizer(eos_id=None)`: the tokenizer has no EOS token; pass `eos_id` explicitly")
         if chat and not getattr(tokenizer, "chat_template", None):
-            raise ValueError("`HFTokenizer(chat=True)`: the tokenizer has no chat template; use chat=False for plain prompts")
+            raise ValueError(
+                "`HFTokenizer(chat=True)`: the tokenizer has no chat template; use chat=False for plain prompts")
         if system_prompt is not None and not chat:
             raise ValueError("`HFTokenizer(system_prompt=...)` needs chat=True: plain prompts have no system message")
         if any(not s for s in stop_strings):

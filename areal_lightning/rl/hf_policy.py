@@ -271,7 +271,8 @@ def _local_dir(path: str | Path, name: str, need_config: bool = False) -> Path:
             "(`save_pretrained`, or `huggingface-cli download NAME --local-dir DIR` on a machine with network) "
             "and pass that directory")
     if not directory.is_dir():
-        raise LocalModelNotFoundError(f"`HFPolicy.from_pretrained({name}={str(path)!r})`: no such local directory. {hint}")
+        raise LocalModelNotFoundError(
+            f"`HFPolicy.from_pretrained({name}={str(path)!r})`: no such local directory. {hint}")
     if need_config and not (directory / "config.json").is_file():
         raise LocalModelNotFoundError(
             f"`HFPolicy.from_pretrained({name}={str(path)!r})`: the directory has no config.json, so it holds no "
