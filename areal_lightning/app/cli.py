@@ -18,7 +18,10 @@ def build_parser() -> argparse.ArgumentParser:
     from areal_lightning.app.fit import add_fit_arguments, fit_main
     from areal_lightning.viz.plot import add_plot_arguments, plot_main
 
+    from areal_lightning import __version__
+
     parser = argparse.ArgumentParser(prog="areal-lightning", description="RL training of language models with evaluation")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     fit = sub.add_parser("fit", help="train with RL, evaluating on the configured triggers")
     _add_config_arguments(fit)
