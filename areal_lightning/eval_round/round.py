@@ -75,10 +75,15 @@ def _flatten(name: str, value: Any) -> dict[str, float]:
     return {name: float(value)}
 
 
-def _extra_updates(out: Mapping[str, Any], num_prompts: int) -> dict[str, tuple[Tensor, float | Tensor]]:
-    """`evaluate_fn`'s returned values as (values, weight) for a mean: a per-sample tensor counts
-    each sample once, a scalar is this rank's mean over its prompts."""
-    updates: dict[str, tuple[Tensor, float | Tensor]] = {}
+def _extra_updates(out: Mapping[str, Any], num_prompts: int) -> dict[str, Tensor]:
+    """`evaluate_fn`'s returned values as the values of a mean: a per-sample tensor counts each
+    sample once, a scalar is this rank's mean over its prompts, so it counts once per prompt.
+
+    The scalar is repeated, not weighted: `MeanMetric(nan_strategy="disable")` ignores its
+    `weight` argument (torchmetrics 1.9 replaces it with ones), which would count an idle or
+    lightly dealt rank as much as a busy one.
+    """
+    updates: dict[str, Tensor] = {}
     for key, value in out.items():
         if isinstance(value, Metric):
             raise TypeError(
@@ -86,9 +91,9 @@ def _extra_updates(out: Mapping[str, Any], num_prompts: int) -> dict[str, tuple[
                 "(the same on every rank) so the round can reduce it exactly"
             )
         if isinstance(value, Tensor) and value.numel() != 1:
-            updates[key] = (value.detach().double().flatten().cpu(), 1.0)
+            updates[key] = value.detach().double().flatten().cpu()
         elif num_prompts:
-            updates[key] = (torch.tensor(float(value), dtype=torch.float64), float(num_prompts))
+            updates[key] = torch.full((num_prompts,), float(value), dtype=torch.float64)
     return updates
 
 
@@ -174,7 +179,7 @@ def evaluate_set(
     for name in sorted(set().union(*(g.extra_names for g in gathered))):
         extras[name] = MeanMetric(nan_strategy="disable").set_dtype(torch.float64)
         if name in updates:
-            extras[name].update(*updates[name])
+            extras[name].update(updates[name])
     metrics = _compute_all(ctx.metrics, eval_set.name)
     metrics.update(_compute_all(extras, eval_set.name))
     size = len(eval_set.samples)
