@@ -74,7 +74,7 @@ def make_checkpoint(config: Path, root: Path) -> Path:
 
 def evaluate(config: Path, ckpt: Path, out: Path, devices: int) -> dict[str, float | dict]:
     """Runs the evaluate command; returns its wall time and its eval-history record."""
-    command = [sys.executable, "-m", "areal_lightning", "evaluate", "-c", str(config), "--ckpt", str(ckpt),
+    command = [sys.executable, "-m", "areal_lightning", "evaluate", "-c", str(config), "--ckpt", str(ckpt), "--trust-checkpoint",
                f"output_dir={out}"]
     if devices > 1:
         command += [f"trainer.devices={devices}", "trainer.strategy=ddp"]
@@ -104,7 +104,7 @@ def round_cpu_secs(rank: int, world_size: int, config: str, ckpt: str) -> tuple[
     torch.set_num_threads(1)
     cfg = load_config(config)
     module = GRPOModule.from_config(cfg)
-    load_weights(module, load_checkpoint(ckpt)[STATE_DICT_KEY], ckpt)
+    load_weights(module, load_checkpoint(ckpt, trust=True)[STATE_DICT_KEY], ckpt)
     eval_sets = build_eval_sets(cfg, module.task)
     check_eval_sets_consistent(eval_sets)  # also lines the ranks up before the clocks start
     cpu, wall = time.process_time(), time.perf_counter()

@@ -147,7 +147,7 @@ def build_trainer(cfg: Config, callbacks: list[Callback]) -> L.Trainer:
                                   save_top_k=-1, save_last=True)
     return L.Trainer(
         max_steps=t.max_steps, max_epochs=t.max_epochs if t.max_epochs is not None else -1,
-        accelerator=t.accelerator, devices=t.devices, strategy=t.strategy, precision=t.precision,
+        accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy, precision=t.precision,
         log_every_n_steps=t.log_every_n_steps, enable_progress_bar=t.enable_progress_bar,
         default_root_dir=str(output_dir), logger=build_loggers(cfg, output_dir) or False,
         callbacks=[*callbacks, checkpoints], enable_model_summary=False,

@@ -97,6 +97,8 @@ class TrainerConfig:
     """Lightning accelerator: cpu, gpu, auto."""
     devices: int = 1
     """Devices (processes) to train on."""
+    num_nodes: int = 1
+    """Machines to train on, `devices` processes each; launch one copy per node (torchrun, SLURM; docs/scale_out.md)."""
     strategy: str = "auto"
     """Lightning strategy: auto, ddp, fsdp ..."""
     precision: str = "32-true"
@@ -112,6 +114,7 @@ class TrainerConfig:
         _at_least(f"{path}.max_steps", self.max_steps, 1)
         _at_least(f"{path}.max_epochs", self.max_epochs, 1, allow_none=True)
         _at_least(f"{path}.devices", self.devices, 1)
+        _at_least(f"{path}.num_nodes", self.num_nodes, 1)
         _at_least(f"{path}.log_every_n_steps", self.log_every_n_steps, 1)
         _at_least(f"{path}.checkpoint_every_n_steps", self.checkpoint_every_n_steps, 1, allow_none=True)
 

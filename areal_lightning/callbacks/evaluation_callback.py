@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from areal_lightning.callbacks.thresholds import Alert, ThresholdMonitor
+from areal_lightning.callbacks.parallelism import forwards_in_lockstep
 from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS, ErrorPolicy, EvalMode, ThresholdAction, choice
 from areal_lightning.callbacks.trigger import Cause, HybridTrigger
 from areal_lightning.errors import ArgumentError
@@ -109,6 +110,7 @@ class EvaluationCallback(Callback):
         self._history: EvalHistory | None = None
         self._checked_eval_sets = False
         self._last_seen_step = -1
+        self._lockstep = False  # decided from the strategy once the model is sharded (on_train_start)
         self.evaluated_steps: list[int] = []
         # Lightning reads `state_key` around every hook call of every step (profiler labels), and
         # the arguments it depends on never change: build the string once.
@@ -142,6 +144,7 @@ class EvaluationCallback(Callback):
         if not self._checked_eval_sets:
             check_eval_sets_consistent(self.eval_sets)  # every rank: a mismatch fails everywhere at once
             self._checked_eval_sets = True
+        self._lockstep = forwards_in_lockstep(trainer.strategy, pl_module)  # raises for tensor parallelism
         self.trigger.start()
         self._last_seen_step = trainer.global_step
         causes = self.trigger.before_train(trainer.global_step)
@@ -202,7 +205,7 @@ class EvaluationCallback(Callback):
         try:
             results = run_round(pl_module, self.eval_sets, evaluate_fn, seed=int(self.seed or 0), global_step=step,
                                 epoch=epoch, max_table_rows=self.max_table_rows,
-                                show_progress=trainer.progress_bar_callback is not None)
+                                show_progress=trainer.progress_bar_callback is not None, lockstep=self._lockstep)
         except EvalRoundError as err:
             self.trigger.mark_evaluated(step)
             if self.on_error is ErrorPolicy.RAISE:

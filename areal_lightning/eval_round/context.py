@@ -31,6 +31,12 @@ class EvalContext:
     Create every metric with `metric(...)` before the batch loop: a rank dealt no batch never
     runs the loop, and its metrics must still join the reduction. Call `record_sample` for
     generations worth showing; those with `index < max_table_rows` are kept.
+
+    `lockstep` is True when the module's forward runs collectives (sharded parameters: FSDP2,
+    FSDP): every rank must then run the same number of forward passes for a batch of the same
+    kind, so generation must decode a fixed number of steps instead of stopping once every row
+    ended. `padding` is True on the second call the round makes under lockstep, with batches that
+    only keep this rank in step with the others: whatever it records is dropped.
     """
 
     dataset: str
@@ -46,6 +52,8 @@ class EvalContext:
     max_table_rows: int = 0
     table_rows: list[dict[str, Any]] = field(default_factory=list)
     loop_started: bool = False
+    lockstep: bool = False
+    padding: bool = False
 
     def metric(self, name: str, factory: Callable[[], Metric]) -> Metric:
         """The metric called `name`, created on this round's device on first use.

@@ -6,10 +6,15 @@ the module replica, the eval sets (cut into a global list of batches that does n
 number of devices) and the run seed (from which each sample's own seed derives). Under
 `torch.distributed` each rank evaluates its deal of the batches, and every rank runs the same
 collectives in the same order: one object gather, then the metrics' own syncs.
+
+With `lockstep=True` (sharded parameters: every forward all-gathers them) a rank dealt fewer
+batches than the busiest rank also evaluates padding batches, in a second `evaluate_fn` call on a
+throwaway context, so that every rank runs the same number of forwards before the gather.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import traceback
 import warnings
@@ -24,7 +29,7 @@ from areal_lightning.eval_round.context import BatchList, EvalBatch, EvalContext
 from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.eval_round.isolation import evaluation_mode, module_device
 from areal_lightning.eval_round.ranks import all_gather_object, dist_info
-from areal_lightning.eval_round.sharding import sample_seeds, shard_for_rank
+from areal_lightning.eval_round.sharding import sample_seeds, shard_all_ranks, shard_for_rank
 
 
 class _RankReport(NamedTuple):
@@ -49,16 +54,36 @@ def local_batches(eval_set: EvalSet, seed: int, rank: int, world_size: int) -> l
     return batches
 
 
+def padding_batches(eval_set: EvalSet, seed: int, rank: int, world_size: int) -> list[EvalBatch]:
+    """What this rank evaluates, and drops, to run as many batches as the busiest rank.
+
+    Each padding batch is the eval set's cheapest sample alone (lowest cost, then lowest index):
+    under lockstep a batch costs its forwards' parameter all-gathers whatever its size, so the
+    smallest batch keeps the wasted compute smallest.
+    """
+    dealt = shard_all_ranks(eval_set.costs, eval_set.batch_size, world_size, max_batch_cost=eval_set.max_batch_cost)
+    missing = max(len(batches) for batches in dealt) - len(dealt[rank])
+    cheapest = min(range(len(eval_set.costs)), key=lambda i: (eval_set.costs[i], i))
+    batch = EvalBatch(indices=[cheapest], samples=[eval_set.samples[cheapest]],
+                      seeds=sample_seeds(seed, eval_set.name, [cheapest]))
+    return [batch] * missing
+
+
 def _flatten(name: str, value: Any) -> dict[str, float]:
     if isinstance(value, Mapping):
         return {(name if key == name else f"{name}/{key}"): float(v) for key, v in value.items()}
     return {name: float(value)}
 
 
-def _extra_updates(out: Mapping[str, Any], num_prompts: int) -> dict[str, tuple[Tensor, float | Tensor]]:
-    """`evaluate_fn`'s returned values as (values, weight) for a mean: a per-sample tensor counts
-    each sample once, a scalar is this rank's mean over its prompts."""
-    updates: dict[str, tuple[Tensor, float | Tensor]] = {}
+def _extra_updates(out: Mapping[str, Any], num_prompts: int) -> dict[str, Tensor]:
+    """`evaluate_fn`'s returned values as the values of a mean: a per-sample tensor counts each
+    sample once, a scalar is this rank's mean over its prompts, so it counts once per prompt.
+
+    The scalar is repeated, not weighted: `MeanMetric(nan_strategy="disable")` ignores its
+    `weight` argument (torchmetrics 1.9 replaces it with ones), which would count an idle or
+    lightly dealt rank as much as a busy one.
+    """
+    updates: dict[str, Tensor] = {}
     for key, value in out.items():
         if isinstance(value, Metric):
             raise TypeError(
@@ -66,9 +91,9 @@ def _extra_updates(out: Mapping[str, Any], num_prompts: int) -> dict[str, tuple[
                 "(the same on every rank) so the round can reduce it exactly"
             )
         if isinstance(value, Tensor) and value.numel() != 1:
-            updates[key] = (value.detach().double().flatten().cpu(), 1.0)
+            updates[key] = value.detach().double().flatten().cpu()
         elif num_prompts:
-            updates[key] = (torch.tensor(float(value), dtype=torch.float64), float(num_prompts))
+            updates[key] = torch.full((num_prompts,), float(value), dtype=torch.float64)
     return updates
 
 
@@ -111,25 +136,34 @@ def _check_same_metrics(gathered: Sequence[_RankReport], dataset: str) -> None:
 
 def evaluate_set(
     module: nn.Module, eval_set: EvalSet, evaluate_fn: EvaluateFn, *, seed: int, global_step: int, epoch: int,
-    max_table_rows: int = 0, show_progress: bool = False,
+    max_table_rows: int = 0, show_progress: bool = False, lockstep: bool = False,
 ) -> SetResult:
     """Runs one eval set on this rank's deal and reduces it over all ranks.
 
-    `show_progress` draws a progress bar over this rank's batches on rank 0.
+    `show_progress` draws a progress bar over this rank's batches on rank 0. `lockstep`: see
+    `run_round`.
     """
     rank, world = dist_info()
     start = time.perf_counter()
     batches = local_batches(eval_set, seed, rank, world)
+    padding = padding_batches(eval_set, seed, rank, world) if lockstep and world > 1 else []
     num_prompts = sum(len(b.indices) for b in batches)
     ctx = EvalContext(
         dataset=eval_set.name, rank=rank, world_size=world, global_step=global_step, epoch=epoch,
         device=module_device(module), seed=seed, options=eval_set.options, max_table_rows=max_table_rows,
+        lockstep=lockstep and world > 1,
     )
     error, updates = None, {}
     with evaluation_mode(module):
         try:  # inside the block: `evaluation_mode` restores the RNG states only on a normal exit
             shown = _with_progress(BatchList(batches, ctx), eval_set.name, show_progress and rank == 0)
             updates = _extra_updates(evaluate_fn(module, shown, ctx) or {}, num_prompts)
+            if padding:
+                # Forwards that pair with the busier ranks' last forwards (their parameter
+                # all-gathers); a fresh context takes the results, and nothing reads it.
+                scratch = dataclasses.replace(ctx, metrics={}, num_samples=0, max_table_rows=0, table_rows=[],
+                                              loop_started=False, padding=True)
+                evaluate_fn(module, BatchList(padding, scratch), scratch)
         except Exception as err:  # noqa: BLE001 - reported on every rank below, so no rank waits forever
             error = f"rank {rank}: {type(err).__name__}: {err}\n{traceback.format_exc()}"
     # One object gather carries errors, counts, names and table rows: the same collective on every rank.
@@ -145,7 +179,7 @@ def evaluate_set(
     for name in sorted(set().union(*(g.extra_names for g in gathered))):
         extras[name] = MeanMetric(nan_strategy="disable").set_dtype(torch.float64)
         if name in updates:
-            extras[name].update(*updates[name])
+            extras[name].update(updates[name])
     metrics = _compute_all(ctx.metrics, eval_set.name)
     metrics.update(_compute_all(extras, eval_set.name))
     size = len(eval_set.samples)
@@ -164,15 +198,38 @@ def evaluate_set(
 
 def run_round(
     module: nn.Module, eval_sets: Sequence[EvalSet], evaluate_fn: EvaluateFn, *, seed: int, global_step: int,
-    epoch: int, max_table_rows: int = 0, show_progress: bool = False,
+    epoch: int, max_table_rows: int = 0, show_progress: bool = False, lockstep: bool = False,
 ) -> list[SetResult]:
     """Evaluates every eval set, in order, on the module replica; returns the reduced results.
 
+    Args:
+        module: the module `evaluate_fn` runs (the LightningModule, never a DDP wrapper).
+        eval_sets: the eval sets, the same on every rank.
+        evaluate_fn: ``evaluate_fn(module, batches, ctx) -> {name: value}``.
+        seed: the run seed each sample's own seed derives from.
+        global_step, epoch: what the results are recorded under (also in ``ctx``).
+        max_table_rows: samples per eval set whose `ctx.record_sample` rows are kept.
+        show_progress: a progress bar over rank 0's batches.
+        lockstep: the module's forward runs collectives (sharded parameters, see
+            `callbacks.parallelism.forwards_in_lockstep`): every rank runs as many batches as the
+            busiest rank (the others add padding batches whose results are dropped, in a second
+            `evaluate_fn` call with ``ctx.padding`` True), and ``ctx.lockstep`` tells
+            `evaluate_fn` to run the same number of forwards for every batch (no early stop).
+
     Raises:
-        EvalRoundError: on every rank, when `evaluate_fn` raised on any rank.
+        EvalRoundError: on every rank, when `evaluate_fn` raised on any rank. Under `lockstep`
+            a rank that raised mid-batch leaves the others waiting in a forward's collective
+            until the process group's timeout, which then raises there.
+
+    Example:
+        >>> def count(module, batches, ctx):
+        ...     return {"size": float(sum(len(b.indices) for b in batches) / max(len(batches), 1))}
+        >>> [r.num_prompts for r in run_round(nn.Identity(), [EvalSet("s", [1, 2, 3])], count, seed=0,
+        ...                                   global_step=0, epoch=0)]
+        [3]
     """
     return [
         evaluate_set(module, s, evaluate_fn, seed=seed, global_step=global_step, epoch=epoch,
-                     max_table_rows=max_table_rows, show_progress=show_progress)
+                     max_table_rows=max_table_rows, show_progress=show_progress, lockstep=lockstep)
         for s in eval_sets
     ]

@@ -35,6 +35,7 @@ __all__ = [
     "global_batches",
     "sample_seed",
     "sample_seeds",
+    "shard_all_ranks",
     "shard_for_rank",
 ]
 
@@ -288,6 +289,36 @@ def deal_batches(batch_costs: Sequence[float], world_size: int) -> list[list[int
     return [sorted(batches) for batches in dealt]
 
 
+def shard_all_ranks(
+    costs: Sequence[float],
+    batch_size: int,
+    world_size: int,
+    *,
+    sort_by_cost: bool = True,
+    max_batch_cost: float | None = None,
+) -> list[list[list[int]]]:
+    """Return every rank's batches: ``result[rank]`` is :func:`shard_for_rank` of that rank.
+
+    A rank needs the others' deals only when every rank must run the same number of forward
+    passes (sharded parameters): the longest deal sets how many the others pad.
+
+    Args:
+        costs, batch_size, world_size, sort_by_cost, max_batch_cost: As :func:`shard_for_rank`.
+
+    Raises:
+        TypeError, ValueError: As :func:`global_batches` and :func:`deal_batches`.
+
+    Example:
+        >>> shard_all_ranks([5, 1, 3, 2], 1, world_size=3)
+        [[[0]], [[2]], [[1], [3]]]
+    """
+    world_size = _as_int(world_size, "shard_all_ranks", "world_size", minimum=1)
+    batches = global_batches(costs, batch_size, sort_by_cost=sort_by_cost, max_batch_cost=max_batch_cost)
+    checked = [float(c) for c in costs]  # validated by global_batches
+    dealt = deal_batches([_padded_cost(checked, b) for b in batches], world_size)
+    return [[batches[b] for b in rank_batches] for rank_batches in dealt]
+
+
 def shard_for_rank(
     costs: Sequence[float],
     batch_size: int,
@@ -325,12 +356,8 @@ def shard_for_rank(
             f"shard_for_rank(rank=...) must be in [0, world_size), got rank={rank}, "
             f"world_size={world_size}"
         )
-    batches = global_batches(
-        costs, batch_size, sort_by_cost=sort_by_cost, max_batch_cost=max_batch_cost
-    )
-    checked = [float(c) for c in costs]  # validated by global_batches
-    dealt = deal_batches([_padded_cost(checked, b) for b in batches], world_size)
-    return [batches[b] for b in dealt[rank]]
+    return shard_all_ranks(costs, batch_size, world_size, sort_by_cost=sort_by_cost,
+                           max_batch_cost=max_batch_cost)[rank]
 
 
 def cost_balance(assignment: Sequence[Sequence[int]], batch_costs: Sequence[float]) -> float:

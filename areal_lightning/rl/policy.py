@@ -19,7 +19,9 @@ class Policy(Protocol):
     """What `GRPOModule` needs from a language model.
 
     Prompts come left-padded (`prompt_mask` True on real tokens). Completions are
-    `[B, max_new_tokens]` ids that end with EOS and are padded after it.
+    `[B, max_new_tokens]` ids that end with EOS and are padded after it. With
+    `stop_at_eos=False` generation runs all `max_new_tokens` forwards even after every row ended
+    (same output): under sharded parameters every rank must run the same number of forwards.
     """
 
     eos_id: int
@@ -27,7 +29,7 @@ class Policy(Protocol):
 
     def generate(
         self, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int, temperature: float,
-        generators: Generators,
+        generators: Generators, stop_at_eos: bool = True,
     ) -> Tensor: ...
 
     def completion_logprobs(
@@ -134,9 +136,12 @@ class TinyPolicy(nn.Module):
     @torch.no_grad()
     def generate(
         self, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int, temperature: float,
-        generators: Generators,
+        generators: Generators, stop_at_eos: bool = True,
     ) -> Tensor:
-        """Samples `max_new_tokens` ids per row (greedy when `temperature == 0`); EOS then pad."""
+        """Samples `max_new_tokens` ids per row (greedy when `temperature == 0`); EOS then pad.
+
+        `stop_at_eos=False` decodes every step even once all rows ended (see `Policy`).
+        """
         b = prompt_ids.shape[0]
         noise = sampling_noise(generators, b, max_new_tokens, self.head.out_features, prompt_ids.device)
         caches: list[dict[str, Tensor]] = [{} for _ in self.blocks]
@@ -153,7 +158,7 @@ class TinyPolicy(nn.Module):
                 token = logits.argmax(dim=-1)
             out[:, t] = torch.where(done, torch.full_like(token, self.pad_id), token)
             done |= token == self.eos_id
-            if done.all() or t == max_new_tokens - 1:
+            if t == max_new_tokens - 1 or (stop_at_eos and bool(done.all())):
                 break
             key_valid = torch.cat([key_valid, torch.ones(b, 1, dtype=torch.bool, device=key_valid.device)], dim=1)
             logits = self(token[:, None], key_valid, next_pos, caches)[:, -1]

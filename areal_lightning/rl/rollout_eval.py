@@ -47,7 +47,7 @@ def rollout_evaluate(module: RolloutModule, batches: Sequence[EvalBatch], ctx: E
         # One generator per prompt, repeated for its n rows: its completions depend on its seed only.
         generators = [g for seed in batch.seeds for g in [torch.Generator().manual_seed(seed)] * n]
         completions = module.policy.generate(ids, mask, max_new_tokens=max_new_tokens, temperature=temperature,
-                                             generators=generators)
+                                             generators=generators, stop_at_eos=not ctx.lockstep)
         answers = [s.answer for s in samples for _ in range(n)]
         texts, rewards = module.score(completions, answers)
         rewards = rewards.view(len(samples), n)
