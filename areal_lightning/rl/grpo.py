@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import asdict
+from enum import Enum
 from typing import Any
 
 import lightning as L
@@ -63,7 +64,9 @@ class GRPOModule(L.LightningModule):
         self.task = task
         self.grpo = grpo or GRPOConfig()
         self.seed = seed
-        self.save_hyperparameters({"grpo": asdict(self.grpo), "seed": seed})
+        # Plain values only (Enum fields by value): `fit --ckpt` loads with torch.load(weights_only=True).
+        grpo_values = {k: v.value if isinstance(v, Enum) else v for k, v in asdict(self.grpo).items()}
+        self.save_hyperparameters({"grpo": grpo_values, "seed": seed})
         # The frozen policy of the KL penalty: a registered submodule, so a resume restores it.
         self.reference = copy.deepcopy(policy).requires_grad_(False) if self.grpo.kl_coef > 0 else None
         self.warmed_up = False
@@ -79,9 +82,10 @@ class GRPOModule(L.LightningModule):
     @override
     def setup(self, stage: str) -> None:
         # Runs before the strategy wraps the module (no DDP hooks yet) and before a checkpoint is
-        # restored; every rank runs the same seeded warm-up, so the weights agree.
-        resuming = self.trainer.ckpt_path is not None if self._trainer is not None else False
-        if stage == "fit" and not self.warmed_up and not resuming and self.grpo.warmup_steps:
+        # restored; every rank runs the same seeded warm-up, so the weights agree. Lightning names
+        # the checkpoint to the module only after this hook (`trainer.ckpt_path` is still None
+        # here), so whoever resumes sets `warmed_up = True` first, as `areal-lightning fit --ckpt` does.
+        if stage == "fit" and not self.warmed_up and self.grpo.warmup_steps:
             format_warmup(self.policy, self.task, steps=self.grpo.warmup_steps, lr=self.grpo.warmup_lr, seed=self.seed)
             if self.reference is not None:
                 self.reference.load_state_dict(self.policy.state_dict())
