@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import tempfile
 import time
 import traceback
@@ -31,6 +32,8 @@ _POLL_S: float = 0.2
 
 
 def _worker(rank: int, world_size: int, payload: bytes, store_path: str, out_dir: str, timeout_s: float) -> None:
+    # Lead a process group of its own, so that a timeout ends whatever this rank started too.
+    os.setpgid(0, 0)
     # Set the launcher's environment before unpickling `fn`, which imports its module: torchmetrics
     # and Lightning read LOCAL_RANK at import time to decide which rank prints rank-zero warnings.
     os.environ.update(
@@ -60,17 +63,30 @@ def _worker(rank: int, world_size: int, payload: bytes, store_path: str, out_dir
         pickle.dump(result, f)
 
 
+def _signal_group(pid: int | None, sig: signal.Signals) -> None:
+    """`sig` to the process group a rank leads (itself and anything it started)."""
+    if pid is None:
+        return
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _stop(context: mp.ProcessContext) -> list[int]:
-    """Terminate (then kill) the still running processes of this run; return their ranks."""
+    """Terminate (then kill) the process groups of this run's still running ranks; return those ranks."""
     alive = [rank for rank, p in enumerate(context.processes) if p.is_alive()]
     for rank in alive:
         context.processes[rank].terminate()
+        _signal_group(context.processes[rank].pid, signal.SIGTERM)
     for rank in alive:
         process = context.processes[rank]
         process.join(_KILL_GRACE_S)
         if process.is_alive():
             process.kill()
             process.join()
+    for process in context.processes:  # children a rank started outlive it unless its group goes too
+        _signal_group(process.pid, signal.SIGKILL)
     return alive
 
 
@@ -136,6 +152,8 @@ def run_ddp(
                 f"run_ddp({name}): rank {err.error_index} exited with code {err.exit_code}\n"
                 f"{_tracebacks(tmp, str(err))}"
             ) from None
+        for process in context.processes:  # ranks that exited may have left helpers behind
+            _signal_group(process.pid, signal.SIGKILL)
         results = []
         for rank in range(world_size):
             with open(Path(tmp) / f"rank{rank}.pkl", "rb") as f:

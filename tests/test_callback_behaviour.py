@@ -131,7 +131,8 @@ def test_every_logger_gets_eval_set_metric_at_the_evaluated_step(tmp_path: Path)
             assert float(row["eval/easy/w"]) == float(row["eval/hard/w"]) == int(row["step"])
             assert float(row["eval/easy/sample_value"]) == pytest.approx(1.5)
             assert float(row["eval/hard/sample_value"]) == pytest.approx(30.0)
-            assert float(row["eval/easy/eval_secs"]) >= 0.0
+        secs = {r["step"]: r["eval_secs"] for r in eval_rows(read_history(tmp_path)) if r["dataset"] == "easy"}
+        assert [float(r["eval/easy/eval_secs"]) for r in rows] == pytest.approx([secs[s] for s in expected_steps])
 
 
 # ------------------------------------------------------------------ evaluation leaves training untouched

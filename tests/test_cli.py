@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from procs import run_in_group
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "arithmetic" / "grpo.yaml"
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "areal_lightning", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120)
+    return run_in_group([sys.executable, "-m", "areal_lightning", *args], timeout=120, cwd=cwd)
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from areal_lightning.app.cli import main
 from areal_lightning.eval_round import SetResult
 from areal_lightning.app.evaluate import format_table
 from areal_lightning.tracking.history import read_history
+from procs import run_in_group
 
 ODD_SIZE = 101
 N_SAMPLES = 3
@@ -62,7 +63,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def _evaluate(config: Path, ckpt: Path, out: Path, *overrides: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "areal_lightning", "evaluate", "-c", str(config), "--ckpt", str(ckpt),
                f"output_dir={out}", *overrides]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=out.parent)
+    done = run_in_group(command, timeout=RUN_TIMEOUT_S, cwd=out.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 

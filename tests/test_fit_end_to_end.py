@@ -4,7 +4,6 @@ and plots, read back from the files a user would look at."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from wandb_reader import (
     wandb_step_metric,
 )
 from areal_lightning.viz.plot import build_figure
+from procs import run_in_group
 
 MAX_STEPS = 7
 SMALL = [
@@ -35,10 +35,10 @@ def _fit(tmp_path: Path, trial: str, *extra: str) -> Path:
     env = dict(os.environ, WANDB_SILENT="true", WANDB_CONFIG_DIR=str(tmp_path / "wb-config"),
                WANDB_CACHE_DIR=str(tmp_path / "wb-cache"), WANDB_DATA_DIR=str(tmp_path / "wb-data"))
     run_dir = tmp_path / "runs" / trial
-    proc = subprocess.run(
+    proc = run_in_group(
         [sys.executable, "-m", "areal_lightning", "fit", "-c", str(EXAMPLE), *SMALL, f"trial_name={trial}",
          f"output_dir={run_dir}", *extra],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+        timeout=240, cwd=tmp_path, env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"plot: {run_dir / 'eval_accuracy.png'}" in proc.stderr + proc.stdout  # the job says where its plot is
@@ -91,8 +91,8 @@ def test_plot_draws_both_figures_from_real_histories(runs, tmp_path):
     assert sorted(line.get_label() for line in single.axes[0].get_lines() if not line.get_label().startswith("_")) \
         == ["easy", "hard"]
     out = tmp_path / "compare.png"
-    proc = subprocess.run([sys.executable, "-m", "areal_lightning", "plot", str(mt2), str(mt4), "--metric",
-                           "reward/mean", "--out", str(out)], capture_output=True, text=True, timeout=120)
+    proc = run_in_group([sys.executable, "-m", "areal_lightning", "plot", str(mt2), str(mt4), "--metric",
+                         "reward/mean", "--out", str(out)], timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert out.is_file() and out.stat().st_size > 10_000
     compare = build_figure({"mt2": read_history(mt2), "mt4": read_history(mt4)}, metric="reward/mean")
@@ -107,11 +107,11 @@ def test_evaluating_the_saved_checkpoint_on_two_processes_reproduces_the_in_trai
     run_dir = runs[0]
     end = {r["dataset"]: r for r in eval_rows(read_history(run_dir)) if r["step"] == MAX_STEPS}
     history = run_dir / "reevaluated.jsonl"
-    proc = subprocess.run(
+    proc = run_in_group(
         [sys.executable, "-m", "areal_lightning", "evaluate", "-c", str(run_dir / "config.yaml"), "--ckpt",
          str(run_dir / "checkpoints" / "last.ckpt"), "--history", str(history), "trainer.devices=2",
          "trainer.strategy=ddp", "logger.wandb.mode=disabled"],
-        cwd=run_dir.parent, capture_output=True, text=True, timeout=240,
+        timeout=240, cwd=run_dir.parent,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     again = {r["dataset"]: r for r in eval_rows(read_history(history))}

@@ -61,9 +61,23 @@ def test_training_step_logs_the_grpo_statistics(tmp_path):
                  "train/clip_frac", "train/completion_len", "train/entropy", "train/loss"):
         assert name in logged and torch.isfinite(logged[name]), name
     assert 0.0 <= float(logged["train/zero_std_frac"]) <= 1.0
-    assert float(logged["train/kl"]) >= 0.0
     # completions are 2 digits + EOS for one-digit sums, at most max_new_tokens
     assert 1.0 <= float(logged["train/completion_len"]) <= cfg.grpo.max_new_tokens
+
+
+def test_kl_to_a_reference_that_differs_is_positive(tmp_path):
+    # At the first steps of a fresh run the policy still equals its frozen copy (KL 0 whatever the
+    # formula); a reference moved away from it must show a positive KL in the logged statistics.
+    cfg = load_config(None, ["trainer.max_steps=1", "eval_sets.easy.size=4", "grpo.warmup_steps=0", "grpo.kl_coef=0.1",
+                             "grpo.prompts_per_step=4", "grpo.group_size=4"])
+    module = GRPOModule.from_config(cfg)
+    with torch.no_grad():
+        for param in module.reference.parameters():
+            param.add_(0.5 * torch.randn_like(param))
+    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(module)
+    assert float(trainer.callback_metrics["train/kl"]) > 0.01
 
 
 def test_warmup_teaches_the_format_but_not_the_answers():

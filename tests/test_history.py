@@ -17,6 +17,7 @@ import torch
 from areal_lightning.tracking.history import (
     HISTORY_FILENAME,
     EvalHistory,
+    DuplicateRoundWarning,
     TruncatedHistoryWarning,
     eval_record,
     eval_rows,
@@ -132,8 +133,25 @@ def test_writer_after_a_crash_starts_a_fresh_line(tmp_path: Path) -> None:
         history.append(_record(30))
     lines = path.read_text().splitlines()
     assert [json.loads(lines[i])["step"] for i in (0, 2, 3)] == [0, 20, 30]
-    with pytest.raises(ValueError, match="line 2 is not valid JSON"):
-        read_history(path)
+    with pytest.warns(TruncatedHistoryWarning, match=r"skipped the unfinished line 2") as caught:
+        assert [r["step"] for r in read_history(path)] == [0, 20, 30]  # the torn line, now in the middle
+    assert len(caught) == 1
+
+
+def test_resumed_writer_appends_no_second_round_for_a_recorded_step(tmp_path: Path) -> None:
+    path = tmp_path / HISTORY_FILENAME
+    EvalHistory(path, once_per_step=["steps"]).append_many([_record(0), _record(10)])
+    resumed = EvalHistory(path, once_per_step=["steps"])  # a new process after a crash
+    with pytest.warns(DuplicateRoundWarning, match=r"already holds a round of eval set 'easy' at step 10"):
+        resumed.append_many([_record(10), _record(20)])
+    resumed.append(event_record("error", 10, message="events are never deduplicated"))
+    again = eval_record(10, 1, "easy", {"accuracy": 0.5}, trigger=["evaluate"], num_samples=4, num_prompts=1,
+                        eval_secs=0.1, mode="sync", world_size=1)
+    resumed.append(again)  # a standalone evaluation of that step is another kind of round
+    EvalHistory(path).append(_record(10))  # a writer without once_per_step appends everything
+    steps = [(r["step"], "event" in r, r.get("trigger")) for r in read_history(path)]
+    assert steps == [(0, False, ["steps"]), (10, False, ["steps"]), (20, False, ["steps"]), (10, True, None),
+                     (10, False, ["evaluate"]), (10, False, ["steps"])]
 
 
 def test_event_records_and_filters(tmp_path: Path) -> None:

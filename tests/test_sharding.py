@@ -183,8 +183,10 @@ def test_sample_seeds_are_stable_distinct_and_in_range() -> None:
 
 def test_sample_seed_seeds_a_torch_generator() -> None:
     torch = pytest.importorskip("torch")
-    generator = torch.Generator().manual_seed(max(sample_seed(s, d, i) for s, d, i in _SEED_CASES))
-    assert torch.rand(1, generator=generator).item() < 1.0
+    seeds = [sample_seed(s, d, i) for s, d, i in _SEED_CASES]  # the largest included: accepted by manual_seed
+    draws = [torch.rand(4, generator=torch.Generator().manual_seed(seed)).tolist() for seed in seeds]
+    assert draws[0] == torch.rand(4, generator=torch.Generator().manual_seed(seeds[0])).tolist()  # reproducible
+    assert len({tuple(d) for d in draws}) == len(seeds)  # each sample its own stream
 
 
 _SUBPROCESS_CODE = """

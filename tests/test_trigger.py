@@ -203,6 +203,8 @@ def test_resume_evaluates_exactly_what_an_uninterrupted_run_does(
     first = drive(HybridTrigger(**config, clock=clock), clock, batches_per_epoch=BATCHES, max_steps=MAX_STEPS,
                   checkpoint_at=checkpoint_at, killed_after=killed_after)
     assert first.checkpoint is not None
+    evaluated_by_then = [s for s, _ in first.evaluations if s <= checkpoint_at]
+    assert first.checkpoint["last_evaluated_step"] == (evaluated_by_then[-1] if evaluated_by_then else None)
     clock.advance(DOWNTIME_SECS)
     resumed_trigger = HybridTrigger(**config, clock=clock)  # a new process: a new trigger
     resumed_trigger.load_state_dict(first.checkpoint)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf import errors as oc_errors
 
 from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS, ErrorPolicy, EvalMode, ThresholdAction
@@ -30,6 +30,8 @@ from areal_lightning.metrics.functional import AdvantageStd
 from areal_lightning.eval_round.eval_set import EvalSet
 
 CONFIG_FILENAME = "config.yaml"
+LIGHTNING_PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
+"""The precisions a message suggests (Lightning also takes its aliases, such as ``32``)."""
 
 
 class PolicyKind(str, Enum):
@@ -117,6 +119,25 @@ class TrainerConfig:
         _at_least(f"{path}.num_nodes", self.num_nodes, 1)
         _at_least(f"{path}.log_every_n_steps", self.log_every_n_steps, 1)
         _at_least(f"{path}.checkpoint_every_n_steps", self.checkpoint_every_n_steps, 1, allow_none=True)
+        self._check_lightning_names(path)
+
+    def _check_lightning_names(self, path: str) -> None:
+        """Lightning's own lists, so that a typo fails here and not as a traceback from `Trainer(...)`."""
+        from lightning.fabric.connector import _convert_precision_to_unified_args
+        from lightning.pytorch.accelerators import AcceleratorRegistry
+        from lightning.pytorch.strategies import StrategyRegistry
+
+        accelerators = ["auto", "gpu", *sorted(AcceleratorRegistry.available_accelerators())]
+        if self.accelerator not in accelerators:
+            raise ConfigError(f"{path}.accelerator must be one of {', '.join(accelerators)}; got {self.accelerator!r}")
+        strategies = ["auto", *StrategyRegistry.available_strategies()]
+        if self.strategy.lower() not in strategies:
+            raise ConfigError(f"{path}.strategy must be one of {', '.join(strategies)}; got {self.strategy!r}")
+        try:
+            _convert_precision_to_unified_args(self.precision)
+        except ValueError:
+            raise ConfigError(f"{path}.precision must be one of {', '.join(LIGHTNING_PRECISIONS)} (Lightning's "
+                              f"names); got {self.precision!r}") from None
 
 
 @dataclass
@@ -141,6 +162,10 @@ class PolicyConfig:
             _at_least(f"{path}.{name}", getattr(self, name), 1)
         if self.d_model % self.n_heads:
             raise ConfigError(f"{path}.n_heads must divide {path}.d_model, got d_model={self.d_model}, n_heads={self.n_heads}")
+        if self.kind is PolicyKind.TINY and self.path is not None:
+            # A path the run would silently ignore: the user believes a trained model is loaded.
+            raise ConfigError(f"{path}.path is not read by {path}.kind=tiny (built from d_model, n_layers, ...), "
+                              f"got {self.path!r}; remove {path}.path (no kind that loads a model exists yet)")
 
 
 @dataclass
@@ -320,6 +345,44 @@ class Config:
             raise ConfigError("eval_sets is empty; define at least one, e.g. eval_sets: {easy: {digits: 1, size: 200}}")
         for name, eval_set in self.eval_sets.items():
             eval_set.check(f"eval_sets.{name}")
+        self._check_sequence_lengths()
+        self._check_thresholds()
+
+    def _check_sequence_lengths(self) -> None:
+        """The longest prompt plus its completion must fit policy.max_len, or every round would fail."""
+        from areal_lightning.tasks.arithmetic import ArithmeticTask, operand_range
+
+        tokenizer = ArithmeticTask().tokenizer
+        uses = [("task.train_digits", self.task.train_digits, "grpo.max_new_tokens", self.grpo.max_new_tokens)]
+        for name, es in self.eval_sets.items():
+            key = f"eval_sets.{name}.max_new_tokens" if es.max_new_tokens is not None else "grpo.max_new_tokens"
+            uses.append((f"eval_sets.{name}.digits", es.digits, key, es.max_new_tokens or self.grpo.max_new_tokens))
+        for digits_key, digits, tokens_key, new_tokens in uses:
+            high = operand_range(digits)[1]
+            needed = len(tokenizer.encode(f"{high}+{high}=")) + new_tokens
+            if needed > self.policy.max_len:
+                raise ConfigError(
+                    f"policy.max_len must be at least {needed} for {digits_key}={digits} and {tokens_key}={new_tokens} "
+                    f"(longest prompt plus completion, in tokens), got {self.policy.max_len}"
+                )
+
+    def _check_thresholds(self) -> None:
+        """Thresholds name metrics that the default evaluation logs; known here, before any round."""
+        from areal_lightning.rl.rollout_eval import metric_names
+
+        ev = self.evaluator
+        if ev.threshold_action is ThresholdAction.STOP and not ev.metric_thresholds:
+            raise ConfigError("evaluator.threshold_action=stop needs evaluator.metric_thresholds, which is empty; "
+                              "add e.g. {accuracy: 0.7} or use threshold_action=alert")
+        logged = sorted({m for es in self.eval_sets.values() for m in metric_names(es.n_samples)})
+        for name in ev.metric_thresholds:
+            if name not in logged and f"{name}/mean" not in logged:
+                close = difflib.get_close_matches(name, logged, n=1)
+                hint = f" Did you mean `{close[0]}`?" if close else ""
+                raise ConfigError(
+                    f"evaluator.metric_thresholds.{name} names a metric the evaluation does not log.{hint} Accepted "
+                    f"(with the eval sets' n_samples): {', '.join(logged)}"
+                )
 
 
 def _accepted_keys(object_type: Any) -> list[str]:
@@ -355,6 +418,26 @@ def _explain(err: oc_errors.OmegaConfBaseException, source: str) -> ConfigError:
     return ConfigError(f"config key `{key}` (from {source}): {detail}.")
 
 
+def _as_plain(value: Any) -> Any:
+    return OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
+
+
+def _shape_mismatch(schema: Any, layer: Any, source: str, prefix: str = "") -> str:
+    """The message for the first key of `layer` whose value is a list where `schema` has a mapping, or the reverse."""
+    for key, value in layer.items_ex(resolve=False) if isinstance(layer, DictConfig) else []:
+        path = f"{prefix}{key}"
+        expected = schema.get(key) if isinstance(schema, DictConfig) and key in schema else None
+        if isinstance(expected, DictConfig) and not isinstance(value, DictConfig):
+            return f"config key `{path}` (from {source}) must be a mapping of keys to values, got {_as_plain(value)!r}"
+        if isinstance(expected, ListConfig) and isinstance(value, DictConfig):
+            return f"config key `{path}` (from {source}) must be a list, got a mapping"
+        if isinstance(expected, DictConfig) and isinstance(value, DictConfig):
+            found = _shape_mismatch(expected, value, source, f"{path}.")
+            if found:
+                return found
+    return "" if prefix else f"the config (from {source}) puts a list where a mapping belongs, or the reverse"
+
+
 def _read_yaml(path: Path) -> DictConfig:
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist; pass the path of a YAML file with -c")
@@ -364,6 +447,8 @@ def _read_yaml(path: Path) -> DictConfig:
         where = getattr(err, "problem_mark", None)
         line = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        if "'\\t'" in problem:
+            problem += " (YAML indents with spaces, never tabs)"
         raise ConfigError(f"config file {str(path)!r} is not valid YAML{line}: {problem}") from None
     if data is None:
         data = {}
@@ -409,6 +494,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             merged = OmegaConf.merge(merged, layer)
         except oc_errors.OmegaConfBaseException as err:
             raise _explain(err, source) from None
+        except TypeError:  # OmegaConf names no key when a list meets a mapping: find it
+            raise ConfigError(_shape_mismatch(OmegaConf.structured(Config), layer, source)) from None
     try:
         cfg = OmegaConf.to_object(merged)
     except oc_errors.OmegaConfBaseException as err:

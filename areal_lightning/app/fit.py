@@ -31,6 +31,7 @@ def fit_main(args: argparse.Namespace) -> int:
 
     L.seed_everything(cfg.seed, verbose=False)
     module = GRPOModule.from_config(cfg)
+    module.warmed_up = args.ckpt is not None  # the checkpoint holds warmed-up weights: no second warm-up
     trainer = build_trainer(cfg, [build_callback(cfg)])
     if trainer.is_global_zero:
         log.info("config saved to %s", save_config(cfg, cfg.output_dir))

@@ -137,7 +137,8 @@ class EvaluationCallback(Callback):
         if self.seed is None:
             self.seed = int(getattr(pl_module, "seed", 0))
         if trainer.is_global_zero:
-            self._history = EvalHistory.in_run_dir(self.output_dir)
+            # A resumed run evaluates again the steps between its checkpoint and the crash: one record each.
+            self._history = EvalHistory.in_run_dir(self.output_dir, once_per_step=[c.value for c in Cause])
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -82,9 +82,10 @@ class GRPOModule(L.LightningModule):
     @override
     def setup(self, stage: str) -> None:
         # Runs before the strategy wraps the module (no DDP hooks yet) and before a checkpoint is
-        # restored; every rank runs the same seeded warm-up, so the weights agree.
-        resuming = self.trainer.ckpt_path is not None if self._trainer is not None else False
-        if stage == "fit" and not self.warmed_up and not resuming and self.grpo.warmup_steps:
+        # restored; every rank runs the same seeded warm-up, so the weights agree. Lightning names
+        # the checkpoint to the module only after this hook (`trainer.ckpt_path` is still None
+        # here), so whoever resumes sets `warmed_up = True` first, as `areal-lightning fit --ckpt` does.
+        if stage == "fit" and not self.warmed_up and self.grpo.warmup_steps:
             format_warmup(self.policy, self.task, steps=self.grpo.warmup_steps, lr=self.grpo.warmup_lr, seed=self.seed)
             if self.reference is not None:
                 self.reference.load_state_dict(self.policy.state_dict())

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor
+from torchmetrics import Metric
 
 from areal_lightning.eval_round import EvalBatch, EvalContext
 from areal_lightning.metrics import AccuracyMetric, MajAtK, PassAtK, RewardMetric
@@ -29,16 +30,48 @@ class RolloutModule(Protocol):
     def score(self, completions: Tensor, answers: Sequence[str]) -> tuple[list[str], Tensor]: ...
 
 
+def default_metrics(n_samples: int) -> dict[str, Callable[[], Metric]]:
+    """The metrics the default evaluation keeps for `n_samples` completions per prompt, by name."""
+    factories: dict[str, Callable[[], Metric]] = {"reward": RewardMetric, "accuracy": AccuracyMetric}
+    for k in sorted({1, n_samples}):
+        factories[f"pass@{k}"] = lambda k=k: PassAtK(k)
+    factories[f"maj@{n_samples}"] = lambda: MajAtK(n_samples)
+    return factories
+
+
+def metric_names(n_samples: int) -> list[str]:
+    """Every name a round of the default evaluation logs for an eval set (``reward/mean``, ``pass@4`` ...),
+    known before any round runs, so that a threshold on a metric it never logs is refused up front.
+
+    Example:
+        >>> metric_names(4)[3:6], "reward/mean" in metric_names(4)
+        (['maj@4', 'pass@1', 'pass@4'], True)
+    """
+    names = []
+    for name, factory in default_metrics(n_samples).items():
+        metric = factory()
+        correct = torch.ones(1, n_samples)
+        if isinstance(metric, MajAtK):
+            metric.update(torch.zeros(1, n_samples, dtype=torch.long), correct.bool())
+        elif isinstance(metric, PassAtK):
+            metric.update(correct.bool())
+        else:
+            metric.update(correct)
+        value = metric.compute()
+        keys = value.keys() if isinstance(value, dict) else [name]
+        names += [key if key == name else f"{name}/{key}" for key in keys]
+    return sorted(names)
+
+
 def rollout_evaluate(module: RolloutModule, batches: Sequence[EvalBatch], ctx: EvalContext) -> dict[str, Any]:
     """Samples `n_samples` completions per prompt, each prompt from its own seed, and updates
     reward, accuracy, pass@1, pass@n and maj@n."""
     n = int(ctx.options.get("n_samples", DEFAULT_N_SAMPLES))
     temperature = float(ctx.options.get("temperature", DEFAULT_EVAL_TEMPERATURE))
     max_new_tokens = int(ctx.options.get("max_new_tokens", module.grpo.max_new_tokens))
-    reward = ctx.metric("reward", RewardMetric)
-    accuracy = ctx.metric("accuracy", AccuracyMetric)
-    pass_at = {k: ctx.metric(f"pass@{k}", lambda k=k: PassAtK(k)) for k in sorted({1, n})}
-    maj = ctx.metric(f"maj@{n}", lambda: MajAtK(n))
+    metrics = {name: ctx.metric(name, factory) for name, factory in default_metrics(n).items()}
+    reward, accuracy, maj = metrics["reward"], metrics["accuracy"], metrics[f"maj@{n}"]
+    pass_at = {k: metrics[f"pass@{k}"] for k in sorted({1, n})}
     tok = module.task.tokenizer
     for batch in batches:
         samples: list[Sample] = batch.samples

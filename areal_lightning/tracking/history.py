@@ -18,6 +18,12 @@ JSON has no NaN or infinity, so a non-finite number is written as ``null``; a re
 The writer only ever appends: the file is opened in append mode for each write, the line is
 flushed and ``fsync``'d before ``append`` returns, so a crash loses at most the line being
 written and a reader (another process, a plot) sees every finished round at once.
+
+After a crash, a resumed run appends to the same file: its writer starts on a fresh line after a
+torn one and, given `once_per_step` (the training callback's triggers), it does not append a
+second round record for an (eval set, step) the file already holds (a run killed between writing
+a round and saving its checkpoint evaluates that step again).
+A reader skips a torn line (a JSON object cut short) wherever it is, with a warning.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import math
 import os
 import time as _time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +48,27 @@ EVAL_MODES = ("sync", "async")
 
 
 class TruncatedHistoryWarning(UserWarning):
-    """The last line of an eval history is not whole JSON (the writer stopped mid-line)."""
+    """A line of an eval history is a JSON object cut short (the writer stopped mid-line)."""
+
+
+class DuplicateRoundWarning(UserWarning):
+    """A round record for an (eval set, step) the history already holds was not appended."""
+
+
+def _is_torn(line: str, err: json.JSONDecodeError) -> bool:
+    """`line` is the start of a JSON object that stops short, as a writer killed mid-line leaves it."""
+    stripped = line.rstrip()
+    return stripped.startswith("{") and (err.msg.startswith("Unterminated string") or err.pos >= len(stripped))
+
+
+def _round_key(record: Mapping[str, Any], triggers: Collection[str]) -> tuple[str, int] | None:
+    """(dataset, step) of a round record with one of `triggers`; None for anything else."""
+    if "event" in record or "dataset" not in record or "step" not in record:
+        return None
+    trigger = record.get("trigger")
+    if not set([trigger] if isinstance(trigger, str) else trigger or []) & set(triggers):
+        return None
+    return str(record["dataset"]), int(record["step"])
 
 
 def _to_json_value(value: Any, where: str) -> Any:
@@ -77,6 +103,10 @@ class EvalHistory:
     Args:
         path: the ``.jsonl`` file to append to; parent directories are created on first write.
             Use :meth:`in_run_dir` to get the standard ``<output_dir>/eval_history.jsonl``.
+        once_per_step: triggers (e.g. ``["steps", "end"]``) whose rounds are appended once per
+            (eval set, step): a round record with one of them, for an (eval set, step) that a
+            record with one of them already holds, is dropped with a warning (a resumed run
+            evaluates again the steps after its checkpoint). Empty: every record is appended.
 
     Example:
         >>> import tempfile
@@ -87,19 +117,21 @@ class EvalHistory:
         {'accuracy': 0.5}
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, once_per_step: Collection[str] = ()) -> None:
         self.path = Path(path)
+        self.once_per_step = frozenset(once_per_step)
         if self.path.is_dir():
             raise IsADirectoryError(
                 f"EvalHistory(path={str(path)!r}) is a directory; pass the .jsonl file, "
                 f"e.g. EvalHistory.in_run_dir({str(path)!r}) for {HISTORY_FILENAME} inside it"
             )
         self._tail_checked = False
+        self._recorded: set[tuple[str, int]] | None = None  # (dataset, step) of the file's rounds, read once
 
     @classmethod
-    def in_run_dir(cls, run_dir: str | Path) -> EvalHistory:
+    def in_run_dir(cls, run_dir: str | Path, *, once_per_step: Collection[str] = ()) -> EvalHistory:
         """The writer of ``<run_dir>/eval_history.jsonl``."""
-        return cls(Path(run_dir) / HISTORY_FILENAME)
+        return cls(Path(run_dir) / HISTORY_FILENAME, once_per_step=once_per_step)
 
     def append(self, record: Mapping[str, Any]) -> None:
         """Append one record as one JSON line, flushed and fsync'd before returning.
@@ -110,13 +142,29 @@ class EvalHistory:
         self.append_many([record])
 
     def append_many(self, records: Iterable[Mapping[str, Any]]) -> None:
-        """Append several records with a single open / fsync (e.g. every eval set of a round)."""
+        """Append several records with a single open / fsync (e.g. every eval set of a round).
+
+        With `once_per_step`, a round record whose (dataset, step) the file already holds is
+        dropped with a :class:`DuplicateRoundWarning`.
+        """
         lines = []
+        recorded = self._recorded_rounds()
         for record in records:
             if not isinstance(record, Mapping):
                 raise TypeError(
                     f"EvalHistory.append(record=...) must be a mapping, got {type(record).__name__}"
                 )
+            key = _round_key(record, self.once_per_step)
+            if key is not None and key in recorded:
+                warnings.warn(
+                    f"{self.path} already holds a round of eval set {key[0]!r} at step {key[1]} (a resumed run "
+                    "evaluated it again); the new record is not appended",
+                    DuplicateRoundWarning,
+                    stacklevel=2,
+                )
+                continue
+            if key is not None:
+                recorded.add(key)
             lines.append(json.dumps(_to_json_value(record, "record"), allow_nan=False) + "\n")
         if not lines:
             return
@@ -127,6 +175,16 @@ class EvalHistory:
             f.flush()
             # fsync so another process (a plot, a resumed run) sees whole rounds even after a crash.
             os.fsync(f.fileno())
+
+    def _recorded_rounds(self) -> set[tuple[str, int]]:
+        if self._recorded is None:
+            self._recorded = set()
+            if self.once_per_step and self.path.is_file():
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", TruncatedHistoryWarning)  # the tail fix warns about it
+                    keys = (_round_key(r, self.once_per_step) for r in read_history(self.path))
+                    self._recorded = {k for k in keys if k is not None}
+        return self._recorded
 
     def _partial_tail_fix(self) -> str:
         """A newline to write first when a previous writer died mid-line, else ``""``.
@@ -145,7 +203,7 @@ class EvalHistory:
                 return ""
         warnings.warn(
             f"{self.path} ends with an unfinished line (a previous run stopped mid-write); "
-            "new records start on a fresh line, delete the broken line to read the file",
+            "new records start on a fresh line; readers skip the broken one",
             TruncatedHistoryWarning,
             stacklevel=3,
         )
@@ -284,10 +342,10 @@ def read_history(path_or_run_dir: str | Path) -> list[dict[str, Any]]:
 
     Raises:
         FileNotFoundError: no such file (the message says what is accepted).
-        ValueError: a line other than the last is not a JSON object (names file and line).
+        ValueError: a line is neither a JSON object nor one cut short (names file and line).
 
-    A last line that is not whole JSON (the writer stopped mid-line) is skipped with one
-    :class:`TruncatedHistoryWarning`. Blank lines are ignored.
+    A line that is a JSON object cut short (a writer stopped mid-line; a resumed run then wrote on
+    after it) is skipped with a :class:`TruncatedHistoryWarning`. Blank lines are ignored.
 
     Example:
         >>> import tempfile
@@ -310,14 +368,15 @@ def read_history(path_or_run_dir: str | Path) -> list[dict[str, Any]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:
-            if is_last:
+            if is_last or _is_torn(line, err):
+                where = "last line" if is_last else "line"
                 warnings.warn(
-                    f"{path}: skipped the unfinished last line {line_no} ({err.msg}); "
+                    f"{path}: skipped the unfinished {where} {line_no} ({err.msg}); "
                     "the writer probably stopped mid-write",
                     TruncatedHistoryWarning,
                     stacklevel=2,
                 )
-                break
+                continue
             raise ValueError(
                 f"{path}: line {line_no} is not valid JSON ({err.msg}); every line of an eval "
                 "history must be one JSON object (delete the line if a crashed run left it)"
