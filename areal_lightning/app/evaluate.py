@@ -191,7 +191,7 @@ def _record(cfg: Config, args: argparse.Namespace, step: int, epoch: int, result
     history.append_many(
         eval_record(step, epoch, r.dataset, r.metrics, trigger=[EVALUATE_TRIGGER],
                     num_samples=r.num_samples, num_prompts=r.num_prompts, eval_secs=r.eval_secs, mode="sync",
-                    world_size=world_size)
+                    world_size=world_size, sampling=r.sampling)
         for r in results
     )
     return history.path
