@@ -181,3 +181,17 @@ def test_format_table_aligns_columns_and_marks_missing_metrics() -> None:
         "easy        0.5000     nan            2            8   1.23",
         "hard_set    0.1250       -          100          400  12.00",
     ]
+
+
+def test_records_say_how_they_were_sampled_and_top_k_one_is_greedy(run: tuple[Path, Path], tmp_path: Path) -> None:
+    config, ckpt = run
+    base = ["evaluate", "-c", str(config), "--ckpt", str(ckpt), "eval_sets.odd.size=40"]
+    assert main([*base, f"output_dir={tmp_path / 'greedy'}", "eval_sets.odd.temperature=0"]) == 0
+    assert main([*base, f"output_dir={tmp_path / 'top1'}", "eval_sets.odd.top_k=1", "eval_sets.odd.seed=9"]) == 0
+    assert main([*base, f"output_dir={tmp_path / 'free'}"]) == 0
+    (greedy,), (top1,), (free,) = (read_history(tmp_path / d) for d in ("greedy", "top1", "free"))
+    assert top1["sampling"] == {"n_samples": N_SAMPLES, "temperature": 1.0, "top_p": 1.0, "top_k": 1,
+                                "max_new_tokens": CONFIG["grpo"].get("max_new_tokens", 4), "stop": [], "seed": 9}
+    assert (greedy["sampling"]["temperature"], free["sampling"]["seed"]) == (0.0, CONFIG["seed"])
+    assert top1["metrics"] == greedy["metrics"]  # only the top token: the greedy answer, whatever the seed
+    assert free["metrics"]["pass@3"] != free["metrics"]["pass@1"]  # sampling at temperature 1 does vary

@@ -33,16 +33,14 @@ def build_eval_sets(cfg: Config, task: ArithmeticTask) -> list[EvalSet]:
         >>> from areal_lightning.app.config import load_config
         >>> from areal_lightning.tasks.arithmetic import ArithmeticTask
         >>> cfg = load_config(None, ["eval_sets.easy.size=5"])
-        >>> [(s.name, len(s.samples), s.options["n_samples"]) for s in build_eval_sets(cfg, ArithmeticTask())]
+        >>> [(s.name, len(s.samples), s.sampling.n_samples) for s in build_eval_sets(cfg, ArithmeticTask())]
         [('easy', 5, 4)]
     """
     out = []
     for name, es in cfg.eval_sets.items():
-        options = {"n_samples": es.n_samples, "temperature": es.temperature,
-                   "max_new_tokens": es.max_new_tokens or cfg.grpo.max_new_tokens}
         out.append(EvalSet(name=name, samples=task.make_samples(name, es.digits, es.size), batch_size=es.batch_size,
                            cost_fn=lambda s: float(len(s.prompt)), key_fn=lambda s: s.key,
-                           max_batch_cost=es.max_batch_cost, options=options))
+                           max_batch_cost=es.max_batch_cost, sampling=es.sampling(cfg.grpo.max_new_tokens)))
     return out
 
 

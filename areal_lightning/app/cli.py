@@ -14,7 +14,8 @@ def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one sub-command per user task; heavy imports wait until a command runs."""
-    from areal_lightning.app.evaluate import add_evaluate_arguments, evaluate_main
+    from areal_lightning.app.evaluate import add_evaluate_arguments
+    from areal_lightning.app.watch import add_watch_arguments, evaluate_command
     from areal_lightning.app.fit import add_fit_arguments, fit_main
     from areal_lightning.viz.plot import add_plot_arguments, plot_main
 
@@ -29,8 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     fit.set_defaults(main=fit_main)
     evaluate = sub.add_parser("evaluate", help="evaluate a checkpoint on the configured eval sets")
     _add_config_arguments(evaluate)
-    add_evaluate_arguments(evaluate)
-    evaluate.set_defaults(main=evaluate_main)
+    add_watch_arguments(evaluate, add_evaluate_arguments(evaluate))
+    evaluate.set_defaults(main=evaluate_command)
     plot = sub.add_parser("plot", help="draw eval curves from run directories")
     add_plot_arguments(plot)
     plot.set_defaults(main=plot_main)

@@ -28,6 +28,7 @@ from areal_lightning.callbacks.trigger import HybridTrigger
 from areal_lightning.errors import ArgumentError
 from areal_lightning.metrics.functional import AdvantageStd
 from areal_lightning.eval_round.eval_set import EvalSet
+from areal_lightning.eval_round.sampling import SamplingParams
 
 CONFIG_FILENAME = "config.yaml"
 LIGHTNING_PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
@@ -236,6 +237,14 @@ class EvalSetConfig:
     """Completions sampled per prompt (pass@k and maj@k use k = 1 and k = n_samples)."""
     temperature: float = 0.6
     """Sampling temperature; 0 means greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the most likely tokens up to this probability mass (after the temperature); 1: all."""
+    top_k: Optional[int] = None
+    """Keep the k most likely tokens; null: all."""
+    stop: list[str] = field(default_factory=list)
+    """Strings that end a completion: its text is cut where the first one begins."""
+    seed: Optional[int] = None
+    """Seed of this set's per-sample seeds; null: the run's seed."""
     batch_size: int = 64
     """Prompts per evaluation batch."""
     max_new_tokens: Optional[int] = None
@@ -251,6 +260,14 @@ class EvalSetConfig:
             EvalSet(path.rsplit(".", 1)[-1], [None], batch_size=self.batch_size, max_batch_cost=self.max_batch_cost)
         _positive_number(f"{path}.temperature", self.temperature, allow_zero=True)
         _at_least(f"{path}.max_new_tokens", self.max_new_tokens, 1, allow_none=True)
+        with _owned_by(path):
+            self.sampling(None)
+
+    def sampling(self, default_max_new_tokens: int | None) -> SamplingParams:
+        """This set's complete sampling settings; `max_new_tokens` falls back to the given default."""
+        return SamplingParams(n_samples=self.n_samples, temperature=self.temperature, top_p=self.top_p,
+                              top_k=self.top_k, max_new_tokens=self.max_new_tokens or default_max_new_tokens,
+                              stop=list(self.stop), seed=self.seed)
 
 
 @dataclass

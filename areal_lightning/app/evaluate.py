@@ -47,14 +47,17 @@ class CheckpointError(ValueError):
     """The ``--ckpt`` file is missing, unreadable, not a Lightning checkpoint, or of another model."""
 
 
-def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds the options of `areal-lightning evaluate` (``-c`` and the overrides come from the CLI)."""
-    parser.add_argument("--ckpt", required=True, help="Lightning checkpoint to evaluate (e.g. <output_dir>/checkpoints/last.ckpt)")
+def add_evaluate_arguments(parser: argparse.ArgumentParser) -> argparse._MutuallyExclusiveGroup:
+    """Adds the options of `areal-lightning evaluate` (``-c`` and the overrides come from the CLI);
+    returns the group that ``--ckpt`` is in (``--watch`` joins it: one of them is required)."""
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--ckpt", help="Lightning checkpoint to evaluate (e.g. <output_dir>/checkpoints/last.ckpt)")
     parser.add_argument("--history", default=None,
                         help="eval history file to append to; default: <output_dir>/eval_history.jsonl")
     parser.add_argument("--trust-checkpoint", action="store_true",
                         help="load the checkpoint with torch.load(weights_only=False); only for files you trust, "
                              "when the safe loader refuses an object inside")
+    return what
 
 
 def _first_words(err: Exception) -> str:
@@ -191,7 +194,7 @@ def _record(cfg: Config, args: argparse.Namespace, step: int, epoch: int, result
     history.append_many(
         eval_record(step, epoch, r.dataset, r.metrics, trigger=[EVALUATE_TRIGGER],
                     num_samples=r.num_samples, num_prompts=r.num_prompts, eval_secs=r.eval_secs, mode="sync",
-                    world_size=world_size)
+                    world_size=world_size, sampling=r.sampling)
         for r in results
     )
     return history.path

@@ -223,7 +223,8 @@ class EvaluationCallback(Callback):
         assert self._history is not None
         self._history.append_many(
             eval_record(step, epoch, r.dataset, r.metrics, trigger=causes, num_samples=r.num_samples,
-                        num_prompts=r.num_prompts, eval_secs=r.eval_secs, mode=self.mode.value, world_size=trainer.world_size)
+                        num_prompts=r.num_prompts, eval_secs=r.eval_secs, mode=self.mode.value, world_size=trainer.world_size,
+                        sampling=r.sampling)
             for r in results
         )
         log_eval_results(trainer.loggers, results, step)

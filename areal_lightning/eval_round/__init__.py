@@ -7,6 +7,7 @@ from areal_lightning.eval_round.context import EvalBatch, EvalContext, EvalRound
 from areal_lightning.eval_round.eval_set import EvalSet, as_eval_sets
 from areal_lightning.eval_round.fingerprint import EvalSetMismatchError, check_eval_sets_consistent
 from areal_lightning.eval_round.round import evaluate_set, local_batches, run_round
+from areal_lightning.eval_round.sampling import SamplingParams, cut_at_stop
 
 __all__ = [
     "EvalBatch",
@@ -15,9 +16,11 @@ __all__ = [
     "EvalSet",
     "EvalSetMismatchError",
     "EvaluateFn",
+    "SamplingParams",
     "SetResult",
     "as_eval_sets",
     "check_eval_sets_consistent",
+    "cut_at_stop",
     "evaluate_set",
     "local_batches",
     "run_round",

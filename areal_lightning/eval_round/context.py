@@ -10,6 +10,8 @@ import torch
 
 from torchmetrics import Metric
 
+from areal_lightning.eval_round.sampling import SamplingParams
+
 
 @dataclass(frozen=True)
 class EvalBatch:
@@ -47,6 +49,7 @@ class EvalContext:
     device: torch.device
     seed: int
     options: Mapping[str, Any] = field(default_factory=dict)
+    sampling: SamplingParams | None = None
     metrics: dict[str, Metric] = field(default_factory=dict)
     num_samples: int = 0
     max_table_rows: int = 0
@@ -124,5 +127,7 @@ class SetResult:
     num_prompts: int
     eval_secs: float
     table_rows: list[dict[str, Any]]
+    sampling: dict[str, Any] | None = None
+    """The eval set's `SamplingParams.as_record`, with the seed used; None when the set has none."""
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal_lightning.errors import ArgumentError
+from areal_lightning.eval_round.sampling import SamplingParams
 
 DEFAULT_EVAL_BATCH_SIZE = 64
 
@@ -27,8 +28,10 @@ class EvalSet:
         max_batch_cost: close a batch before its padded cost (size x largest sample cost)
             exceeds this, so that one batch of the longest prompts cannot outweigh a rank's
             share; independent of the number of devices. None: batches by count only.
-        options: free settings passed to `evaluate_fn` through `ctx.options`
-            (the default GRPO evaluation reads n_samples, temperature, max_new_tokens).
+        options: free settings passed to `evaluate_fn` through `ctx.options`.
+        sampling: how completions are sampled (`ctx.sampling`; the default GRPO evaluation
+            reads it); recorded in every history record of the set. Its `seed`, when set,
+            replaces the run seed for this set's per-sample seeds.
 
     Raises:
         ValueError: for an empty name or samples, a batch size that is not a positive integer, or a
@@ -46,6 +49,7 @@ class EvalSet:
     key_fn: Callable[[Any], str] = repr
     max_batch_cost: float | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    sampling: SamplingParams | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "/" in self.name:
@@ -58,6 +62,8 @@ class EvalSet:
         if cost is not None and (isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost)
                                  or cost <= 0):
             raise ArgumentError("EvalSet", "max_batch_cost", cost, "a positive number or None")
+        if self.sampling is not None and not isinstance(self.sampling, SamplingParams):
+            raise ArgumentError("EvalSet", "sampling", self.sampling, "a SamplingParams or None")
 
     @property
     def costs(self) -> list[float]:

@@ -115,10 +115,11 @@ def check_fingerprints(per_rank: Sequence[Mapping[str, str]]) -> None:
 
 def eval_set_fingerprint(eval_set: EvalSet) -> str:
     """The fingerprint of an eval set's samples and of what the deal and the outcomes depend on
-    besides them: batch size, costs and options. Ranks that cut different batches would evaluate
+    besides them: batch size, costs, options and sampling settings. Ranks that cut different batches would evaluate
     some samples twice and others never, with the right total count."""
     layout = {"batch_size": eval_set.batch_size, "max_batch_cost": eval_set.max_batch_cost,
-              "costs": eval_set.costs, "options": dict(eval_set.options)}
+              "costs": eval_set.costs, "options": dict(eval_set.options),
+              "sampling": repr(eval_set.sampling)}
     return fingerprint(eval_set.name, [json.dumps(layout, sort_keys=True, default=repr), *eval_set.keys])
 
 

@@ -145,13 +145,15 @@ def evaluate_set(
     """
     rank, world = dist_info()
     start = time.perf_counter()
+    sampling = eval_set.sampling
+    seed = sampling.resolved_seed(seed) if sampling is not None else seed
     batches = local_batches(eval_set, seed, rank, world)
     padding = padding_batches(eval_set, seed, rank, world) if lockstep and world > 1 else []
     num_prompts = sum(len(b.indices) for b in batches)
     ctx = EvalContext(
         dataset=eval_set.name, rank=rank, world_size=world, global_step=global_step, epoch=epoch,
-        device=module_device(module), seed=seed, options=eval_set.options, max_table_rows=max_table_rows,
-        lockstep=lockstep and world > 1,
+        device=module_device(module), seed=seed, options=eval_set.options, sampling=sampling,
+        max_table_rows=max_table_rows, lockstep=lockstep and world > 1,
     )
     error, updates = None, {}
     with evaluation_mode(module):
@@ -193,6 +195,7 @@ def evaluate_set(
     return SetResult(
         dataset=eval_set.name, metrics=metrics, num_samples=sum(g.num_samples for g in gathered), num_prompts=total_prompts,
         eval_secs=time.perf_counter() - start, table_rows=rows,
+        sampling=sampling.as_record(seed) if sampling is not None else None,
     )
 
 

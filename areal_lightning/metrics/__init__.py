@@ -26,6 +26,7 @@ from areal_lightning.metrics.functional import (
 )
 from areal_lightning.metrics.reward import RewardMetric
 from areal_lightning.metrics.sampling import MajAtK, PassAtK
+from areal_lightning.metrics.scoring import SafeScorer, Score, ScorerFailingError, ScoreStatus, ScoringMetric
 
 __all__ = [
     "ADVANTAGE_EPS",
@@ -36,6 +37,11 @@ __all__ = [
     "MajAtK",
     "PassAtK",
     "RewardMetric",
+    "SafeScorer",
+    "Score",
+    "ScoreStatus",
+    "ScorerFailingError",
+    "ScoringMetric",
     "group_advantages",
     "maj_at_k",
     "maj_at_k_per_prompt",

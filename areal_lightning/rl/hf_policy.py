@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from areal_lightning.rl.hf_tokenizer import HFTokenizer
-from areal_lightning.rl.policy import MIN_LOGPROB_TEMPERATURE, Generators, completion_mask
+from areal_lightning.rl.policy import MIN_LOGPROB_TEMPERATURE, Generators, completion_mask, truncate_logits
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # A stop string is looked for in this many decoded tokens per character of the longest one:
@@ -39,16 +39,18 @@ def race_noise(generators: Generators, rows: int, vocab: int, device: torch.devi
     return torch.stack([torch.empty(vocab, device=g.device).exponential_(generator=g) for g in generators]).to(device)
 
 
-def sample_tokens(logits: Tensor, temperature: float, noise: Tensor | None) -> Tensor:
-    """Greedy ids when `temperature == 0`, else samples of softmax(logits / temperature).
+def sample_tokens(logits: Tensor, temperature: float, noise: Tensor | None, top_p: float = 1.0,
+                  top_k: int | None = None) -> Tensor:
+    """Greedy ids when `temperature == 0`, else samples of softmax(logits / temperature),
+    truncated to the top k tokens and the nucleus of mass top_p (`truncate_logits`).
 
     argmax(logits / T - log E) with E ~ Exponential(1) is a sample of softmax(logits / T): the
-    exponential race, the same as Gumbel-max.
+    exponential race, the same as Gumbel-max. Truncated tokens (-inf) never win.
     """
     if temperature == 0:
         return logits.argmax(dim=-1)
     assert noise is not None, "sampling at temperature > 0 needs noise"
-    return (logits.float() / temperature - noise.log()).argmax(dim=-1)
+    return (truncate_logits(logits.float() / temperature, top_k, top_p) - noise.log()).argmax(dim=-1)
 
 
 def disable_dropout(model: nn.Module) -> None:
@@ -177,7 +179,7 @@ class HFPolicy(nn.Module):
     @torch.no_grad()
     def generate(
         self, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int, temperature: float,
-        generators: Generators,
+        generators: Generators, top_p: float = 1.0, top_k: int | None = None, stop_at_eos: bool = True,
     ) -> Tensor:
         """Samples up to `max_new_tokens` ids per row (greedy when `temperature == 0`); EOS then pad.
 
@@ -188,15 +190,23 @@ class HFPolicy(nn.Module):
             temperature: softmax temperature; 0 for greedy decoding.
             generators: one `torch.Generator` per row (a row's sample then depends on its seed
                 only), or a single one shared by the batch.
+            top_p: keep the nucleus of this probability mass of each step's tempered distribution.
+            top_k: keep the k most likely tokens of each step; None keeps all.
+            stop_at_eos: stop decoding once every row ended; False runs all `max_new_tokens`
+                forwards (ranks of a sharded model must run the same number).
 
         Raises:
-            ValueError: for `max_new_tokens < 1`, a negative temperature, or a generator count
-                that is neither 1 nor B.
+            ValueError: for `max_new_tokens < 1`, a negative temperature, a top_p outside (0, 1],
+                a top_k below 1, or a generator count that is neither 1 nor B.
         """
         if max_new_tokens < 1:
             raise ValueError(f"`HFPolicy.generate(max_new_tokens={max_new_tokens})` must be a positive integer")
         if temperature < 0:
             raise ValueError(f"`HFPolicy.generate(temperature={temperature})` must be >= 0 (0 is greedy)")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"`HFPolicy.generate(top_p={top_p})` must be in (0, 1]")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"`HFPolicy.generate(top_k={top_k})` must be a positive integer or None")
         b, device = prompt_ids.shape[0], prompt_ids.device
         if not isinstance(generators, torch.Generator) and len(generators) != b:
             raise ValueError(f"got {len(generators)} generators for {b} rows; pass one per row or a single one")
@@ -209,7 +219,7 @@ class HFPolicy(nn.Module):
         stop_window = STOP_WINDOW_TOKENS_PER_CHAR * max((len(s) for s in self.tokenizer.stop_strings), default=0)
         for t in range(max_new_tokens):
             noise = None if temperature == 0 else self._step_noise(generators, done, logits.shape[-1], device)
-            token = sample_tokens(logits[:, -1], temperature, noise)
+            token = sample_tokens(logits[:, -1], temperature, noise, top_p, top_k)
             out[:, t] = torch.where(done, out[:, t], token)  # a finished row keeps its pad (or appended EOS)
             ended = ~done & (token == self.eos_id)
             if stop_window:
@@ -218,7 +228,7 @@ class HFPolicy(nn.Module):
                     out[stopped, t + 1] = self.eos_id
                 ended |= stopped
             done |= ended
-            if t == max_new_tokens - 1 or bool(done.all()):
+            if t == max_new_tokens - 1 or (stop_at_eos and bool(done.all())):
                 break
             mask = torch.cat([mask, torch.ones(b, 1, dtype=torch.bool, device=device)], dim=1)
             logits, cache = self._forward(token[:, None], mask, next_pos, keep=1, use_cache=True, cache=cache)

@@ -29,7 +29,7 @@ class Policy(Protocol):
 
     def generate(
         self, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int, temperature: float,
-        generators: Generators, stop_at_eos: bool = True,
+        generators: Generators, top_p: float = 1.0, top_k: int | None = None, stop_at_eos: bool = True,
     ) -> Tensor: ...
 
     def completion_logprobs(
@@ -42,6 +42,31 @@ def completion_mask(completion_ids: Tensor, eos_id: int) -> Tensor:
     is_eos = completion_ids == eos_id
     ended_before = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
     return ~ended_before
+
+
+def truncate_logits(logits: Tensor, top_k: int | None = None, top_p: float = 1.0) -> Tensor:
+    """`logits` [..., V] with the tokens outside the top k, or outside the nucleus of mass `top_p`,
+    set to -inf. The nucleus is the smallest set of most likely tokens whose probabilities add up
+    to at least `top_p` (the most likely token is always kept). Pass tempered logits: the
+    temperature comes first, as in `transformers`.
+
+    Example:
+        >>> truncate_logits(torch.tensor([2.0, 1.0, 0.0, -1.0]), top_k=2).tolist()
+        [2.0, 1.0, -inf, -inf]
+        >>> truncate_logits(torch.tensor([2.0, 1.0, 0.0, -1.0]), top_p=0.5).tolist()  # p = 0.64, 0.24, ...
+        [2.0, -inf, -inf, -inf]
+    """
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # A token goes when the tokens before it already hold top_p of the mass.
+        drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
 
 
 def sampling_noise(generators: Generators, rows: int, steps: int, vocab: int, device: torch.device) -> Tensor:
@@ -136,9 +161,12 @@ class TinyPolicy(nn.Module):
     @torch.no_grad()
     def generate(
         self, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int, temperature: float,
-        generators: Generators, stop_at_eos: bool = True,
+        generators: Generators, top_p: float = 1.0, top_k: int | None = None, stop_at_eos: bool = True,
     ) -> Tensor:
         """Samples `max_new_tokens` ids per row (greedy when `temperature == 0`); EOS then pad.
+
+        `top_p` and `top_k` truncate each step's tempered distribution (`truncate_logits`); the
+        noise each row draws does not depend on them, so a row still depends on its seed only.
 
         `stop_at_eos=False` decodes every step even once all rows ended (see `Policy`).
         """
@@ -153,7 +181,8 @@ class TinyPolicy(nn.Module):
         done = torch.zeros(b, dtype=torch.bool, device=prompt_ids.device)
         for t in range(max_new_tokens):
             if temperature > 0:
-                token = (F.log_softmax(logits / temperature, dim=-1) - noise[:, t].log()).argmax(dim=-1)
+                tempered = truncate_logits(logits / temperature, top_k, top_p)
+                token = (F.log_softmax(tempered, dim=-1) - noise[:, t].log()).argmax(dim=-1)
             else:
                 token = logits.argmax(dim=-1)
             out[:, t] = torch.where(done, torch.full_like(token, self.pad_id), token)

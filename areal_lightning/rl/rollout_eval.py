@@ -6,16 +6,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
-from torch import Tensor
 from torchmetrics import Metric
 
-from areal_lightning.eval_round import EvalBatch, EvalContext
-from areal_lightning.metrics import AccuracyMetric, MajAtK, PassAtK, RewardMetric
+from areal_lightning.eval_round import EvalBatch, EvalContext, SamplingParams, cut_at_stop
+from areal_lightning.metrics import AccuracyMetric, MajAtK, PassAtK, RewardMetric, Score, ScoringMetric
 from areal_lightning.rl.policy import Policy
 from areal_lightning.tasks.arithmetic import CORRECT_REWARD, ArithmeticTask, Sample
 
-DEFAULT_N_SAMPLES = 4
-DEFAULT_EVAL_TEMPERATURE = 0.6
 
 
 class RolloutModule(Protocol):
@@ -27,7 +24,22 @@ class RolloutModule(Protocol):
     @property
     def grpo(self) -> Any: ...
 
-    def score(self, completions: Tensor, answers: Sequence[str]) -> tuple[list[str], Tensor]: ...
+
+
+def sampling_of(ctx: EvalContext) -> SamplingParams:
+    """The eval set's sampling settings; an `EvalSet` built without them may give n_samples,
+    temperature and max_new_tokens in its options (the older way)."""
+    if ctx.sampling is not None:
+        return ctx.sampling
+    keys = ("n_samples", "temperature", "max_new_tokens")
+    return SamplingParams(**{k: ctx.options[k] for k in keys if k in ctx.options})
+
+
+def score_texts(task: Any, texts: Sequence[str], answers: Sequence[str]) -> list[Score]:
+    """The task's `score_many` where it has one (statuses for timeouts and parse failures), else its `reward`."""
+    if callable(getattr(task, "score_many", None)):
+        return task.score_many(list(texts), list(answers))
+    return [Score(float(task.reward(t, a))) for t, a in zip(texts, answers)]
 
 
 def default_metrics(n_samples: int) -> dict[str, Callable[[], Metric]]:
@@ -64,14 +76,17 @@ def metric_names(n_samples: int) -> list[str]:
 
 
 def rollout_evaluate(module: RolloutModule, batches: Sequence[EvalBatch], ctx: EvalContext) -> dict[str, Any]:
-    """Samples `n_samples` completions per prompt, each prompt from its own seed, and updates
-    reward, accuracy, pass@1, pass@n and maj@n."""
-    n = int(ctx.options.get("n_samples", DEFAULT_N_SAMPLES))
-    temperature = float(ctx.options.get("temperature", DEFAULT_EVAL_TEMPERATURE))
-    max_new_tokens = int(ctx.options.get("max_new_tokens", module.grpo.max_new_tokens))
+    """Samples `n_samples` completions per prompt, each prompt from its own seed, with the eval
+    set's `SamplingParams`; cuts each completion at its first stop string; updates reward,
+    accuracy, pass@1, pass@n, maj@n and the scoring failures (``scoring/timeouts``,
+    ``scoring/parse_failures``, ``scoring/errors``)."""
+    sp = sampling_of(ctx)
+    n, temperature = sp.n_samples, sp.temperature
+    max_new_tokens = sp.max_new_tokens or module.grpo.max_new_tokens
     metrics = {name: ctx.metric(name, factory) for name, factory in default_metrics(n).items()}
     reward, accuracy, maj = metrics["reward"], metrics["accuracy"], metrics[f"maj@{n}"]
     pass_at = {k: metrics[f"pass@{k}"] for k in sorted({1, n})}
+    scoring = ctx.metric("scoring", ScoringMetric)
     tok = module.task.tokenizer
     for batch in batches:
         samples: list[Sample] = batch.samples
@@ -80,10 +95,13 @@ def rollout_evaluate(module: RolloutModule, batches: Sequence[EvalBatch], ctx: E
         # One generator per prompt, repeated for its n rows: its completions depend on its seed only.
         generators = [g for seed in batch.seeds for g in [torch.Generator().manual_seed(seed)] * n]
         completions = module.policy.generate(ids, mask, max_new_tokens=max_new_tokens, temperature=temperature,
-                                             generators=generators, stop_at_eos=not ctx.lockstep)
+                                             generators=generators, top_p=sp.top_p, top_k=sp.top_k,
+                                             stop_at_eos=not ctx.lockstep)
         answers = [s.answer for s in samples for _ in range(n)]
-        texts, rewards = module.score(completions, answers)
-        rewards = rewards.view(len(samples), n)
+        texts = [cut_at_stop(tok.decode(row), sp.stop) for row in completions.cpu()]
+        scores = score_texts(module.task, texts, answers)
+        scoring.update(scores)
+        rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32, device=ctx.device).view(len(samples), n)
         correct = rewards >= CORRECT_REWARD
         answer_ids = torch.tensor([module.task.answer_id(t) for t in texts], device=ctx.device).view(len(samples), n)
         reward.update(rewards)

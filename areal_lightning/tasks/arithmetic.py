@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from areal_lightning.metrics.scoring import Score, ScoreStatus
 from areal_lightning.tasks.tokenizer import CharTokenizer
 
 ALPHABET = "0123456789+="
@@ -91,6 +92,11 @@ class ArithmeticTask:
     def reward(self, completion: str, answer: str) -> float:
         """Exact match of the completion (up to EOS) with the answer."""
         return CORRECT_REWARD if completion == answer else WRONG_REWARD
+
+    def score_many(self, completions: list[str], answers: list[str]) -> list[Score]:
+        """Each completion's reward; one that is not a number (empty, or ``"3+"``) is a parse failure."""
+        return [Score(self.reward(c, a)) if c.isdigit() else Score(WRONG_REWARD, ScoreStatus.PARSE_FAILURE)
+                for c, a in zip(completions, answers, strict=True)]
 
     def answer_id(self, completion: str) -> int:
         """An id per distinct final answer, for majority voting; NO_ANSWER_ID when there is none."""

@@ -8,6 +8,7 @@ normalised strings).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -20,13 +21,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from areal_lightning.metrics.functional import NO_ANSWER
+from areal_lightning.metrics.scoring import DEFAULT_TIMEOUT_S, SafeScorer, Score, ScoreStatus
 
 CORRECT_REWARD = 1.0  # what `rollout_evaluate` counts as correct, as for the arithmetic task
 WRONG_REWARD = 0.0
 NUMERIC_REL_TOL = 1e-6
 """`numeric_equal` treats two numbers as equal within this relative tolerance (0.333333 == 1/3)."""
 MATH_VERIFY_TIMEOUT_S = 5
-"""math-verify's per-call timeout; it uses SIGALRM, so it applies on the main thread only."""
+"""math-verify's own per-call timeout; it uses SIGALRM, so it applies on the main thread only (the
+`SafeScorer` worker's main thread included); `MathTask(score_timeout_s=...)` applies on any thread."""
 PLAIN_TEMPLATE = "Question: {question}\nAnswer:"
 CHAT_TEMPLATE = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -105,6 +108,11 @@ class MathTask:
         prompt_style: see `PromptStyle`; `uses_chat_template` tells the tokenizer which.
         prompt_template: overrides the style's template; must contain ``{question}``.
         verifier: see `Verifier`.
+        score_timeout_s: per-sample time limit of math-verify, enforced from any thread by
+            running it in `SafeScorer` worker processes (a sample past it scores as wrong and
+            counts as a timeout); None scores in this process, with math-verify's own SIGALRM
+            timeout on the main thread only. The numeric verifier always scores in this process.
+        score_workers: worker processes of the math-verify scorer.
 
     Raises:
         FileNotFoundError: when `path` does not exist.
@@ -128,7 +136,8 @@ class MathTask:
         self, path: str | Path, *, question_field: str = "question", answer_field: str = "answer",
         answer_format: str | AnswerFormat = AnswerFormat.GSM8K, stratum_field: str | None = None,
         prompt_style: str | PromptStyle = PromptStyle.PLAIN, prompt_template: str | None = None,
-        verifier: str | Verifier = Verifier.AUTO,
+        verifier: str | Verifier = Verifier.AUTO, score_timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        score_workers: int = 1,
     ) -> None:
         self.path = Path(path)
         self.answer_format = _choice(AnswerFormat, answer_format, "MathTask(answer_format")
@@ -141,6 +150,9 @@ class MathTask:
         if verifier is Verifier.AUTO:
             verifier = Verifier.MATH_VERIFY if has_math_verify else Verifier.NUMERIC
         self.verifier = verifier
+        self.scorer: SafeScorer | None = None
+        if verifier is Verifier.MATH_VERIFY and score_timeout_s is not None:
+            self.scorer = _math_verify_scorer(float(score_timeout_s), score_workers)
         template = prompt_template
         if template is None:
             template = PLAIN_TEMPLATE if self.prompt_style is PromptStyle.PLAIN else CHAT_TEMPLATE
@@ -182,11 +194,23 @@ class MathTask:
 
     def reward(self, completion: str, answer: str) -> float:
         """`CORRECT_REWARD` when the completion's final answer is equivalent to `answer`."""
-        if self.verifier is Verifier.MATH_VERIFY:
-            correct = math_verify_equal(completion, answer)
-        else:
-            correct = numeric_equal(completion, answer)
-        return CORRECT_REWARD if correct else WRONG_REWARD
+        return self.score_many([completion], [answer])[0].reward
+
+    def score_many(self, completions: list[str], answers: list[str]) -> list[Score]:
+        """Each completion's reward with how it came about: a timed-out, unparseable or failed
+        answer scores `WRONG_REWARD` with its `ScoreStatus`.
+
+        Raises:
+            ScorerFailingError: math-verify timed out or raised many times in a row.
+        """
+        if self.scorer is not None:
+            return self.scorer.score_many(completions, answers)
+        fn = math_verify_score if self.verifier is Verifier.MATH_VERIFY else numeric_score
+        out = []
+        for completion, answer in zip(completions, answers, strict=True):
+            value = fn(completion, answer)
+            out.append(Score(WRONG_REWARD, ScoreStatus.PARSE_FAILURE) if value is None else Score(value))
+        return out
 
     def answer_id(self, completion: str) -> int:
         """An id per distinct final answer, for majority voting; `NO_ANSWER` when there is none.
@@ -199,6 +223,13 @@ class MathTask:
             return NO_ANSWER
         # A stable hash (not `hash`, which is salted per process): every rank gives the same id.
         return int.from_bytes(hashlib.blake2b(canonical.encode(), digest_size=7).digest(), "big")
+
+
+@functools.lru_cache(maxsize=None)
+def _math_verify_scorer(timeout_s: float, workers: int) -> SafeScorer:
+    """One pool of math-verify workers per process and setting, shared by every task (workers
+    start on the first call, so building a task costs nothing)."""
+    return SafeScorer(math_verify_score, timeout_s=timeout_s, workers=workers, wrong_reward=WRONG_REWARD)
 
 
 # ----------------------------------------------------------------------------- reading rows
@@ -350,6 +381,28 @@ def numeric_equal(completion: str, reference: str) -> bool:
     if got_value is not None and want_value is not None:
         return abs(got_value - want_value) <= NUMERIC_REL_TOL * max(1, abs(want_value))
     return bool(want) and got == want
+
+
+def numeric_score(completion: str, reference: str) -> float | None:
+    """`numeric_equal` as a reward; None when the completion has no final answer."""
+    if final_answer(completion) is None:
+        return None
+    return CORRECT_REWARD if numeric_equal(completion, reference) else WRONG_REWARD
+
+
+def math_verify_score(completion: str, reference: str) -> float | None:
+    """math-verify's verdict as a reward; None when it parses no answer from the completion.
+
+    Module-level, so that `SafeScorer` workers can import it.
+    """
+    from math_verify import parse, verify  # the `math` extra; imported only when used
+
+    timeout = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    predicted = parse(completion, parsing_timeout=timeout)
+    if not predicted:
+        return None
+    gold = parse(f"\\boxed{{{reference}}}", parsing_timeout=timeout)
+    return CORRECT_REWARD if gold and verify(gold, predicted, timeout_seconds=timeout) else WRONG_REWARD
 
 
 def math_verify_equal(completion: str, reference: str) -> bool:

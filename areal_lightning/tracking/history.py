@@ -223,6 +223,7 @@ def eval_record(
     mode: str,
     world_size: int,
     time: float | None = None,
+    sampling: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build one round record with the public field order of ``DESIGN.md``.
 
@@ -238,6 +239,8 @@ def eval_record(
         mode: ``"sync"`` or ``"async"``.
         world_size: number of ranks that shared the round.
         time: UNIX time of the record; ``time.time()`` when omitted.
+        sampling: how the completions were sampled (``SamplingParams.as_record``); written as
+            the record's ``"sampling"`` object when given.
 
     Raises:
         ValueError: a count is negative, ``mode`` or ``world_size`` is not accepted.
@@ -260,7 +263,7 @@ def eval_record(
     triggers = [trigger] if isinstance(trigger, str) else list(trigger)
     if not all(isinstance(t, str) for t in triggers):
         raise ValueError(f"eval_record(trigger=...) must be a string or strings, got {trigger!r}")
-    return {
+    record = {
         "step": int(step),
         "epoch": int(epoch),
         "time": float(_time.time() if time is None else time),
@@ -273,6 +276,9 @@ def eval_record(
         "mode": mode,
         "world_size": int(world_size),
     }
+    if sampling is not None:
+        record["sampling"] = dict(sampling)
+    return record
 
 
 def _metric_float(name: str, value: Any) -> float:

@@ -32,7 +32,7 @@ class _AnsweringPolicy(nn.Module):
         self.pad_id, self.eos_id = self.tok.pad_id, self.tok.eos_id
 
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int, temperature: float,
-                 generators) -> Tensor:
+                 generators, **_: object) -> Tensor:
         out = torch.full((len(prompt_ids), max_new_tokens), self.pad_id, dtype=torch.long)
         for row, (ids, mask, gen) in enumerate(zip(prompt_ids, prompt_mask, generators)):
             a, b = self.tok.decode(ids[mask].tolist()).rstrip("=").split("+")

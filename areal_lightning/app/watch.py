@@ -1,0 +1,392 @@
+"""`areal-lightning evaluate -c CONFIG --watch CHECKPOINT_DIR`: evaluate each new checkpoint as it appears.
+
+Training writes checkpoints (``fit`` with ``trainer.checkpoint_every_n_steps``); the watcher runs
+elsewhere (other devices, other nodes, any number of processes, launched as `evaluate` is) and
+evaluates each checkpoint once, oldest first by global step, with the same round as training
+(`eval_round.run_round`). Each evaluation appends one record per eval set to the run's eval
+history (``trigger: ["watch"]``, the checkpoint's ``step`` and ``epoch``, its file as
+``checkpoint``) and, when the config logs to W&B, one row to the run's W&B run on its eval axis.
+
+What it evaluated is read back from the eval history: a restarted watcher skips every step
+that has a ``watch`` record (or a ``watch`` error event), so no checkpoint is evaluated twice and
+none is skipped. A file is read only once its size and modification time are the same at two
+polls in a row, and one that fails to load is retried at later polls (`MAX_LOAD_FAILURES`,
+then reported as an error event): Lightning writes checkpoints through fsspec's transaction
+(a temporary file moved into place, atomic on one file system, a copy across file systems), so
+a partial file can be visible.
+
+It stops, after finishing the checkpoint at hand, when
+- the sentinel file ``<CHECKPOINT_DIR>/STOP_WATCH`` exists and every checkpoint present is evaluated;
+- ``--idle-timeout SECS`` passed without a new checkpoint and nothing is left to evaluate;
+- Ctrl-C (SIGINT) or SIGTERM arrives (a second Ctrl-C interrupts at once).
+
+With several processes, rank 0 alone looks at the directory and the clock and broadcasts each
+decision (evaluate this file, wait, stop): ranks deciding alone would evaluate different files
+or leave one another waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from areal_lightning.app.config import Config
+
+if TYPE_CHECKING:
+    from lightning.fabric import Fabric
+    from lightning.pytorch.loggers import Logger
+
+    from areal_lightning.rl.grpo import GRPOModule
+
+log = logging.getLogger("areal_lightning")
+
+WATCH_TRIGGER = "watch"
+"""The `trigger` of the watcher's history records; also how a restarted watcher knows what it did."""
+STOP_FILENAME = "STOP_WATCH"
+"""Create ``<CHECKPOINT_DIR>/STOP_WATCH`` to stop the watcher once every checkpoint present is evaluated."""
+CHECKPOINT_SUFFIX = ".ckpt"
+DEFAULT_POLL_SECS = 2.0
+MAX_LOAD_FAILURES = 5
+"""Polls at which a stable checkpoint may fail to load before it is reported and left alone."""
+RUN_ID_KEY = "run_id"
+"""Where a checkpoint (and config.yaml) keeps the run's id, which is its W&B run id."""
+_WANDB_RUN_DIR = re.compile(r"^(?:offline-)?run-\d{8}_\d{6}-(?P<id>[A-Za-z0-9]+)$")
+
+
+# ---------------------------------------------------------------------------- what there is to do
+
+
+@dataclass
+class DirectoryState:
+    """Rank 0's view of the checkpoint directory across polls (a pure bookkeeping object).
+
+    A file is *stable* once its (size, mtime) is the same at two polls in a row; its step is
+    read once per stable signature.
+    """
+
+    seen: dict[Path, tuple[int, int]] = field(default_factory=dict)
+    steps: dict[Path, tuple[tuple[int, int], int, int]] = field(default_factory=dict)  # sig, step, epoch
+    load_failures: dict[Path, int] = field(default_factory=dict)
+    given_up: set[Path] = field(default_factory=set)
+
+    def poll(self, directory: Path) -> tuple[list[Path], list[Path]]:
+        """(stable, unstable) checkpoint files of `directory` now."""
+        stable, unstable, now = [], [], {}
+        for path in sorted(directory.glob(f"*{CHECKPOINT_SUFFIX}")):
+            try:
+                st = path.stat()
+            except FileNotFoundError:  # replaced between glob and stat (last.ckpt)
+                continue
+            now[path] = (st.st_size, st.st_mtime_ns)
+            (stable if self.seen.get(path) == now[path] and st.st_size > 0 else unstable).append(path)
+        self.seen = now
+        return stable, unstable
+
+
+def read_step(path: Path) -> tuple[int, int] | None:
+    """(global_step, epoch) of a checkpoint, read lazily (mmap); None when it does not load yet."""
+    import torch
+
+    try:
+        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        return int(ckpt["global_step"]), int(ckpt.get("epoch", 0))
+    except Exception:  # noqa: BLE001 - partial, foreign or unreadable: retried at a later poll
+        return None
+
+
+def done_steps(history_file: Path) -> set[int]:
+    """Steps the watcher already evaluated (or gave up on), from its records in the eval history."""
+    from areal_lightning.tracking.history import read_history
+
+    if not history_file.is_file():
+        return set()
+    return {int(r["step"]) for r in read_history(history_file)
+            if WATCH_TRIGGER in r.get("trigger", ()) or r.get("source") == WATCH_TRIGGER}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What every rank does next: ``eval`` (the file, its step and epoch), ``wait`` or ``stop``."""
+
+    action: str
+    path: str | None = None
+    step: int = -1
+    epoch: int = 0
+    reason: str = ""
+
+
+def next_checkpoint(steps: Mapping[Path, tuple[int, int]], done: set[int]) -> tuple[Path, int, int] | None:
+    """The oldest not yet evaluated checkpoint: lowest step; for one step, ``step<N>.ckpt`` before ``last.ckpt``.
+
+    Example:
+        >>> next_checkpoint({Path("last.ckpt"): (8, 0), Path("step4.ckpt"): (4, 0), Path("step8.ckpt"): (8, 0)}, {4})
+        (PosixPath('step8.ckpt'), 8, 0)
+    """
+    todo = sorted((step, path.name == "last.ckpt", path.name, path, epoch)
+                  for path, (step, epoch) in steps.items() if step not in done)
+    return (todo[0][3], todo[0][0], todo[0][4]) if todo else None
+
+
+# ---------------------------------------------------------------------------- signals
+
+
+class StopRequest:
+    """Ctrl-C and SIGTERM set a flag (the checkpoint at hand is finished first); a second Ctrl-C interrupts."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        log.info("stop requested (%s): finishing the checkpoint at hand", signal.Signals(signum).name)
+
+    def __enter__(self) -> StopRequest:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+# ---------------------------------------------------------------------------- W&B (rank 0)
+
+
+def wandb_run_id(ckpt_run_id: str | None, run_dir: Path) -> str | None:
+    """The W&B run to log into: the checkpoint's run id, else ``run_id`` in ``<run_dir>/config.yaml``,
+    else the id of ``<run_dir>/wandb/latest-run``; None when there is none (a new W&B run starts).
+
+    Example:
+        >>> wandb_run_id("abc123", Path("no/such/run"))
+        'abc123'
+    """
+    if ckpt_run_id:
+        return str(ckpt_run_id)
+    config = run_dir / "config.yaml"
+    if config.is_file():
+        import yaml
+
+        found = (yaml.safe_load(config.read_text()) or {}).get(RUN_ID_KEY)
+        if found:
+            return str(found)
+    latest = run_dir / "wandb" / "latest-run"
+    if latest.exists():
+        match = _WANDB_RUN_DIR.match(latest.resolve().name)
+        if match:
+            return match.group("id")
+    return None
+
+
+def watch_loggers(cfg: Config, run_dir: Path, run_id: str | None) -> list[Logger]:
+    """The W&B logger of the config, continuing run `run_id` (W&B ``resume="allow"``); [] when W&B is off.
+
+    The one place the watcher wires W&B: eval rows go on the run's ``eval/step`` axis.
+    """
+    from areal_lightning.app.builders import build_wandb_logger
+
+    logger = build_wandb_logger(cfg, run_dir)
+    if logger is None:
+        return []
+    if run_id is not None:
+        logger._wandb_init.update(id=run_id, resume="allow")  # WandbLogger's init arguments
+    return [logger]
+
+
+# ---------------------------------------------------------------------------- the loop
+
+
+@dataclass
+class _Watch:
+    cfg: Config
+    directory: Path
+    history_file: Path
+    poll_secs: float
+    idle_timeout: float | None
+    trust: bool
+    state: DirectoryState = field(default_factory=DirectoryState)
+    last_progress: float = field(default_factory=time.monotonic)
+
+    def decide(self, stop: StopRequest) -> Decision:
+        """Rank 0: what to do next."""
+        from areal_lightning.tracking.history import EvalHistory, event_record
+
+        if stop.requested:
+            return Decision("stop", reason="stop requested")
+        sentinel = (self.directory / STOP_FILENAME).exists()  # read before the listing: no file missed
+        stable, unstable = self.state.poll(self.directory) if self.directory.is_dir() else ([], [])
+        for path in stable:
+            sig = self.state.seen[path]
+            if path in self.state.given_up or self.state.steps.get(path, ((-1, -1),))[0] == sig:
+                continue
+            read = read_step(path)
+            if read is None:
+                failures = self.state.load_failures[path] = self.state.load_failures.get(path, 0) + 1
+                if failures >= MAX_LOAD_FAILURES:
+                    self.state.given_up.add(path)
+                    message = f"checkpoint {path} did not load at {failures} polls; left alone"
+                    log.error("%s", message)
+                    EvalHistory(self.history_file).append(event_record("error", 0, message=message, checkpoint=str(path)))
+                continue
+            if path not in self.state.steps:
+                self.last_progress = time.monotonic()  # a new checkpoint
+            self.state.steps[path] = (sig, *read)
+        done = done_steps(self.history_file)
+        # Only files whose step was read at their current, stable size and time (last.ckpt is rewritten).
+        present = {p: (s, e) for p, (sig, s, e) in self.state.steps.items() if p in stable and sig == self.state.seen[p]}
+        found = next_checkpoint(present, done)
+        if found is not None:
+            path, step, epoch = found
+            return Decision("eval", str(path), step, epoch)
+        settling = [p for p in [*stable, *unstable] if p not in self.state.given_up and p not in present]
+        if unstable:
+            self.last_progress = time.monotonic()  # a file is being written
+        if sentinel and not settling:
+            return Decision("stop", reason=f"{STOP_FILENAME} found and every checkpoint evaluated")
+        if self.idle_timeout is not None and not settling and time.monotonic() - self.last_progress > self.idle_timeout:
+            return Decision("stop", reason=f"no new checkpoint for {self.idle_timeout:g} s")
+        return Decision("wait")
+
+
+def _load_on_every_rank(fabric: Fabric, module: GRPOModule, path: str, step: int, trust: bool) -> tuple[bool, str | None]:
+    """Every rank loads the weights; all agree whether it worked (and on the run id)."""
+    from areal_lightning.app.evaluate import STATE_DICT_KEY, CheckpointError, load_checkpoint, load_weights
+    from areal_lightning.eval_round.ranks import all_gather_object
+
+    error, run_id = None, None
+    try:
+        ckpt = load_checkpoint(path, trust=trust)
+        if int(ckpt["global_step"]) != step:  # rewritten since rank 0 read its step (last.ckpt)
+            raise CheckpointError(f"{path} now holds step {ckpt['global_step']}, not {step}")
+        load_weights(module, ckpt[STATE_DICT_KEY], path)
+        run_id = ckpt.get(RUN_ID_KEY)
+    except CheckpointError as err:
+        error = str(err)
+    errors = [e for e in all_gather_object(error) if e]  # the same collective on every rank
+    if errors and fabric.global_rank == 0:
+        log.warning("skipping %s for now: %s", path, errors[0])
+    return not errors, run_id
+
+
+def _watch_on_rank(fabric: Fabric, watch: _Watch) -> int:
+    from areal_lightning.app.builders import build_eval_sets
+    from areal_lightning.app.evaluate import format_table
+    from areal_lightning.eval_round import EvalRoundError, check_eval_sets_consistent, run_round
+    from areal_lightning.rl.grpo import GRPOModule
+    from areal_lightning.rl.rollout_eval import rollout_evaluate
+    from areal_lightning.tracking.history import EvalHistory, eval_record, event_record
+    from areal_lightning.tracking.loggers import finish_wandb, log_eval_results
+
+    cfg = watch.cfg
+    module = GRPOModule.from_config(cfg)
+    module = fabric.strategy.precision.convert_module(module).to(fabric.device)
+    eval_sets = build_eval_sets(cfg, module.task)
+    check_eval_sets_consistent(eval_sets)
+    loggers: list[Logger] | None = None
+    history = EvalHistory(watch.history_file)
+    evaluated = 0
+    with StopRequest() as stop:
+        if fabric.global_rank == 0:  # after the handlers are in place: from here on Ctrl-C stops cleanly
+            print(f"watching {watch.directory} for checkpoints; stop with Ctrl-C, --idle-timeout or "
+                  f"{watch.directory / STOP_FILENAME}", flush=True)
+        try:
+            while True:
+                decision = watch.decide(stop) if fabric.global_rank == 0 else None
+                decision = fabric.broadcast(decision, src=0)  # one decision for every rank
+                if decision.action == "stop":
+                    if fabric.global_rank == 0:
+                        print(f"watch stopped: {decision.reason}; {evaluated} checkpoint(s) evaluated", flush=True)
+                    return 0
+                if decision.action == "wait":
+                    if fabric.global_rank == 0:
+                        time.sleep(watch.poll_secs)
+                    continue
+                assert decision.path is not None
+                ok, run_id = _load_on_every_rank(fabric, module, decision.path, decision.step, watch.trust)
+                if not ok:
+                    if fabric.global_rank == 0:
+                        time.sleep(watch.poll_secs)
+                    continue
+                try:
+                    with fabric.autocast():
+                        results = run_round(module, eval_sets, rollout_evaluate, seed=cfg.seed,
+                                            global_step=decision.step, epoch=decision.epoch)
+                except EvalRoundError as err:
+                    if fabric.global_rank == 0:  # recorded, so that a restart does not retry it forever
+                        log.error("evaluation of %s failed: %s", decision.path, err)
+                        history.append(event_record("error", decision.step, message=str(err), source=WATCH_TRIGGER,
+                                                    checkpoint=decision.path))
+                    continue
+                evaluated += 1
+                if fabric.global_rank != 0:
+                    continue
+                watch.last_progress = time.monotonic()
+                records = [eval_record(decision.step, decision.epoch, r.dataset, r.metrics, trigger=[WATCH_TRIGGER],
+                                       num_samples=r.num_samples, num_prompts=r.num_prompts, eval_secs=r.eval_secs,
+                                       mode="sync", world_size=fabric.world_size, sampling=r.sampling)
+                           for r in results]
+                history.append_many({**rec, "checkpoint": decision.path} for rec in records)
+                if loggers is None:
+                    loggers = watch_loggers(cfg, Path(cfg.output_dir), wandb_run_id(run_id, Path(cfg.output_dir)))
+                log_eval_results(loggers, results, decision.step)
+                print(f"checkpoint {decision.path} (step {decision.step}, epoch {decision.epoch}):", flush=True)
+                print(format_table(results), flush=True)
+        finally:
+            if loggers:
+                finish_wandb(loggers)
+
+
+def add_watch_arguments(parser: argparse.ArgumentParser, ckpt_group: argparse._MutuallyExclusiveGroup) -> None:
+    """The watcher's options of `areal-lightning evaluate`; ``--watch`` goes into ``--ckpt``'s group."""
+    ckpt_group.add_argument("--watch", metavar="CHECKPOINT_DIR",
+                            help="evaluate each new checkpoint of this directory as it appears, oldest first, once "
+                                 f"each; stops on Ctrl-C, --idle-timeout or a file {STOP_FILENAME} in the directory")
+    parser.add_argument("--idle-timeout", type=float, default=None, metavar="SECS",
+                        help="with --watch: stop after SECS without a new checkpoint (default: never)")
+    parser.add_argument("--poll-secs", type=float, default=DEFAULT_POLL_SECS, metavar="SECS",
+                        help=f"with --watch: seconds between looks at the directory (default {DEFAULT_POLL_SECS:g})")
+
+
+def evaluate_command(args: argparse.Namespace) -> int:
+    """`areal-lightning evaluate`: one checkpoint (``--ckpt``), or every new one (``--watch``)."""
+    from areal_lightning.app.evaluate import evaluate_main
+
+    return watch_main(args) if args.watch is not None else evaluate_main(args)
+
+
+def watch_main(args: argparse.Namespace) -> int:
+    """Runs the watcher on every rank; returns the exit status (0 after a clean stop, 2 for bad input)."""
+    from areal_lightning.app.config import ConfigError, load_config
+    from areal_lightning.app.console import fail, quiet_lightning
+    from areal_lightning.app.evaluate import _build_fabric
+    from areal_lightning.tracking.history import HISTORY_FILENAME
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as err:
+        return fail(str(err))
+    quiet_lightning()
+
+    for name in ("idle_timeout", "poll_secs"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            return fail(f"--{name.replace('_', '-')} must be a positive number of seconds, got {value}")
+    directory = Path(args.watch)
+    if directory.exists() and not directory.is_dir():
+        return fail(f"--watch {args.watch!r} is a file; pass the directory the checkpoints are written to, "
+                    "e.g. <output_dir>/checkpoints")
+    history_file = Path(args.history) if args.history else Path(cfg.output_dir) / HISTORY_FILENAME
+    watch = _Watch(cfg, directory, history_file, args.poll_secs, args.idle_timeout, args.trust_checkpoint)
+    fabric = _build_fabric(cfg)
+    return int(fabric.launch(_watch_on_rank, watch))
