@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # Lightning and W&B load only when a builder that needs them 
 
     from areal_lightning.callbacks import EvaluationCallback
     from areal_lightning.tasks.arithmetic import ArithmeticTask
-    from areal_lightning.tracking.wandb import SafeWandbLogger
+    from areal_lightning.tracking.wandb_logger import SafeWandbLogger
 
 CSV_DIRNAME = "csv"
 """Lightning's CSV logs go to ``<output_dir>/csv/version_<n>/metrics.csv``."""
@@ -89,7 +89,7 @@ def build_wandb_logger(cfg: Config, output_dir: str | Path) -> SafeWandbLogger |
     """
     from areal_lightning.app.config import WandbMode
     from areal_lightning.tracking.history import HISTORY_FILENAME
-    from areal_lightning.tracking.wandb import SafeWandbLogger
+    from areal_lightning.tracking.wandb_logger import SafeWandbLogger
 
     w = cfg.logger.wandb
     if w.mode is WandbMode.DISABLED:

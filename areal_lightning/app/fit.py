@@ -27,7 +27,7 @@ def fit_main(args: argparse.Namespace) -> int:
 
     from areal_lightning.app.builders import build_callback, build_trainer
     from areal_lightning.rl.grpo import GRPOModule
-    from areal_lightning.tracking.loggers import finish_wandb
+    from areal_lightning.tracking.wandb_logger import finish_wandb
 
     L.seed_everything(cfg.seed, verbose=False)
     module = GRPOModule.from_config(cfg)
