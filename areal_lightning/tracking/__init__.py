@@ -4,28 +4,36 @@ from areal_lightning.tracking.history import (
     EVAL_MODES,
     EVENT_KINDS,
     HISTORY_FILENAME,
+    RECORD_SOURCES,
     EvalHistory,
     TruncatedHistoryWarning,
     eval_record,
     eval_rows,
     event_record,
     event_rows,
+    drop_superseded,
     history_path,
+    new_run_id,
     read_history,
+    split_runs,
 )
 
 __all__ = [
     "EVAL_MODES",
     "EVENT_KINDS",
     "HISTORY_FILENAME",
+    "RECORD_SOURCES",
     "EvalHistory",
     "TruncatedHistoryWarning",
     "eval_record",
     "eval_rows",
     "event_record",
     "event_rows",
+    "drop_superseded",
     "history_path",
+    "new_run_id",
     "read_history",
+    "split_runs",
 ]
 
 # The logger fan-out and the W&B logger import Lightning: loaded on first use (PEP 562), so
