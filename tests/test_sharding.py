@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 import itertools
 import json
 import os
@@ -14,8 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from areal_lightning.eval_round import fingerprint as fingerprints
-from areal_lightning.eval_round import sharding
 from areal_lightning.eval_round.fingerprint import EvalSetMismatchError, check_fingerprints, fingerprint
 from areal_lightning.eval_round.sharding import (
     batch_cost,
@@ -49,12 +46,6 @@ def round_robin(num_batches: int, world_size: int) -> list[list[int]]:
 def reference_balance(assignment: list[list[int]], costs: list[float]) -> float:
     loads = np.array([sum(costs[b] for b in batches) for batches in assignment], dtype=float)
     return float(loads.max() / loads.mean())
-
-
-def test_docstring_examples_run() -> None:
-    for module in (sharding, fingerprints):
-        result = doctest.testmod(module)
-        assert result.attempted > 0 and result.failed == 0
 
 
 # --- every sample exactly once, whatever the world size -------------------------------------

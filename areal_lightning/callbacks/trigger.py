@@ -54,6 +54,9 @@ class Cause(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+    def __repr__(self) -> str:
+        return repr(self.value)
+
 
 # state_dict keys: they are part of the checkpoint format, renaming one breaks old resumes.
 _KEY_LAST_STEP = "last_evaluated_step"

@@ -25,7 +25,7 @@ import heapq
 import json
 import math
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 __all__ = [
     "batch_cost",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import asdict
+from enum import Enum
 from typing import Any
 
 import lightning as L
@@ -63,7 +64,9 @@ class GRPOModule(L.LightningModule):
         self.task = task
         self.grpo = grpo or GRPOConfig()
         self.seed = seed
-        self.save_hyperparameters({"grpo": asdict(self.grpo), "seed": seed})
+        # Plain values only: checkpoints must load with torch.load(weights_only=True).
+        grpo_values = {k: v.value if isinstance(v, Enum) else v for k, v in asdict(self.grpo).items()}
+        self.save_hyperparameters({"grpo": grpo_values, "seed": seed})
         # The frozen policy of the KL penalty: a registered submodule, so a resume restores it.
         self.reference = copy.deepcopy(policy).requires_grad_(False) if self.grpo.kl_coef > 0 else None
         self.warmed_up = False

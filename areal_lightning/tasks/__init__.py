@@ -1,1 +1,1 @@
-"""Tasks: the embedded arithmetic task and its character tokenizer."""
+"""Tasks: the embedded arithmetic task (with its character tokenizer) and GSM8K/MATH-style math from local files."""

@@ -44,7 +44,7 @@ class ArithmeticTask:
 
     A fixed answer width per operand size keeps every sum reachable with one answer length:
     a policy that learned short answers for small sums cannot strand the sums of 10 and more
-    (the length trap, DESIGN.md), and each group of completions keeps reward variance.
+    (the length trap), and each group of completions keeps reward variance.
 
     Args:
         train_digits: operand digits of the training prompts.
@@ -54,8 +54,10 @@ class ArithmeticTask:
     Example:
         >>> task = ArithmeticTask(train_digits=1, train_size=4, seed=0)
         >>> s = task.train_samples()[0]
-        >>> task.make_samples("demo", digits=1, size=1)[0].answer  # 7 + 0, zero-padded
-        '07'
+        >>> sample = task.make_samples("demo", digits=1, size=1)[0]
+        >>> a, b = map(int, sample.prompt.rstrip("=").split("+"))
+        >>> sample.answer == f"{a + b:02d}"  # zero-padded to the width of the largest sum
+        True
         >>> task.reward(s.answer, s.answer), task.reward("x", s.answer)
         (1.0, 0.0)
     """

@@ -1,0 +1,364 @@
+"""A math word-problem task: GSM8K- or MATH-format rows from a local JSONL or Parquet file, with a
+reward that checks the completion's final answer against the reference.
+
+Rewards come from `math-verify` (symbolic equivalence; the `math` extra) where it is installed,
+else from `numeric_equal`, a documented fallback that compares final numbers (and otherwise
+normalised strings).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import re
+import threading
+from dataclasses import dataclass
+from enum import Enum
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, TypeVar
+
+from areal_lightning.metrics.functional import NO_ANSWER
+
+CORRECT_REWARD = 1.0  # what `rollout_evaluate` counts as correct, as for the arithmetic task
+WRONG_REWARD = 0.0
+NUMERIC_REL_TOL = 1e-6
+"""`numeric_equal` treats two numbers as equal within this relative tolerance (0.333333 == 1/3)."""
+MATH_VERIFY_TIMEOUT_S = 5
+"""math-verify's per-call timeout; it uses SIGALRM, so it applies on the main thread only."""
+PLAIN_TEMPLATE = "Question: {question}\nAnswer:"
+CHAT_TEMPLATE = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+class AnswerFormat(str, Enum):
+    """Where a row's reference answer is written."""
+
+    GSM8K = "gsm8k"
+    """After the last ``####`` of the field (GSM8K's ``answer``: worked solution, then ``#### 72``)."""
+    BOXED = "boxed"
+    """In the last ``\\boxed{...}`` of the field (MATH's ``solution``)."""
+    PLAIN = "plain"
+    """The whole field (MATH-500's ``answer``)."""
+
+
+class PromptStyle(str, Enum):
+    """How a question becomes a prompt."""
+
+    PLAIN = "plain"
+    """`PLAIN_TEMPLATE`, a completion prompt for base models."""
+    CHAT = "chat"
+    """`CHAT_TEMPLATE`, a user message for the tokenizer's chat template (`HFTokenizer(chat=True)`)."""
+
+
+class Verifier(str, Enum):
+    """How a completion's answer is compared with the reference."""
+
+    AUTO = "auto"
+    """math-verify where installed, else numeric."""
+    MATH_VERIFY = "math_verify"
+    NUMERIC = "numeric"
+
+
+@dataclass(frozen=True)
+class MathSample:
+    """One problem: like the arithmetic task's `Sample`, plus the stratum it belongs to.
+
+    `stratum` (the row's `stratum_field`, e.g. MATH's ``level``, or else the file's name) lets
+    an eval set be subsampled per stratum.
+    """
+
+    index: int
+    prompt: str
+    answer: str
+    stratum: str
+
+    @property
+    def key(self) -> str:
+        """Canonical content, used to fingerprint eval sets across ranks."""
+        return f"{self.prompt}{self.answer}"
+
+
+E = TypeVar("E", bound=Enum)
+
+
+def _choice(kind: type[E], value: str | E, call: str) -> E:
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(repr(m.value) for m in kind)
+        raise ValueError(f"Unsupported parameter value `{call}={value!r})`. Possible choices are: {choices}") from None
+
+
+class MathTask:
+    """Math problems read from a local file, rewarded 1 for an equivalent final answer, else 0.
+
+    Args:
+        path: a ``.jsonl`` (one JSON object per line), ``.json`` (a list of objects) or
+            ``.parquet`` file (Parquet needs `pyarrow`).
+        question_field: the field holding the question (MATH: ``problem``).
+        answer_field: the field holding the reference (MATH: ``solution``).
+        answer_format: where the reference answer sits in `answer_field`, see `AnswerFormat`.
+        stratum_field: the field each sample's `stratum` comes from (e.g. ``level``); None
+            uses the file's name, so that files mixed into one eval set stay apart.
+        prompt_style: see `PromptStyle`; `uses_chat_template` tells the tokenizer which.
+        prompt_template: overrides the style's template; must contain ``{question}``.
+        verifier: see `Verifier`.
+
+    Raises:
+        FileNotFoundError: when `path` does not exist.
+        ValueError: for an unsupported suffix or option, a row without a needed field (naming
+            the fields it has), or a reference answer that cannot be found.
+        ImportError: for ``verifier="math_verify"`` without math-verify installed.
+
+    Example:
+        >>> import json, tempfile
+        >>> f = tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False)
+        >>> _ = f.write(json.dumps({"question": "What is 2+3?", "answer": "2+3=5\\n#### 5"}) + "\\n"); f.close()
+        >>> task = MathTask(f.name, verifier="numeric")
+        >>> s = task.samples()[0]
+        >>> s.prompt, s.answer
+        ('Question: What is 2+3?\\nAnswer:', '5')
+        >>> task.reward("2 + 3 = 5, so the answer is \\\\boxed{5}.", s.answer), task.reward("#### 6", s.answer)
+        (1.0, 0.0)
+    """
+
+    def __init__(
+        self, path: str | Path, *, question_field: str = "question", answer_field: str = "answer",
+        answer_format: str | AnswerFormat = AnswerFormat.GSM8K, stratum_field: str | None = None,
+        prompt_style: str | PromptStyle = PromptStyle.PLAIN, prompt_template: str | None = None,
+        verifier: str | Verifier = Verifier.AUTO,
+    ) -> None:
+        self.path = Path(path)
+        self.answer_format = _choice(AnswerFormat, answer_format, "MathTask(answer_format")
+        self.prompt_style = _choice(PromptStyle, prompt_style, "MathTask(prompt_style")
+        verifier = _choice(Verifier, verifier, "MathTask(verifier")
+        has_math_verify = importlib.util.find_spec("math_verify") is not None
+        if verifier is Verifier.MATH_VERIFY and not has_math_verify:
+            raise ImportError("`MathTask(verifier='math_verify')` needs math-verify: "
+                              "pip install 'areal-lightning[math]', or use verifier='numeric'")
+        if verifier is Verifier.AUTO:
+            verifier = Verifier.MATH_VERIFY if has_math_verify else Verifier.NUMERIC
+        self.verifier = verifier
+        template = prompt_template
+        if template is None:
+            template = PLAIN_TEMPLATE if self.prompt_style is PromptStyle.PLAIN else CHAT_TEMPLATE
+        if "{question}" not in template:
+            raise ValueError(f"`MathTask(prompt_template={prompt_template!r})` must contain '{{question}}'")
+        self.prompt_template = template
+        self.question_field, self.answer_field, self.stratum_field = question_field, answer_field, stratum_field
+        self._samples = self._load()
+
+    @property
+    def uses_chat_template(self) -> bool:
+        """Whether prompts are user messages for the tokenizer's chat template."""
+        return self.prompt_style is PromptStyle.CHAT
+
+    def _load(self) -> list[MathSample]:
+        rows = read_rows(self.path)
+        fields = [self.question_field, self.answer_field] + ([self.stratum_field] if self.stratum_field else [])
+        samples = []
+        for index, row in enumerate(rows):
+            for field in fields:
+                if field not in row:
+                    raise ValueError(f"row {index} of {self.path} has no field {field!r}; fields present: "
+                                     f"{sorted(row)} (set MathTask's question_field / answer_field / stratum_field)")
+            answer = reference_answer(str(row[self.answer_field]), self.answer_format)
+            if answer is None:
+                raise ValueError(f"row {index} of {self.path}: no {self.answer_format.value!r} answer in field "
+                                 f"{self.answer_field!r}: {str(row[self.answer_field])[-200:]!r}")
+            stratum = str(row[self.stratum_field]) if self.stratum_field else self.path.stem
+            prompt = self.prompt_template.format(question=str(row[self.question_field]))
+            samples.append(MathSample(index=index, prompt=prompt, answer=answer, stratum=stratum))
+        return samples
+
+    def samples(self) -> list[MathSample]:
+        """Every row of the file, in file order (`index` is the row number)."""
+        return list(self._samples)
+
+    def train_samples(self) -> list[MathSample]:
+        return self.samples()
+
+    def reward(self, completion: str, answer: str) -> float:
+        """`CORRECT_REWARD` when the completion's final answer is equivalent to `answer`."""
+        if self.verifier is Verifier.MATH_VERIFY:
+            correct = math_verify_equal(completion, answer)
+        else:
+            correct = numeric_equal(completion, answer)
+        return CORRECT_REWARD if correct else WRONG_REWARD
+
+    def answer_id(self, completion: str) -> int:
+        """An id per distinct final answer, for majority voting; `NO_ANSWER` when there is none.
+
+        Answers are grouped by their `canonical_answer` (``1,000`` and ``1000`` vote together;
+        ``1/2`` and ``0.5`` too), whichever verifier scores them.
+        """
+        canonical = canonical_answer(completion)
+        if canonical is None:
+            return NO_ANSWER
+        # A stable hash (not `hash`, which is salted per process): every rank gives the same id.
+        return int.from_bytes(hashlib.blake2b(canonical.encode(), digest_size=7).digest(), "big")
+
+
+# ----------------------------------------------------------------------------- reading rows
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a local ``.jsonl``, ``.json`` or ``.parquet`` file, as dicts."""
+    if not path.is_file():
+        raise FileNotFoundError(f"`MathTask(path={str(path)!r})`: no such file")
+    if path.suffix not in SUFFIXES:
+        raise ValueError(f"`MathTask(path={str(path)!r})`: unsupported file type {path.suffix!r}; "
+                         f"use one of {', '.join(SUFFIXES)}")
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow") from None
+        return pq.read_table(path).to_pylist()
+    if path.suffix == ".json":
+        rows = json.loads(path.read_text())
+        if not isinstance(rows, list):
+            raise ValueError(f"{path} must hold a JSON list of objects, got {type(rows).__name__}")
+        return rows
+    rows = []
+    for line_no, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}, line {line_no}: not JSON ({err.msg})") from None
+    return rows
+
+
+# ----------------------------------------------------------------------------- finding answers
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+def extract_boxed(text: str) -> str | None:
+    """The content of the last closed ``\\boxed{...}`` (or ``\\fbox{...}``) in `text`, nested braces
+    included; None when there is none."""
+    for opening in reversed(list(_BOXED.finditer(text))):
+        depth = 1
+        for i in range(opening.end(), len(text)):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                return text[opening.end(): i].strip()
+    return None
+
+
+def extract_after_hashes(text: str) -> str | None:
+    """The rest of the line after the last ``####`` (GSM8K's final-answer marker)."""
+    if "####" not in text:
+        return None
+    answer = text.rsplit("####", 1)[1].strip().split("\n", 1)[0].strip()
+    return answer or None
+
+
+def reference_answer(field: str, answer_format: AnswerFormat) -> str | None:
+    """The reference answer of a row's answer field."""
+    if answer_format is AnswerFormat.GSM8K:
+        return extract_after_hashes(field)
+    if answer_format is AnswerFormat.BOXED:
+        return extract_boxed(field)
+    return field.strip() or None
+
+
+_NUMBER = re.compile(r"-?\\[dt]?frac\{\d+\}\{\d+\}|-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|-?\.\d+")
+_ANSWER_IS = re.compile(r"answer\s*(?:is|:)\s*:?\s*(.+)", re.IGNORECASE)
+
+
+def final_answer(completion: str) -> str | None:
+    """A completion's final answer: the last ``\\boxed{}``, else what follows the last ``####``,
+    else what follows the last "answer is", else the last number (``\\frac{3}{4}`` included);
+    None when there is none."""
+    for found in (extract_boxed(completion), extract_after_hashes(completion)):
+        if found is not None:
+            return found
+    matches = _ANSWER_IS.findall(completion)
+    if matches:
+        return matches[-1].split("\n", 1)[0].strip()
+    numbers = _NUMBER.findall(completion)
+    return numbers[-1] if numbers else None
+
+
+# ----------------------------------------------------------------------------- the numeric fallback
+_UNIT_SUFFIX = re.compile(r"^([-+]?[\d.,/]+)\s*[a-zA-Z][a-zA-Z\s.]*$")
+_FRAC = re.compile(r"\\[dt]?frac\{([-+]?[\d.]+)\}\{([-+]?[\d.]+)\}")
+_FRAC_SHORT = re.compile(r"\\[dt]?frac(\d)(\d)")
+_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+_ASSIGNMENT = re.compile(r"^[a-zA-Z]\w*\s*=\s*(.+)$")
+_NUMERIC = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:/(?:\d+\.?\d*|\.\d+))?")
+_DROP = ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\$", "$", "\\%", "%", "^\\circ", "^{\\circ}", "°")
+
+
+def normalize_answer(text: str) -> str:
+    """A final answer in a canonical spelling: ``\\boxed{}``, ``$``, ``%``, degree signs, thousands
+    separators, a leading ``x =``, ``\\text{}`` wrappers, trailing unit words (``18 dollars``) and
+    whitespace removed; ``\\frac{1}{2}`` (and ``\\dfrac``, ``\\frac12``) written ``1/2``."""
+    s = text.strip()
+    while s.startswith(("\\boxed", "\\fbox")) and (inner := extract_boxed(s)) is not None:
+        s = inner
+    for token in _DROP:
+        s = s.replace(token, "")
+    s = _TEXT.sub(lambda m: m.group(1), s)
+    s = _FRAC.sub(r"\1/\2", s)
+    s = _FRAC_SHORT.sub(r"\1/\2", s)
+    s = _THOUSANDS.sub("", s).strip().rstrip(".").strip()
+    if (assignment := _ASSIGNMENT.match(s)) is not None:
+        s = assignment.group(1).strip()
+    if (unit := _UNIT_SUFFIX.match(s)) is not None:
+        s = unit.group(1)
+    return re.sub(r"\s+", "", s).rstrip(".")
+
+
+def parse_number(text: str) -> Fraction | None:
+    """The exact value of a normalised answer such as ``-3``, ``0.5`` or ``3/4``; None otherwise."""
+    if not _NUMERIC.fullmatch(text):
+        return None
+    numerator, _, denominator = text.partition("/")
+    try:
+        return Fraction(numerator) / Fraction(denominator or "1")
+    except ZeroDivisionError:
+        return None
+
+
+def canonical_answer(completion: str) -> str | None:
+    """The normal form of a completion's final answer: its value when numeric (``1/2``), else
+    its normalised text; None when there is no answer."""
+    answer = final_answer(completion)
+    if answer is None:
+        return None
+    normal = normalize_answer(answer)
+    value = parse_number(normal)
+    return str(value) if value is not None else (normal or None)
+
+
+def numeric_equal(completion: str, reference: str) -> bool:
+    """The fallback verifier: the completion's `final_answer` equals `reference` as a number
+    (within `NUMERIC_REL_TOL`), or, when either is not a number, as `normalize_answer` text.
+
+    ``\\boxed{1,000}`` == ``1000``; ``#### 0.5`` == ``1/2``; ``\\frac{1}{2}`` == ``0.5``;
+    ``18 dollars`` == ``$18`` == ``18``; ``50\\%`` == ``50``. Symbolic answers (``\\sqrt{3}/2``
+    against ``\\frac{\\sqrt3}{2}``) need math-verify.
+    """
+    answer = final_answer(completion)
+    if answer is None:
+        return False
+    got, want = normalize_answer(answer), normalize_answer(reference)
+    got_value, want_value = parse_number(got), parse_number(want)
+    if got_value is not None and want_value is not None:
+        return abs(got_value - want_value) <= NUMERIC_REL_TOL * max(1, abs(want_value))
+    return bool(want) and got == want
+
+
+def math_verify_equal(completion: str, reference: str) -> bool:
+    """math-verify's verdict: the completion's parsed answer is equivalent to the reference."""
+    from math_verify import parse, verify  # the `math` extra; imported only when used
+
+    # math-verify times out with SIGALRM, which Python allows on the main thread only.
+    timeout = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    # Boxing makes a bare reference ("72", "\frac{1}{2}") parse as LaTeX.
+    gold = parse(f"\\boxed{{{reference}}}", parsing_timeout=timeout)
+    predicted = parse(completion, parsing_timeout=timeout)
+    return bool(gold) and bool(predicted) and bool(verify(gold, predicted, timeout_seconds=timeout))
