@@ -269,6 +269,23 @@ def runs_in_history(name: str, records: Sequence[Mapping[str, Any]]) -> dict[str
     return {f"{name} [{key}]": run_records for key, run_records in found.items()}
 
 
+def load_runs(run_dirs: Sequence[Path]) -> dict[str, list[dict[str, Any]]]:
+    """The runs of every directory's history, by plot name (see `runs_in_history`); a directory
+    that holds several runs is named in a `UserWarning` (the CLI prints it).
+
+    Raises:
+        PlotError: a directory is missing or has no eval records.
+    """
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for name, d in zip(run_names([d.resolve() for d in run_dirs]), run_dirs):
+        found = runs_in_history(name, _load_run(d))
+        if len(found) > 1:
+            warnings.warn(f"{str(d)!r} holds {len(found)} runs ({', '.join(found)}); each is drawn as its own line",
+                          UserWarning, stacklevel=2)
+        runs.update(found)
+    return runs
+
+
 def plot_runs(run_dirs: Sequence[str | Path], metric: str = DEFAULT_METRIC,
               out: str | Path | None = None) -> Path:
     """Read the runs' eval histories, draw :func:`build_figure`, save it, return the path.
@@ -296,14 +313,7 @@ def plot_runs(run_dirs: Sequence[str | Path], metric: str = DEFAULT_METRIC,
     target = Path(out) if out is not None else default_output(dirs, metric)
     if target.suffix.lower() not in SAVE_FORMATS:
         raise PlotError(f"plot --out {str(target)!r} must end in one of {', '.join(SAVE_FORMATS)}")
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for name, d in zip(run_names(resolved), dirs):
-        found = runs_in_history(name, _load_run(d))
-        if len(found) > 1:
-            warnings.warn(f"{str(d)!r} holds {len(found)} runs ({', '.join(found)}); each is drawn as its own line",
-                          UserWarning, stacklevel=2)
-        runs.update(found)
-    fig = build_figure(runs, metric)
+    fig = build_figure(load_runs(dirs), metric)
     target.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(target)
     return target
