@@ -50,6 +50,7 @@ EVAL_SET = {"probe": [1, 2, 3]}
          "Unsupported parameter value `EvaluationCallback(mode='background')`. Possible choices are: sync"),
         ({"evaluate_fn": 42}, "`EvaluationCallback(evaluate_fn=...)` must be callable or None, got 42"),
         ({"max_table_rows": -1}, "`EvaluationCallback(max_table_rows=...)` must be a non-negative integer, got -1"),
+        ({"run_id": ""}, "`EvaluationCallback(run_id=...)` must be a non-empty string or None, got ''"),
         ({"metric_thresholds": {"accuracy": "high"}}, "`metric_thresholds['accuracy']` must be a finite number, got 'high'"),
         ({"freq_steps": 0}, "`HybridTrigger(freq_steps=...)` must be a positive integer or None, got 0"),
         ({"eval_at_end": False}, "would never evaluate anything"),
@@ -97,10 +98,13 @@ def user_evaluate(module: CountingModule, batches: Any, ctx: Any) -> dict[str, A
 
 def test_user_module_with_metric_classes_and_plain_values(tmp_path: Path) -> None:
     eval_sets = [EvalSet("short", list(range(5)), batch_size=2), EvalSet("long", list(range(3, 14)), batch_size=4)]
-    make_trainer(tmp_path, [EvaluationCallback(eval_sets, user_evaluate, freq_steps=3)], 3).fit(CountingModule())
+    callback = EvaluationCallback(eval_sets, user_evaluate, freq_steps=3)
+    make_trainer(tmp_path, [callback], 3).fit(CountingModule())
 
     records = eval_rows(read_history(tmp_path))
     assert [r["dataset"] for r in records] == ["short", "long"]
+    # Without a run_id argument the callback draws one; every record carries it.
+    assert len(callback.run_id) == 8 and {r["run_id"] for r in records} == {callback.run_id}
     for record, eval_set in zip(records, eval_sets):
         rewards = np.array([_reward(s) for s in eval_set.samples])
         expected = {

@@ -25,7 +25,7 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         (["fit", "-c", str(EXAMPLE), "trainer.max_steps=abc"], "`trainer.max_steps`"),
         (["fit", "-c", str(EXAMPLE), "grpo.group_size=1"], "grpo.group_size must be at least 2"),
         (["fit", "-c", "missing.yaml"], "config file 'missing.yaml' does not exist"),
-        (["fit", "-c", str(EXAMPLE), "--ckpt", "nope.ckpt"], "--ckpt 'nope.ckpt' is not a checkpoint file"),
+        (["fit", "-c", str(EXAMPLE), "--ckpt", "nope.ckpt"], "--ckpt 'nope.ckpt' does not exist"),
     ],
 )
 def test_config_errors_exit_2_without_traceback(tmp_path, args, message):

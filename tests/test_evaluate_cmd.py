@@ -78,6 +78,8 @@ def test_one_and_two_processes_give_identical_metrics(run: tuple[Path, Path], tm
     for rec in (rec1, rec2):
         assert rec["num_prompts"] == ODD_SIZE and rec["num_samples"] == ODD_SIZE * N_SAMPLES
         assert (rec["dataset"], rec["step"], rec["trigger"], rec["mode"]) == ("odd", 2, ["evaluate"], "sync")
+        # A plain Trainer's checkpoint names no run; the record still says it is a standalone evaluation.
+        assert (rec["run_id"], rec["source"]) == (None, "standalone")
     assert rec1["metrics"].keys() == rec2["metrics"].keys()
     for name, value in rec1["metrics"].items():
         assert math.isclose(value, rec2["metrics"][name], rel_tol=0, abs_tol=1e-12), name

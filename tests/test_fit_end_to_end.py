@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
 
 from areal_lightning.tracking.history import eval_rows, read_history
 from wandb_reader import (
@@ -61,6 +63,13 @@ def test_history_has_every_round_of_both_eval_sets(runs):
     assert {r["num_prompts"] for r in rows if r["dataset"] == "easy"} == {12}
     assert {r["num_samples"] for r in rows if r["dataset"] == "easy"} == {24}
     assert (run_dir / "config.yaml").is_file() and (run_dir / "checkpoints" / "last.ckpt").is_file()
+    # One run id: in config.yaml, in every record, in the checkpoint, and as the W&B run's id.
+    run_id = yaml.safe_load((run_dir / "config.yaml").read_text())["run_id"]
+    assert len(run_id) == 8 and {r["run_id"] for r in read_history(run_dir)} == {run_id}
+    assert {r["source"] for r in rows} == {"training"}
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["run_id"] == run_id
+    (wandb_run,) = [r["run"] for r in read_wandb_records(run_dir) if r["type"] == "run"]
+    assert wandb_run["run_id"] == run_id
 
 
 @pytest.mark.slow
@@ -118,6 +127,7 @@ def test_evaluating_the_saved_checkpoint_on_two_processes_reproduces_the_in_trai
     assert set(again) == set(end) == {"easy", "hard"}
     for dataset, record in again.items():
         assert record["step"] == MAX_STEPS and record["world_size"] == 2 and record["trigger"] == ["evaluate"]
+        assert record["run_id"] == end[dataset]["run_id"] and record["source"] == "standalone"
         assert record["num_prompts"] == end[dataset]["num_prompts"]
         # same weights, same per-sample seeds: the same numbers, whatever the number of processes
         assert record["metrics"] == pytest.approx(end[dataset]["metrics"], abs=1e-12)

@@ -23,27 +23,35 @@ from areal_lightning.tracking.history import (
     eval_rows,
     event_record,
     event_rows,
+    drop_superseded,
     read_history,
+    split_runs,
 )
 
-# The example line of DESIGN.md, "Eval history" (the public format).
-DESIGN_EXAMPLE = (
+# The example line of docs/eval_history.md (the public format), kept equal to the doc below.
+DOC_EXAMPLE = (
     '{"step": 120, "epoch": 1, "time": 1764460800.5, "trigger": ["steps"], "dataset": "easy",'
     ' "metrics": {"accuracy": 0.81, "reward/mean": 0.81, "pass@4": 0.93},'
-    ' "num_samples": 200, "num_prompts": 50, "eval_secs": 1.9, "mode": "sync", "world_size": 2}'
+    ' "num_samples": 200, "num_prompts": 50, "eval_secs": 1.9, "mode": "sync", "world_size": 2,'
+    ' "run_id": "k3j9x2a1", "source": "training"}'
 )
+DOC = Path(__file__).resolve().parents[1] / "docs" / "eval_history.md"
 
 
-def _record(step: int = 120, dataset: str = "easy", **metrics: float) -> dict:
+def _record(step: int = 120, dataset: str = "easy", run_id: str | None = "k3j9x2a1", **metrics: float) -> dict:
     return eval_record(step, 1, dataset, metrics or {"accuracy": 0.81}, trigger=["steps"],
                        num_samples=200, num_prompts=50, eval_secs=1.9, mode="sync",
-                       world_size=2, time=1764460800.5)
+                       world_size=2, run_id=run_id, time=1764460800.5)
 
 
-def test_eval_record_matches_the_design_example_field_by_field_and_in_order() -> None:
+def test_eval_record_matches_the_documented_example_field_by_field_and_in_order() -> None:
     record = _record(**{"accuracy": 0.81, "reward/mean": 0.81, "pass@4": 0.93})
-    assert json.dumps(record) == DESIGN_EXAMPLE
-    assert list(record) == list(json.loads(DESIGN_EXAMPLE))
+    assert json.dumps(record) == DOC_EXAMPLE
+    assert list(record) == list(json.loads(DOC_EXAMPLE))
+    doc = DOC.read_text()
+    assert " ".join(DOC_EXAMPLE.split()) in " ".join(doc.split())  # the doc shows this very record
+    for field in record:
+        assert f"`{field}`" in doc, field  # and documents every field
 
 
 def test_append_keeps_earlier_lines_byte_identical(tmp_path: Path) -> None:
@@ -164,8 +172,11 @@ def test_event_records_and_filters(tmp_path: Path) -> None:
     assert [r["step"] for r in eval_rows(records)] == [40, 60]
     assert event_rows(records, "alert") == [alert]
     assert event_rows(records) == [alert, error]
-    assert list(alert)[:5] == ["event", "step", "time", "dataset", "message"]
+    assert list(alert)[:6] == ["event", "step", "time", "dataset", "run_id", "message"]
     assert error["dataset"] is None
+    doc = DOC.read_text()
+    for field in (*alert, "threshold"):
+        assert f"`{field}`" in doc, field
 
 
 def test_record_builders_reject_bad_arguments_naming_them() -> None:
@@ -182,8 +193,11 @@ def test_record_builders_reject_bad_arguments_naming_them() -> None:
     with pytest.raises(ValueError, match=r"\{'acc': ...\}\) must be a scalar, got 2 values"):
         eval_record(1, 0, "easy", {"acc": torch.tensor([0.1, 0.2])}, mode="sync", **kwargs)
     with pytest.raises(ValueError, match=r"event_record\(event=...\) must be one of "
-                                         r"\('alert', 'error'\), got 'info'"):
+                                         r"\('alert', 'error', 'resume'\), got 'info'"):
         event_record("info", 1, message="x")
+    with pytest.raises(ValueError, match=r"eval_record\(source=...\) must be one of "
+                                         r"\('training', 'standalone'\), got 'fit'"):
+        eval_record(1, 0, "easy", {}, mode="sync", source="fit", **kwargs)
 
 
 def test_writer_rejects_unstorable_values_and_directories(tmp_path: Path) -> None:
@@ -206,3 +220,31 @@ def test_default_time_is_now_and_metrics_become_floats() -> None:
     assert math.isnan(eval_record(3, 0, "hard", {"x": None}, trigger="epochs", num_samples=4,
                                   num_prompts=1, eval_secs=0.5, mode="async",
                                   world_size=1)["metrics"]["x"])
+
+
+def test_runs_are_told_apart_by_run_id_and_old_runs_where_a_step_repeats(tmp_path: Path) -> None:
+    history = EvalHistory(tmp_path / HISTORY_FILENAME)
+    # Written before run ids: two runs appended to one file (steps 0, 5, 0, 5), then two with ids.
+    history.append_many([_record(0, run_id=None), _record(0, "hard", run_id=None), _record(5, run_id=None),
+                         event_record("alert", 5, message="m", time=0.0), _record(0, run_id=None),
+                         _record(5, run_id=None), _record(0, run_id="aaaa1111"), _record(0, run_id="bbbb2222"),
+                         _record(5, run_id="aaaa1111")])
+    runs = split_runs(read_history(tmp_path))
+    assert {name: [(r.get("event", r["dataset"]), r["step"]) for r in rs] for name, rs in runs.items()} == {
+        "legacy-1": [("easy", 0), ("hard", 0), ("easy", 5), ("alert", 5)],
+        "legacy-2": [("easy", 0), ("easy", 5)],
+        "aaaa1111": [("easy", 0), ("easy", 5)],
+        "bbbb2222": [("easy", 0)],
+    }
+    assert [r["step"] for r in read_history(tmp_path, run_id="aaaa1111")] == [0, 5]
+    assert [r["step"] for r in read_history(tmp_path, run_id="legacy-2")] == [0, 5]
+    assert read_history(tmp_path, run_id="nope") == []
+
+
+def test_a_resume_supersedes_the_dead_sessions_records_of_later_steps() -> None:
+    # Killed after evaluating step 15; resumed from its checkpoint of step 10, evaluated 15 again.
+    records = [_record(5), _record(10), _record(15, accuracy=0.1), event_record("error", 16, message="x"),
+               event_record("resume", 10, message="resumed", run_id="k3j9x2a1"), _record(15, accuracy=0.9)]
+    kept = drop_superseded(records)
+    assert [(r.get("event"), r["step"]) for r in kept] == [(None, 5), (None, 10), ("resume", 10), (None, 15)]
+    assert kept[-1]["metrics"]["accuracy"] == 0.9

@@ -11,19 +11,20 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
+import wandb
 from lightning.pytorch.loggers import CSVLogger, Logger
 
 from areal_lightning.app.config import ConfigError, load_config, to_dict
 from areal_lightning.eval_round import SetResult
-from areal_lightning.tracking.loggers import (
-    EVAL_STEP_KEY,
-    eval_metric_dict,
-    finish_wandb,
-    log_eval_results,
-    send_alert,
-)
+from areal_lightning.tracking.loggers import eval_metric_dict, log_eval_results, send_alert
 from areal_lightning.app.builders import build_loggers, build_wandb_logger
-from areal_lightning.tracking.wandb import SafeWandbLogger, call_wandb, wandb_failure
+from areal_lightning.tracking.wandb_logger import (
+    EVAL_STEP_KEY,
+    SafeWandbLogger,
+    call_wandb,
+    finish_wandb,
+    wandb_failure,
+)
 
 
 def result(dataset: str, eval_secs: float = 0.5, **metrics: float) -> SetResult:
@@ -123,6 +124,7 @@ def test_send_alert_checks_the_level_and_skips_other_loggers() -> None:
         send_alert([], "t", "x", level="LOUD")
     recorder = RecordingLogger()
     send_alert([recorder], "accuracy fell", "0.6 < 0.7", level="error")
+    send_alert([recorder], "accuracy fell", "0.6 < 0.7", level=wandb.AlertLevel.INFO)
     finish_wandb([recorder])
     assert recorder.calls == []
 
@@ -148,5 +150,5 @@ def test_a_wandb_failure_is_reported_once_then_wandb_is_left_alone(
     ]
     assert wb.failure == wandb_failure(wb) == "OSError: [Errno 28] No space left on device"
     assert type(wb.experiment).__name__ == "_DummyExperiment"  # user code calling it does not crash
-    wb.finish()
+    finish_wandb([wb])
     wb.finalize("success")

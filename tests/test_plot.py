@@ -25,6 +25,7 @@ from areal_lightning.viz.plot import (
     PlotError,
     add_plot_arguments,
     build_figure,
+    load_runs,
     plot_main,
     plot_runs,
     run_names,
@@ -263,3 +264,52 @@ def test_cli_prints_the_path_or_the_error_with_status_2(
     assert captured.err.count("areal-lightning plot: warning:") == 1
     assert "unfinished last line" in captured.err
     assert _cli([str(runs["mt4"])]).metric == "accuracy"
+
+
+def _round(step: int, accuracy: float, run_id: str | None, source: str = "training") -> dict:
+    return eval_record(step, 0, "easy", {"accuracy": accuracy}, trigger=["steps"], num_samples=8, num_prompts=2,
+                       eval_secs=0.1, mode="sync", world_size=1, run_id=run_id, source=source)
+
+
+def test_a_history_with_two_runs_is_drawn_as_two_runs_with_a_note(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "runs" / "trial0"
+    history = EvalHistory.in_run_dir(run_dir)
+    # Run a: killed after evaluating steps 10 and 12, resumed from its checkpoint of step 5,
+    # evaluated 10 again, then 15.
+    history.append_many([_round(0, 0.1, "aaaa1111"), _round(5, 0.2, "aaaa1111"), _round(10, 0.9, "aaaa1111"),
+                         _round(12, 0.95, "aaaa1111")])
+    history.append(event_record("resume", 5, message="resumed", run_id="aaaa1111"))
+    history.append_many([_round(10, 0.3, "aaaa1111"), _round(15, 0.4, "aaaa1111")])
+    # Run b in the same file, and a standalone evaluation of run a's checkpoint of step 15.
+    history.append_many([_round(0, 0.5, "bbbb2222"), _round(5, 0.6, "bbbb2222")])
+    history.append(_round(15, 0.45, "aaaa1111", source="standalone"))
+
+    with pytest.warns(UserWarning, match="holds 3 runs"):
+        runs = load_runs([run_dir])
+    assert list(runs) == ["trial0 [aaaa1111]", "trial0 [aaaa1111 evaluate]", "trial0 [bbbb2222]"]
+    lines = {line.get_label(): line for line in build_figure(runs).axes[0].get_lines()}
+    assert set(lines) == {"trial0 [aaaa1111]: easy", "trial0 [bbbb2222]: easy", "trial0 [aaaa1111 evaluate]: easy"}
+    # Run a: one point per step, the dead session's steps 10 and 12 superseded; never merged with run b.
+    np.testing.assert_array_equal(lines["trial0 [aaaa1111]: easy"].get_xdata(), [0, 5, 10, 15])
+    np.testing.assert_allclose(lines["trial0 [aaaa1111]: easy"].get_ydata(), [0.1, 0.2, 0.3, 0.4])
+    np.testing.assert_allclose(lines["trial0 [bbbb2222]: easy"].get_ydata(), [0.5, 0.6])
+    np.testing.assert_allclose(lines["trial0 [aaaa1111 evaluate]: easy"].get_ydata(), [0.45])
+
+    assert plot_main(_cli([str(run_dir)])) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == str(run_dir / "eval_accuracy.png")
+    assert f"{str(run_dir)!r} holds 3 runs (trial0 [aaaa1111], trial0 [aaaa1111 evaluate], trial0 [bbbb2222])" \
+        in captured.err
+    _assert_png(run_dir / "eval_accuracy.png")
+
+
+def test_an_old_history_with_two_runs_appended_is_drawn_as_two_runs(tmp_path: Path) -> None:
+    run_dir = tmp_path / "old"
+    history = EvalHistory.in_run_dir(run_dir)
+    history.append_many([_round(s, s / 10, None) for s in (0, 5, 10)] + [_round(s, s / 20, None) for s in (0, 5)])
+    with pytest.warns(UserWarning, match=r"holds 2 runs \(old \[legacy-1\], old \[legacy-2\]\)"):
+        runs = load_runs([run_dir])
+    lines = build_figure(runs).axes[0].get_lines()
+    assert [(line.get_label(), list(line.get_xdata())) for line in lines] == [
+        ("old [legacy-1]: easy", [0, 5, 10]), ("old [legacy-2]: easy", [0, 5])]

@@ -24,14 +24,15 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from areal_lightning.app.config import Config, load_config, to_dict
 from areal_lightning.eval_round import SetResult
-from areal_lightning.tracking.loggers import (
-    EVAL_STEP_KEY,
-    finish_wandb,
-    log_eval_results,
-    send_alert,
-)
+from areal_lightning.tracking.loggers import log_eval_results, send_alert
 from areal_lightning.app.builders import build_loggers
-from areal_lightning.tracking.wandb import TABLE_COLUMNS, SafeWandbLogger, samples_table, wandb_failure
+from areal_lightning.tracking.wandb_logger import (
+    EVAL_STEP_KEY,
+    SafeWandbLogger,
+    finish_wandb,
+    samples_table,
+    wandb_failure,
+)
 from wandb_reader import (
     read_wandb_records,
     read_wandb_tables,
@@ -48,8 +49,7 @@ MAX_STEPS = 6
 # an asynchronous round does.
 PLAN = {0: [0], 2: [2], 4: [4], 5: [1]}
 LOGGED_ORDER = [0, 2, 4, 1]
-WANDB_LOGGER = "areal_lightning.tracking.wandb"
-LOGGERS_LOGGER = "areal_lightning.tracking.loggers"
+WANDB_LOGGER = "areal_lightning.tracking.wandb_logger"
 
 
 class TinyModule(L.LightningModule):
@@ -173,7 +173,7 @@ def offline_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One offline run, shared: fit with CSV + W&B, rounds at PLAN, then finish and read back."""
     out = tmp_path_factory.mktemp("offline_run")
     cfg = config(out, "logger.wandb.group=grp", "logger.wandb.tags=[smoke,tiny]")
-    fanout_log, debug = logging.getLogger(LOGGERS_LOGGER), ListHandler()
+    fanout_log, debug = logging.getLogger(WANDB_LOGGER), ListHandler()
     fanout_log.addHandler(debug)
     level, fanout_log.level = fanout_log.level, logging.DEBUG
     try:
@@ -237,7 +237,8 @@ def test_each_round_logs_a_sample_table_per_eval_set_with_rows(offline_run: dict
     assert [by_step[t.step] for t in tables] == LOGGED_ORDER
     for table in tables:
         step = by_step[table.step]
-        assert table.columns == list(TABLE_COLUMNS)
+        # Columns are the rows' keys, in the order the rows first name them.
+        assert table.columns == ["index", "prompt", "completion", "answer", "reward", "correct"]
         assert table.rows() == [
             {"index": 0, "prompt": f"{step}+0=", "completion": f"0{step}", "answer": f"0{step}", "reward": 0.0,
              "correct": False},
@@ -262,10 +263,11 @@ def test_offline_run_records_no_alert_and_keeps_the_users_wandb_mode(offline_run
     assert offline_run["wandb_mode_after_fit"] == "offline"  # not Lightning's leftover "dryrun"
 
 
-def test_samples_table_fills_missing_cells_and_accepts_tensors() -> None:
+def test_samples_table_takes_its_columns_from_the_rows_and_accepts_tensors() -> None:
     table = samples_table([{"index": 0, "prompt": "1+1=", "reward": torch.tensor(0.5)},
-                           {"index": 1, "prompt": "2+2=", "completion": "04", "reward": 1, "correct": True}])
-    assert table.data == [[0, "1+1=", None, None, 0.5, None], [1, "2+2=", "04", None, 1, True]]
+                           {"index": 1, "prompt": "2+2=", "completion": "04", "reward": 1, "image_id": "g7"}])
+    assert table.columns == ["index", "prompt", "reward", "completion", "image_id"]
+    assert table.data == [[0, "1+1=", 0.5, None, None], [1, "2+2=", 1, "04", "g7"]]
 
 
 def test_unusable_save_dir_is_reported_once_and_training_finishes(

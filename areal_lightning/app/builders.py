@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_lightning.app.config import Config, to_dict
+from areal_lightning.app.runs import CHECKPOINT_DIRNAME, CSV_DIRNAME, RunIdentity
 from areal_lightning.eval_round import EvalSet, EvaluateFn
 
 if TYPE_CHECKING:  # Lightning and W&B load only when a builder that needs them runs
@@ -19,11 +20,7 @@ if TYPE_CHECKING:  # Lightning and W&B load only when a builder that needs them 
 
     from areal_lightning.callbacks import EvaluationCallback
     from areal_lightning.tasks.arithmetic import ArithmeticTask
-    from areal_lightning.tracking.wandb import SafeWandbLogger
-
-CSV_DIRNAME = "csv"
-"""Lightning's CSV logs go to ``<output_dir>/csv/version_<n>/metrics.csv``."""
-CHECKPOINT_DIRNAME = "checkpoints"
+    from areal_lightning.tracking.wandb_logger import SafeWandbLogger
 
 
 def build_eval_sets(cfg: Config, task: ArithmeticTask) -> list[EvalSet]:
@@ -67,17 +64,20 @@ def build_callback(cfg: Config, eval_sets: Mapping[str, Sequence[Any]] | Sequenc
         freq_epochs=ev.freq_epochs, freq_steps=ev.freq_steps, freq_secs=ev.freq_secs,
         eval_before_train=ev.eval_before_train, eval_at_end=ev.eval_at_end, metric_thresholds=dict(ev.metric_thresholds),
         threshold_action=ev.threshold_action, on_error=ev.on_error, output_dir=cfg.output_dir, seed=cfg.seed,
-        max_table_rows=ev.max_table_rows, mode=ev.mode,
+        max_table_rows=ev.max_table_rows, mode=ev.mode, run_id=cfg.run_id,
     )
     options.update(overrides)
     return EvaluationCallback(eval_sets, evaluate_fn, **options)
 
 
-def build_wandb_logger(cfg: Config, output_dir: str | Path) -> SafeWandbLogger | None:
+def build_wandb_logger(cfg: Config, output_dir: str | Path, *,
+                       logged_eval_through: int | None = None) -> SafeWandbLogger | None:
     """The W&B logger of the config's ``logger.wandb`` block, or None when its mode is disabled.
 
     The run starts lazily (on the first log), so building it costs nothing and cannot fail on W&B.
     The resolved config is the run's config; the run is named ``<experiment_name>/<trial_name>``.
+    Its W&B id is ``cfg.run_id``, so a resumed run continues its W&B run (W&B's ``resume="allow"``,
+    which Lightning passes); `logged_eval_through` is the last eval step that W&B run already holds.
 
     Example:
         >>> from areal_lightning.app.config import load_config
@@ -87,7 +87,7 @@ def build_wandb_logger(cfg: Config, output_dir: str | Path) -> SafeWandbLogger |
     """
     from areal_lightning.app.config import WandbMode
     from areal_lightning.tracking.history import HISTORY_FILENAME
-    from areal_lightning.tracking.wandb import SafeWandbLogger
+    from areal_lightning.tracking.wandb_logger import SafeWandbLogger
 
     w = cfg.logger.wandb
     if w.mode is WandbMode.DISABLED:
@@ -106,35 +106,40 @@ def build_wandb_logger(cfg: Config, output_dir: str | Path) -> SafeWandbLogger |
         # WANDB_MODE=offline or disabled in the environment still wins.
         **({"mode": "offline"} if offline else {}),
         config=to_dict(cfg),
+        id=cfg.run_id,
         history_file=Path(output_dir) / HISTORY_FILENAME,
+        logged_eval_through=logged_eval_through,
     )
 
 
-def build_loggers(cfg: Config, output_dir: str | Path) -> list[Logger]:
-    """The Trainer's loggers from the config's ``logger`` section: a `CSVLogger` under
+def build_loggers(cfg: Config, output_dir: str | Path, *, csv_version: int | None = None,
+                  logged_eval_through: int | None = None) -> list[Logger]:
+    """The Trainer's loggers from the config's ``logger`` section: a CSV logger under
     ``<output_dir>/csv`` when ``logger.csv``, then a `SafeWandbLogger` unless ``logger.wandb.mode``
-    is disabled. No W&B run starts here (it starts on the first log).
+    is disabled. No W&B run starts here (it starts on the first log). A resumed run passes the
+    CSV `csv_version` to continue and the W&B `logged_eval_through` (see `build_wandb_logger`).
 
     Example:
         >>> from areal_lightning.app.config import load_config
         >>> cfg = load_config(None, ["eval_sets.easy.size=4"])
         >>> [type(lg).__name__ for lg in build_loggers(cfg, "runs/demo")]
-        ['CSVLogger']
+        ['ContinuingCSVLogger']
     """
-    from lightning.pytorch.loggers import CSVLogger
+    from areal_lightning.tracking.csv_logger import ContinuingCSVLogger
 
     loggers: list[Logger] = []
     if cfg.logger.csv:
-        loggers.append(CSVLogger(save_dir=str(output_dir), name=CSV_DIRNAME))
-    wandb_logger = build_wandb_logger(cfg, output_dir)
+        loggers.append(ContinuingCSVLogger(save_dir=str(output_dir), name=CSV_DIRNAME, version=csv_version))
+    wandb_logger = build_wandb_logger(cfg, output_dir, logged_eval_through=logged_eval_through)
     if wandb_logger is not None:
         loggers.append(wandb_logger)
     return loggers
 
 
-def build_trainer(cfg: Config, callbacks: list[Callback]) -> L.Trainer:
+def build_trainer(cfg: Config, callbacks: list[Callback], **logger_options: Any) -> L.Trainer:
     """Lightning's `Trainer` from the config's `trainer` and `logger` sections, with checkpoints
-    under ``<output_dir>/checkpoints`` (``last.ckpt`` and ``step<N>.ckpt``)."""
+    under ``<output_dir>/checkpoints`` (``last.ckpt`` and ``step<N>.ckpt``) that carry
+    ``cfg.run_id``. `logger_options` go to `build_loggers`."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -147,6 +152,7 @@ def build_trainer(cfg: Config, callbacks: list[Callback]) -> L.Trainer:
         max_steps=t.max_steps, max_epochs=t.max_epochs if t.max_epochs is not None else -1,
         accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy, precision=t.precision,
         log_every_n_steps=t.log_every_n_steps, enable_progress_bar=t.enable_progress_bar,
-        default_root_dir=str(output_dir), logger=build_loggers(cfg, output_dir) or False,
-        callbacks=[*callbacks, checkpoints], enable_model_summary=False,
+        default_root_dir=str(output_dir), logger=build_loggers(cfg, output_dir, **logger_options) or False,
+        callbacks=[*callbacks, *([RunIdentity(cfg.run_id)] if cfg.run_id else []), checkpoints],
+        enable_model_summary=False,
     )

@@ -346,6 +346,9 @@ class Config:
     """Seeds the model, the data and every evaluation sample."""
     output_dir: str = "runs/${experiment_name}/${trial_name}"
     """Where the run writes config.yaml, eval_history.jsonl, checkpoints and logs."""
+    run_id: Optional[str] = None
+    """The run's identity, decided by `fit` (a new id for a new run, the checkpoint's when resuming)
+    and written here in config.yaml; a value given on input is replaced."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     task: TaskConfig = field(default_factory=TaskConfig)

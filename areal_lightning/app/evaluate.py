@@ -5,7 +5,7 @@ devices: `trainer.devices=2 trainer.strategy=ddp` makes Lightning's Fabric re-ru
 one child process per extra device (as Lightning launches training), every rank evaluates its
 deal of each eval set's global batches, and the reduced metrics are the same as on one device.
 Rank 0 prints a table and appends one record per eval set to the eval history (trigger
-``["evaluate"]``, ``step`` and ``epoch`` of the checkpoint).
+``["evaluate"]``, ``source: "standalone"``, ``step``, ``epoch`` and ``run_id`` of the checkpoint).
 
 Everything a user can get wrong (config, checkpoint path, a checkpoint of another model) is
 checked before any child process starts, and reported in one line with exit status 2.
@@ -186,15 +186,15 @@ def _evaluate_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule, step: int
     return results
 
 
-def _record(cfg: Config, args: argparse.Namespace, step: int, epoch: int, results: Sequence[SetResult],
-            world_size: int) -> Path:
+def _record(cfg: Config, args: argparse.Namespace, step: int, epoch: int, run_id: str | None,
+            results: Sequence[SetResult], world_size: int) -> Path:
     from areal_lightning.tracking.history import EvalHistory, eval_record
 
     history = EvalHistory(args.history) if args.history else EvalHistory.in_run_dir(cfg.output_dir)
     history.append_many(
         eval_record(step, epoch, r.dataset, r.metrics, trigger=[EVALUATE_TRIGGER],
                     num_samples=r.num_samples, num_prompts=r.num_prompts, eval_secs=r.eval_secs, mode="sync",
-                    world_size=world_size, sampling=r.sampling)
+                    world_size=world_size, sampling=r.sampling, run_id=run_id, source="standalone")
         for r in results
     )
     return history.path
@@ -217,6 +217,7 @@ def evaluate_main(args: argparse.Namespace) -> int:
     import torch
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+    from areal_lightning.app.runs import RUN_ID_KEY
     from areal_lightning.eval_round import EvalRoundError, EvalSetMismatchError
     from areal_lightning.rl.grpo import GRPOModule
 
@@ -224,6 +225,7 @@ def evaluate_main(args: argparse.Namespace) -> int:
         module = GRPOModule.from_config(cfg)
         load_weights(module, ckpt[STATE_DICT_KEY], args.ckpt)
         step, epoch = int(ckpt["global_step"]), int(ckpt.get("epoch", 0))  # the weights' place in training
+        run_id = ckpt.get(RUN_ID_KEY)  # None for a checkpoint written before run ids
         del ckpt  # optimizer states and the rest: not needed, and not to be copied to spawned ranks
     except CheckpointError as err:
         return fail(str(err))
@@ -245,8 +247,8 @@ def evaluate_main(args: argparse.Namespace) -> int:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     if fabric.global_rank == 0:
-        path = _record(cfg, args, step, epoch, results, fabric.world_size)
-        print(f"checkpoint {args.ckpt} (step {step}, epoch {epoch}), "
+        path = _record(cfg, args, step, epoch, run_id, results, fabric.world_size)
+        print(f"checkpoint {args.ckpt} (run {run_id or 'unknown'}, step {step}, epoch {epoch}), "
               f"{fabric.world_size} process(es):")
         print(format_table(results))
         print(f"appended to {path}")

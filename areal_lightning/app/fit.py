@@ -1,17 +1,129 @@
-"""`areal-lightning fit -c CONFIG [key=value ...] [--ckpt PATH]`: train with evaluation on the triggers."""
+"""`areal-lightning fit -c CONFIG [key=value ...] [--ckpt PATH | --new-run]`: train with evaluation.
+
+A new run goes into an ``output_dir`` that holds no run (or, with ``--new-run``, the next free
+trial directory beside it) under a new run id. ``--ckpt`` continues the run that wrote the
+checkpoint: same run id, same eval history, same W&B run, same CSV version (see `app.runs`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
-from areal_lightning.app.config import ConfigError, load_config, save_config
+from areal_lightning.app.config import CONFIG_FILENAME, Config, ConfigError, load_config, save_config, to_yaml
 from areal_lightning.app.console import fail, log, quiet_lightning
+
+RUN_ENV = "AREAL_LIGHTNING_RUN"
+"""How the launching process hands its decision (run id, trial name) to the processes Lightning
+starts for the other devices: they re-run this command and inherit its environment."""
+
+
+@dataclass
+class _Run:
+    cfg: Config
+    resumed_from_step: int | None = None
 
 
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the options of `areal-lightning fit` (``-c`` and the overrides come from the CLI)."""
-    parser.add_argument("--ckpt", default=None, help="resume from this Lightning checkpoint")
+    parser.add_argument("--ckpt", default=None,
+                        help="resume the run that wrote this checkpoint (e.g. <output_dir>/checkpoints/last.ckpt): "
+                             "same run id, eval history, W&B run and CSV version")
+    parser.add_argument("--new-run", action="store_true",
+                        help="if output_dir already holds a run, start this one in the next free trial "
+                             "directory beside it (trial_name <trial>-1, <trial>-2, ...) instead of stopping")
+
+
+def _is_launching_process() -> bool:
+    """True in the process a user started; False in those Lightning (or torchrun, SLURM) starts per
+    device, which must not re-decide the run (rank 0 may already have written into output_dir)."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    return rank_zero_only.rank == 0 and int(os.environ.get("NODE_RANK", "0")) == 0
+
+
+def _decide_run(args: argparse.Namespace, cfg: Config) -> _Run | str:
+    """The run to start or continue, or the message of why not (exit 2, nothing written)."""
+    from areal_lightning.app.evaluate import CheckpointError, load_checkpoint
+    from areal_lightning.app.runs import (
+        RunDirError,
+        checkpoint_run,
+        next_free_trial,
+        run_files,
+        run_id_in_dir,
+        used_dir_message,
+    )
+    from areal_lightning.tracking.history import new_run_id
+
+    if args.ckpt is not None:
+        try:
+            ckpt = checkpoint_run(load_checkpoint(args.ckpt))
+        except CheckpointError as err:
+            return str(err)
+        run_id = ckpt.run_id
+        if run_id is None:
+            run_id = new_run_id()
+            log.info("checkpoint %s has no run id (written before run ids existed); the run continues as %s",
+                     args.ckpt, run_id)
+        other = run_id_in_dir(cfg.output_dir)
+        if other is not None and other != run_id:
+            return (f"output_dir {cfg.output_dir!r} holds run {other}, but --ckpt {args.ckpt!r} is of run {run_id}; "
+                    "resume into the run's own output_dir, or a fresh one (another trial_name=...)")
+        cfg.run_id = run_id
+        return _Run(cfg, resumed_from_step=ckpt.step)
+    if args.new_run:
+        try:
+            cfg = next_free_trial(cfg, lambda extra: load_config(args.config, [*args.overrides, *extra]))
+        except RunDirError as err:
+            return str(err)
+    else:
+        found = run_files(cfg.output_dir)
+        if found:
+            return used_dir_message(cfg.output_dir, found, cfg.trial_name)
+    cfg.run_id = new_run_id()
+    return _Run(cfg)
+
+
+def _inherited_run(args: argparse.Namespace) -> _Run | str:
+    """In a per-device process: the launching process's decision, from the environment when
+    Lightning started this process. Under torchrun or SLURM it is not there; then the run id and
+    directory stay undecided here, which is harmless: rank 0 alone writes files and talks to W&B,
+    and Lightning broadcasts rank 0's checkpoint directory."""
+    from areal_lightning.tracking.history import new_run_id
+
+    handed = json.loads(os.environ.get(RUN_ENV, "{}"))
+    try:
+        cfg = load_config(args.config, [*args.overrides, *(f"{k}={v}" for k, v in handed.items() if k == "trial_name")])
+    except ConfigError as err:
+        return str(err)
+    cfg.run_id = handed.get("run_id") or new_run_id()
+    return _Run(cfg)
+
+
+def _save_config(run: _Run) -> Path:
+    """config.yaml of a new run; a resumed run keeps the file and adds its own config if it differs."""
+    cfg = run.cfg
+    path = Path(cfg.output_dir) / CONFIG_FILENAME
+    if run.resumed_from_step is None or not path.is_file():
+        return save_config(cfg, cfg.output_dir)
+    if path.read_text() == to_yaml(cfg):
+        return path
+    resumed = path.with_name(f"config.resumed-step{run.resumed_from_step}.yaml")
+    resumed.write_text(to_yaml(cfg))
+    return resumed
+
+
+def _record_resume(run: _Run, ckpt: str) -> None:
+    from areal_lightning.tracking.history import EvalHistory, event_record
+
+    assert run.resumed_from_step is not None
+    EvalHistory.in_run_dir(run.cfg.output_dir).append(event_record(
+        "resume", run.resumed_from_step, run_id=run.cfg.run_id,
+        message=f"resumed from {ckpt} at step {run.resumed_from_step}; later records written before this one "
+                "are superseded"))
 
 
 def fit_main(args: argparse.Namespace) -> int:
@@ -20,25 +132,43 @@ def fit_main(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as err:
         return fail(str(err))
-    if args.ckpt is not None and not Path(args.ckpt).is_file():
-        return fail(f"--ckpt {args.ckpt!r} is not a checkpoint file")
+    if args.ckpt is not None and args.new_run:
+        return fail("--ckpt resumes a run and --new-run starts a new one; pass one of them")
     quiet_lightning()
+    run = _decide_run(args, cfg) if _is_launching_process() else _inherited_run(args)
+    if isinstance(run, str):
+        return fail(run)
+    cfg = run.cfg
     import lightning as L
 
     from areal_lightning.app.builders import build_callback, build_trainer
+    from areal_lightning.app.runs import last_logged_eval_step, latest_csv_version
     from areal_lightning.rl.grpo import GRPOModule
-    from areal_lightning.tracking.loggers import finish_wandb
+    from areal_lightning.tracking.wandb_logger import finish_wandb
 
+    assert cfg.run_id is not None
+    resumed = run.resumed_from_step is not None
     L.seed_everything(cfg.seed, verbose=False)
     module = GRPOModule.from_config(cfg)
     module.warmed_up = args.ckpt is not None  # the checkpoint holds warmed-up weights: no second warm-up
-    trainer = build_trainer(cfg, [build_callback(cfg)])
+    trainer = build_trainer(
+        cfg, [build_callback(cfg)],
+        csv_version=latest_csv_version(cfg.output_dir) if resumed else None,
+        logged_eval_through=last_logged_eval_step(cfg.output_dir, cfg.run_id) if resumed else None)
     if trainer.is_global_zero:
-        log.info("config saved to %s", save_config(cfg, cfg.output_dir))
+        log.info("run %s in %s; config saved to %s", cfg.run_id, cfg.output_dir, _save_config(run))
+        if resumed:
+            _record_resume(run, args.ckpt)
+    saved_env = os.environ.get(RUN_ENV)
+    os.environ[RUN_ENV] = json.dumps({"run_id": cfg.run_id, "trial_name": cfg.trial_name})
     try:
         trainer.fit(module, ckpt_path=args.ckpt)
     finally:
         finish_wandb(trainer.loggers)  # Lightning leaves the W&B run open
+        if saved_env is None:
+            os.environ.pop(RUN_ENV, None)
+        else:
+            os.environ[RUN_ENV] = saved_env
     if trainer.is_global_zero:
         _plot_run(Path(cfg.output_dir))
     return 0

@@ -194,14 +194,13 @@ def watch_loggers(cfg: Config, run_dir: Path, run_id: str | None) -> list[Logger
 
     The one place the watcher wires W&B: eval rows go on the run's ``eval/step`` axis.
     """
+    import dataclasses
+
     from areal_lightning.app.builders import build_wandb_logger
 
-    logger = build_wandb_logger(cfg, run_dir)
-    if logger is None:
-        return []
-    if run_id is not None:
-        logger._wandb_init.update(id=run_id, resume="allow")  # WandbLogger's init arguments
-    return [logger]
+    # The W&B id is the run id (build_wandb_logger), so the watcher's rows join the training run.
+    logger = build_wandb_logger(dataclasses.replace(cfg, run_id=run_id or cfg.run_id), run_dir)
+    return [] if logger is None else [logger]
 
 
 # ---------------------------------------------------------------------------- the loop
@@ -334,7 +333,8 @@ def _watch_on_rank(fabric: Fabric, watch: _Watch) -> int:
                 watch.last_progress = time.monotonic()
                 records = [eval_record(decision.step, decision.epoch, r.dataset, r.metrics, trigger=[WATCH_TRIGGER],
                                        num_samples=r.num_samples, num_prompts=r.num_prompts, eval_secs=r.eval_secs,
-                                       mode="sync", world_size=fabric.world_size, sampling=r.sampling)
+                                       mode="sync", world_size=fabric.world_size, sampling=r.sampling,
+                                       run_id=run_id, source="standalone")
                            for r in results]
                 history.append_many({**rec, "checkpoint": decision.path} for rec in records)
                 if loggers is None:

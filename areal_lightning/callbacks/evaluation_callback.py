@@ -26,7 +26,7 @@ from areal_lightning.eval_round import (
     check_eval_sets_consistent,
     run_round,
 )
-from areal_lightning.tracking.history import EvalHistory, eval_record, event_record
+from areal_lightning.tracking.history import EvalHistory, eval_record, event_record, new_run_id
 from areal_lightning.tracking.loggers import log_eval_results, send_alert
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,8 @@ class EvaluationCallback(Callback):
         seed: run seed from which each sample's seed derives; None: the module's `seed` or 0.
         max_table_rows: sample generations per eval set kept for W&B tables.
         mode: ``sync`` (training waits for the round).
+        run_id: the run's id, written in every history record; None: a new id. A run resumed
+            from a checkpoint passes its first session's id, so that its records continue that run.
         clock: seconds source of the time trigger (tests inject one).
 
     Raises:
@@ -89,6 +91,7 @@ class EvaluationCallback(Callback):
         seed: int | None = None,
         max_table_rows: int = DEFAULT_TABLE_ROWS,
         mode: EvalMode | str = EvalMode.SYNC,
+        run_id: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.eval_sets = as_eval_sets(eval_sets)
@@ -103,6 +106,9 @@ class EvaluationCallback(Callback):
         self.trigger = HybridTrigger(freq_epochs=freq_epochs, freq_steps=freq_steps, freq_secs=freq_secs,
                                      eval_before_train=eval_before_train, eval_at_end=eval_at_end, clock=clock)
         self.thresholds = ThresholdMonitor(metric_thresholds)
+        if run_id is not None and (not isinstance(run_id, str) or not run_id):
+            raise ArgumentError("EvaluationCallback", "run_id", run_id, "a non-empty string or None")
+        self.run_id = run_id or new_run_id()
         self.output_dir = Path(output_dir) if output_dir is not None else None
         self.seed = seed
         self.max_table_rows = max_table_rows
@@ -224,7 +230,7 @@ class EvaluationCallback(Callback):
         self._history.append_many(
             eval_record(step, epoch, r.dataset, r.metrics, trigger=causes, num_samples=r.num_samples,
                         num_prompts=r.num_prompts, eval_secs=r.eval_secs, mode=self.mode.value, world_size=trainer.world_size,
-                        sampling=r.sampling)
+                        sampling=r.sampling, run_id=self.run_id)
             for r in results
         )
         log_eval_results(trainer.loggers, results, step)
@@ -236,7 +242,7 @@ class EvaluationCallback(Callback):
         if trainer.is_global_zero:
             log.error("evaluation at step %d failed; training goes on (on_error='log'):\n%s", step, err)
             assert self._history is not None
-            self._history.append(event_record("error", step, message=str(err)))
+            self._history.append(event_record("error", step, message=str(err), run_id=self.run_id))
 
     def _check_thresholds(self, trainer: L.Trainer, results: list[SetResult], step: int) -> None:
         if not self.thresholds.thresholds:
@@ -249,7 +255,8 @@ class EvaluationCallback(Callback):
                 log.warning("threshold alert: %s", alert.message)
                 assert self._history is not None
                 self._history.append(event_record("alert", step, dataset=alert.dataset, message=alert.message,
-                                                  metric=alert.metric, value=alert.value, threshold=alert.threshold))
+                                                  run_id=self.run_id, metric=alert.metric, value=alert.value,
+                                                  threshold=alert.threshold))
                 send_alert(trainer.loggers, title=f"areal-lightning: {alert.dataset}/{alert.metric} below threshold",
                            text=alert.message)
         if self.threshold_action is ThresholdAction.STOP:

@@ -4,39 +4,47 @@ from areal_lightning.tracking.history import (
     EVAL_MODES,
     EVENT_KINDS,
     HISTORY_FILENAME,
+    RECORD_SOURCES,
     EvalHistory,
     TruncatedHistoryWarning,
     eval_record,
     eval_rows,
     event_record,
     event_rows,
+    drop_superseded,
     history_path,
+    new_run_id,
     read_history,
+    split_runs,
 )
 
 __all__ = [
     "EVAL_MODES",
     "EVENT_KINDS",
     "HISTORY_FILENAME",
+    "RECORD_SOURCES",
     "EvalHistory",
     "TruncatedHistoryWarning",
     "eval_record",
     "eval_rows",
     "event_record",
     "event_rows",
+    "drop_superseded",
     "history_path",
+    "new_run_id",
     "read_history",
+    "split_runs",
 ]
 
 # The logger fan-out and the W&B logger import Lightning: loaded on first use (PEP 562), so
 # reading a history does not pay for it.
 _LAZY_EXPORTS = {
-    "EVAL_STEP_KEY": "areal_lightning.tracking.loggers",
+    "EVAL_STEP_KEY": "areal_lightning.tracking.wandb_logger",
     "eval_metric_dict": "areal_lightning.tracking.loggers",
-    "finish_wandb": "areal_lightning.tracking.loggers",
+    "finish_wandb": "areal_lightning.tracking.wandb_logger",
     "log_eval_results": "areal_lightning.tracking.loggers",
     "send_alert": "areal_lightning.tracking.loggers",
-    "SafeWandbLogger": "areal_lightning.tracking.wandb",
+    "SafeWandbLogger": "areal_lightning.tracking.wandb_logger",
 }
 __all__ += sorted(_LAZY_EXPORTS)
 

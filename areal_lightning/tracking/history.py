@@ -1,16 +1,20 @@
 """The eval history: one JSON object per eval set per round, appended to ``eval_history.jsonl``.
 
-The file format is public (see ``DESIGN.md``, "Eval history"); plots, tests and users' scripts
-read it. A round record looks like::
+The file format is public and documented field by field in ``docs/eval_history.md``; plots,
+tests and users' scripts read it. A round record looks like::
 
     {"step": 120, "epoch": 1, "time": 1764460800.5, "trigger": ["steps"], "dataset": "easy",
      "metrics": {"accuracy": 0.81, "reward/mean": 0.81, "pass@4": 0.93},
-     "num_samples": 200, "num_prompts": 50, "eval_secs": 1.9, "mode": "sync", "world_size": 2}
+     "num_samples": 200, "num_prompts": 50, "eval_secs": 1.9, "mode": "sync", "world_size": 2,
+     "run_id": "k3j9x2a1", "source": "training"}
 
-Alerts and errors get their own records, told apart by an ``"event"`` key::
+Alerts, errors and resumptions get their own records, told apart by an ``"event"`` key::
 
-    {"event": "alert", "step": 120, "time": 1764460801.0, "dataset": "easy",
+    {"event": "alert", "step": 120, "time": 1764460801.0, "dataset": "easy", "run_id": "k3j9x2a1",
      "message": "accuracy 0.81 >= threshold 0.7", "metric": "accuracy", "value": 0.81}
+
+Every record names its run (``run_id``); `split_runs` tells the runs of a file apart, including
+files written before run ids existed.
 
 JSON has no NaN or infinity, so a non-finite number is written as ``null``; a reader gets
 ``None`` back where the writer had NaN (``float("nan")``, ``torch.nan``, ``np.nan``).
@@ -31,6 +35,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
+import string
 import time as _time
 import warnings
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -40,11 +46,31 @@ from typing import Any
 HISTORY_FILENAME = "eval_history.jsonl"
 """File name of the eval history inside a run's ``output_dir``."""
 
-EVENT_KINDS = ("alert", "error")
+EVENT_KINDS = ("alert", "error", "resume")
 """Accepted values of a record's ``"event"`` key."""
 
 EVAL_MODES = ("sync", "async")
 """Accepted values of a round record's ``"mode"``."""
+
+RECORD_SOURCES = ("training", "standalone")
+"""Accepted values of a round record's ``"source"``: an evaluation during training, or one of a
+checkpoint by the standalone ``evaluate`` command."""
+
+RUN_ID_LENGTH = 8
+_RUN_ID_ALPHABET = string.ascii_lowercase + string.digits
+LEGACY_RUN_PREFIX = "legacy-"
+"""`split_runs` names the runs of records without ``run_id`` ``legacy-1``, ``legacy-2``, ..."""
+
+
+def new_run_id() -> str:
+    """A fresh run id: 8 random lowercase letters and digits (also a valid W&B run id).
+
+    Example:
+        >>> rid = new_run_id()
+        >>> len(rid), rid.isalnum(), rid == rid.lower()
+        (8, True, True)
+    """
+    return "".join(secrets.choice(_RUN_ID_ALPHABET) for _ in range(RUN_ID_LENGTH))
 
 
 class TruncatedHistoryWarning(UserWarning):
@@ -222,10 +248,12 @@ def eval_record(
     eval_secs: float,
     mode: str,
     world_size: int,
+    run_id: str | None = None,
+    source: str = "training",
     time: float | None = None,
     sampling: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Build one round record with the public field order of ``DESIGN.md``.
+    """Build one round record in the public field order (``docs/eval_history.md``).
 
     Args:
         step: global step whose weights were evaluated (also in async mode).
@@ -238,12 +266,14 @@ def eval_record(
         eval_secs: wall-clock seconds the round took.
         mode: ``"sync"`` or ``"async"``.
         world_size: number of ranks that shared the round.
+        run_id: the run whose weights were evaluated (None: unknown, e.g. an old checkpoint).
+        source: ``"training"`` (the callback during fit) or ``"standalone"`` (``evaluate``).
         time: UNIX time of the record; ``time.time()`` when omitted.
         sampling: how the completions were sampled (``SamplingParams.as_record``); written as
             the record's ``"sampling"`` object when given.
 
     Raises:
-        ValueError: a count is negative, ``mode`` or ``world_size`` is not accepted.
+        ValueError: a count is negative, ``mode``, ``source`` or ``world_size`` is not accepted.
 
     Example:
         >>> rec = eval_record(120, 1, "easy", {"accuracy": 0.81}, trigger="steps",
@@ -258,6 +288,8 @@ def eval_record(
             raise ValueError(f"eval_record({name}=...) must be an integer >= 0, got {value!r}")
     if mode not in EVAL_MODES:
         raise ValueError(f"eval_record(mode=...) must be one of {EVAL_MODES}, got {mode!r}")
+    if source not in RECORD_SOURCES:
+        raise ValueError(f"eval_record(source=...) must be one of {RECORD_SOURCES}, got {source!r}")
     if int(world_size) != world_size or world_size < 1:
         raise ValueError(f"eval_record(world_size=...) must be an integer >= 1, got {world_size!r}")
     triggers = [trigger] if isinstance(trigger, str) else list(trigger)
@@ -275,6 +307,8 @@ def eval_record(
         "eval_secs": float(eval_secs),
         "mode": mode,
         "world_size": int(world_size),
+        "run_id": run_id,
+        "source": source,
     }
     if sampling is not None:
         record["sampling"] = dict(sampling)
@@ -301,15 +335,19 @@ def event_record(
     *,
     dataset: str | None = None,
     message: str,
+    run_id: str | None = None,
     time: float | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """Build an alert or error record: ``{"event", "step", "time", "dataset", "message", ...}``.
+    """Build an event record: ``{"event", "step", "time", "dataset", "run_id", "message", ...}``.
 
     Args:
-        event: ``"alert"`` (a metric crossed a threshold) or ``"error"`` (a round failed).
+        event: ``"alert"`` (a metric crossed a threshold), ``"error"`` (a round failed) or
+            ``"resume"`` (the run went on from a checkpoint of ``step``: its records of later
+            steps written before this one are superseded, see `drop_superseded`).
         step: global step of the weights concerned.
         dataset: eval set name, or None when the event is not about one eval set.
+        run_id: the run the event belongs to.
         message: a human-readable sentence.
         time: UNIX time; ``time.time()`` when omitted.
         **extra: more fields, e.g. ``metric="accuracy", value=0.81, threshold=0.7``.
@@ -329,6 +367,7 @@ def event_record(
         "step": int(step),
         "time": float(_time.time() if time is None else time),
         "dataset": dataset,
+        "run_id": run_id,
         "message": str(message),
         **extra,
     }
@@ -340,11 +379,13 @@ def history_path(path_or_run_dir: str | Path) -> Path:
     return path / HISTORY_FILENAME if path.is_dir() else path
 
 
-def read_history(path_or_run_dir: str | Path) -> list[dict[str, Any]]:
+def read_history(path_or_run_dir: str | Path, run_id: str | None = None) -> list[dict[str, Any]]:
     """Read every record of an eval history, in file order (``null`` metrics come back as None).
 
     Args:
         path_or_run_dir: the ``eval_history.jsonl`` file or the run directory that holds it.
+        run_id: only the records of this run (as `split_runs` names runs, so ``legacy-1`` works
+            for records written before run ids existed); None: every record.
 
     Raises:
         FileNotFoundError: no such file (the message says what is accepted).
@@ -392,6 +433,8 @@ def read_history(path_or_run_dir: str | Path) -> list[dict[str, Any]]:
                 f"{path}: line {line_no} is a JSON {type(record).__name__}, expected an object"
             )
         records.append(record)
+    if run_id is not None:
+        return split_runs(records).get(run_id, [])
     return records
 
 
@@ -405,3 +448,49 @@ def event_rows(
 ) -> list[dict[str, Any]]:
     """The event records only, optionally of one kind (``"alert"`` or ``"error"``)."""
     return [dict(r) for r in records if "event" in r and (event is None or r["event"] == event)]
+
+
+def split_runs(records: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The records of each run, by ``run_id``, runs and records in file order.
+
+    Records without a ``run_id`` (written before run ids existed) are cut into runs where an
+    eval set's step repeats, as it does when a second run appends to the same file (steps 0, 5,
+    10, 0, 5, ...); those runs are named ``legacy-1``, ``legacy-2``, ...
+
+    Example:
+        >>> recs = [{"step": s, "dataset": "easy", "metrics": {}} for s in (0, 5, 0, 5)]
+        >>> {name: [r["step"] for r in rs] for name, rs in split_runs(recs).items()}
+        {'legacy-1': [0, 5], 'legacy-2': [0, 5]}
+    """
+    runs: dict[str, list[dict[str, Any]]] = {}
+    legacy_count, legacy_seen = 0, set()
+    for record in records:
+        run_id = record.get("run_id")
+        if run_id is None:
+            key = (record.get("dataset"), record.get("step"))
+            if legacy_count == 0 or ("event" not in record and key in legacy_seen):
+                legacy_count, legacy_seen = legacy_count + 1, set()
+            if "event" not in record:
+                legacy_seen.add(key)
+            run_id = f"{LEGACY_RUN_PREFIX}{legacy_count}"
+        runs.setdefault(str(run_id), []).append(dict(record))
+    return runs
+
+
+def drop_superseded(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One run's records without those a resumption superseded, in file order.
+
+    A ``"resume"`` event at step N means the run went on from its checkpoint of step N: records
+    of later steps written before the event belong to the session that died and are dropped.
+
+    Example:
+        >>> recs = [{"step": 5}, {"step": 10}, {"event": "resume", "step": 5}, {"step": 10}]
+        >>> [r["step"] for r in drop_superseded(recs)]
+        [5, 5, 10]
+    """
+    kept: list[dict[str, Any]] = []
+    for record in records:
+        if record.get("event") == "resume":
+            kept = [r for r in kept if int(r["step"]) <= int(record["step"])]
+        kept.append(dict(record))
+    return kept

@@ -1,56 +1,27 @@
-"""The logger fan-out: every Trainer logger receives the same eval metrics, W&B on its own x axis.
+"""The logger fan-out: every Trainer logger receives the same eval metrics and alerts.
 
 Eval metrics are flattened to ``eval/<dataset>/<metric>`` (``eval/easy/accuracy``,
 ``eval/easy/pass@4``, ``eval/easy/eval_secs``). Loggers that take a step (CSV, TensorBoard) get
-them at the evaluated global step. A W&B run gets them in one ``run.log`` row together with
-``eval/step`` (the evaluated global step; eval charts use it as their x axis), the same value as
-``trainer/global_step`` and one ``wandb.Table`` of sample generations per eval set.
-
-Why not ``run.log(..., step=...)``: W&B drops a row whose ``step`` is below the run's current
-``_step``, which is exactly what an asynchronous round for an earlier step is. Rows logged
-without ``step`` are never dropped; their x value lives in ``eval/step`` instead.
-
-Why a ``define_metric`` per eval key and not only the ``eval/*`` glob: Lightning's logger defines
-the glob ``*`` (x axis ``trainer/global_step``), wandb-core keeps globs in a Go map and assigns a
-new key to whichever matching glob the map yields first, i.e. at random. An exact definition wins
-over every glob, so each eval key is defined before it is first logged.
-
-Why ``trainer/global_step`` in the eval row: both globs carry ``step_sync``, so a key that falls
-to ``*`` (a table's sub-keys) would make wandb-core insert the *latest* training step into the
-row. Setting it to the evaluated step keeps rows deterministic and puts eval points at the right
-place in charts whose x axis is ``trainer/global_step``.
+them at the evaluated global step; W&B loggers get them through `tracking.wandb_logger`, on their
+own ``eval/step`` axis with sample tables. Alerts go to W&B loggers only (the others have none).
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-import weakref
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 from areal_lightning.eval_round import SetResult
-from areal_lightning.tracking.wandb import call_wandb, samples_table, wandb_failure
+from areal_lightning.tracking.wandb_logger import alert_level, log_eval_round, send_wandb_alert
 
-log = logging.getLogger(__name__)
-
-EVAL_STEP_KEY = "eval/step"
-"""The W&B x axis of every eval metric: the global step whose weights were evaluated."""
+if TYPE_CHECKING:
+    import wandb
 
 EVAL_PREFIX = "eval"
-EVAL_GLOB = f"{EVAL_PREFIX}/*"
-TRAINER_STEP_KEY = "trainer/global_step"
-"""Lightning's `WandbLogger` x axis of everything it logs."""
 EVAL_SECS_KEY = "eval_secs"
-SAMPLES_KEY = "samples"
-ALERT_LEVELS = ("INFO", "WARN", "ERROR")
-
-# Eval keys already given their x axis, per wandb run (weak keys: a finished run may go away).
-_defined_keys: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
-_defined_lock = threading.Lock()
 
 
 def eval_metric_key(dataset: str, metric: str) -> str:
@@ -88,34 +59,6 @@ def eval_metric_dict(results: Sequence[SetResult]) -> dict[str, float]:
     return out
 
 
-def _define_eval_axis(run: Any, keys: Sequence[str]) -> None:
-    """Give `keys` the x axis ``eval/step``, each key once per run, before its first log."""
-    with _defined_lock:
-        defined = _defined_keys.setdefault(run, set())
-        if EVAL_STEP_KEY not in defined:
-            # The axis itself first, exactly, so that no glob claims it.
-            run.define_metric(EVAL_STEP_KEY)
-            run.define_metric(EVAL_GLOB, step_metric=EVAL_STEP_KEY)
-            defined.add(EVAL_STEP_KEY)
-        for key in keys:
-            if key not in defined:
-                run.define_metric(key, step_metric=EVAL_STEP_KEY)
-                defined.add(key)
-
-
-def _log_eval_to_wandb(logger: WandbLogger, metrics: Mapping[str, float], results: Sequence[SetResult],
-                       step: int) -> None:
-    run = logger.experiment
-    if wandb_failure(logger) is not None:
-        return
-    _define_eval_axis(run, list(metrics))
-    row: dict[str, Any] = {**metrics, EVAL_STEP_KEY: step, TRAINER_STEP_KEY: step}
-    for result in results:
-        if result.table_rows:
-            row[eval_metric_key(result.dataset, SAMPLES_KEY)] = samples_table(result.table_rows)
-    run.log(row)
-
-
 @rank_zero_only
 def log_eval_results(loggers: Sequence[Logger], results: Sequence[SetResult], step: int) -> None:
     """Sends one round's results to every logger; call it on rank 0 with ``trainer.loggers``.
@@ -127,7 +70,7 @@ def log_eval_results(loggers: Sequence[Logger], results: Sequence[SetResult], st
         loggers: the Trainer's loggers.
         results: one `SetResult` per eval set.
         step: the global step whose weights were evaluated (earlier than the current one in
-            async mode; W&B keeps it, see the module docstring).
+            async mode).
 
     Raises:
         ValueError: two results are for the same eval set.
@@ -142,33 +85,20 @@ def log_eval_results(loggers: Sequence[Logger], results: Sequence[SetResult], st
     metrics = eval_metric_dict(results)
     for logger in loggers:
         if isinstance(logger, WandbLogger):
-            call_wandb(logger, "logging eval metrics", _log_eval_to_wandb, logger, metrics, results, step)
+            log_eval_round(logger, metrics, results, step)
         else:
             logger.log_metrics(metrics, step=step)
 
 
-def _alert_run(logger: WandbLogger, title: str, text: str, level: str) -> None:
-    import wandb
-
-    run = logger.experiment
-    if wandb_failure(logger) is not None or not isinstance(run, wandb.Run):
-        return
-    if run.offline or run.disabled or getattr(run, "_is_finished", False):
-        log.debug("W&B alert %r not sent: the run is offline, disabled or finished (only a live online run "
-                  "can alert); it stays in the log and the eval history", title)
-        return
-    run.alert(title=title, text=text, level=level)
-
-
 @rank_zero_only
-def send_alert(loggers: Sequence[Logger], title: str, text: str, level: str = "WARN") -> None:
-    """``run.alert(...)`` on every live online W&B run among `loggers`; W&B failures never raise.
+def send_alert(loggers: Sequence[Logger], title: str, text: str, level: str | wandb.AlertLevel = "WARN") -> None:
+    """An alert on every live online W&B run among `loggers`; W&B failures never raise.
 
     Args:
         loggers: the Trainer's loggers; those that are not W&B loggers are skipped.
         title: the alert's title.
         text: the alert's body.
-        level: INFO, WARN or ERROR (any case).
+        level: a ``wandb.AlertLevel`` or its name, INFO, WARN or ERROR (any case).
 
     Raises:
         ValueError: `level` is not INFO, WARN or ERROR.
@@ -176,32 +106,15 @@ def send_alert(loggers: Sequence[Logger], title: str, text: str, level: str = "W
     Example:
         >>> send_alert([], "accuracy fell", "eval/easy/accuracy 0.6 < 0.7")
     """
-    upper = str(level).upper()
-    if upper not in ALERT_LEVELS:
-        raise ValueError(f"send_alert(level=...) must be one of {', '.join(ALERT_LEVELS)}, got {level!r}")
+    checked = alert_level(level)
     for logger in loggers:
         if isinstance(logger, WandbLogger):
-            call_wandb(logger, f"sending the alert {title!r}", _alert_run, logger, title, text, upper)
-
-
-@rank_zero_only
-def finish_wandb(loggers: Sequence[Logger], exit_code: int = 0) -> None:
-    """Ends the W&B run of every W&B logger (Lightning never does); W&B failures never raise.
-
-    Example:
-        >>> finish_wandb([])
-    """
-    for logger in loggers:
-        if isinstance(logger, WandbLogger) and logger._experiment is not None:
-            call_wandb(logger, "finishing the run", logger._experiment.finish, exit_code=exit_code)
+            send_wandb_alert(logger, title, text, checked)
 
 
 __all__ = [
-    "ALERT_LEVELS",
-    "EVAL_STEP_KEY",
     "eval_metric_dict",
     "eval_metric_key",
-    "finish_wandb",
     "log_eval_results",
     "send_alert",
 ]

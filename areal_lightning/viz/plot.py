@@ -1,7 +1,9 @@
 """Eval curves from eval histories: ``areal-lightning plot RUN_DIR [RUN_DIR ...]``.
 
 One run: the metric of each eval set over training steps (a line per eval set). Several runs:
-the metric across runs (a line per run and eval set; colour = run, line style = eval set).
+the metric across runs (a line per run and eval set; colour = run, line style = eval set). Runs
+are told apart by ``run_id``: a directory whose history holds several runs (or standalone
+``evaluate`` records beside its training) is drawn as several runs, with a printed note.
 Where a history has ``<metric>/ci_low`` and ``<metric>/ci_high`` (our accuracy metric logs its
 Wilson interval there) the interval is a shaded band around the line.
 
@@ -27,7 +29,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from areal_lightning.tracking.history import HISTORY_FILENAME, eval_rows, read_history
+from areal_lightning.tracking.history import HISTORY_FILENAME, drop_superseded, eval_rows, read_history, split_runs
 
 DEFAULT_METRIC = "accuracy"
 CI_LOW_SUFFIX = "/ci_low"
@@ -244,6 +246,46 @@ def _load_run(run_dir: Path) -> list[dict[str, Any]]:
     return records
 
 
+def runs_in_history(name: str, records: Sequence[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The runs one history holds, by plot name: `name` alone when it holds one, else
+    ``"<name> [<run_id>]"`` per run, and ``"<name> [<run_id> evaluate]"`` for a run's standalone
+    evaluations. A run's records that a resumption superseded are left out (`drop_superseded`).
+
+    Example:
+        >>> recs = [{"step": s, "dataset": "easy", "metrics": {}, "run_id": r} for r in ("a", "b") for s in (0, 5)]
+        >>> list(runs_in_history("trial0", recs))
+        ['trial0 [a]', 'trial0 [b]']
+    """
+    found: dict[str, list[dict[str, Any]]] = {}
+    for run_id, records_of_run in split_runs(records).items():
+        standalone = [r for r in records_of_run if r.get("source") == "standalone"]
+        training = drop_superseded([r for r in records_of_run if r.get("source") != "standalone"])
+        if eval_rows(training):
+            found[run_id] = training
+        if eval_rows(standalone):
+            found[f"{run_id} evaluate"] = standalone
+    if len(found) == 1:
+        return {name: next(iter(found.values()))}
+    return {f"{name} [{key}]": run_records for key, run_records in found.items()}
+
+
+def load_runs(run_dirs: Sequence[Path]) -> dict[str, list[dict[str, Any]]]:
+    """The runs of every directory's history, by plot name (see `runs_in_history`); a directory
+    that holds several runs is named in a `UserWarning` (the CLI prints it).
+
+    Raises:
+        PlotError: a directory is missing or has no eval records.
+    """
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for name, d in zip(run_names([d.resolve() for d in run_dirs]), run_dirs):
+        found = runs_in_history(name, _load_run(d))
+        if len(found) > 1:
+            warnings.warn(f"{str(d)!r} holds {len(found)} runs ({', '.join(found)}); each is drawn as its own line",
+                          UserWarning, stacklevel=2)
+        runs.update(found)
+    return runs
+
+
 def plot_runs(run_dirs: Sequence[str | Path], metric: str = DEFAULT_METRIC,
               out: str | Path | None = None) -> Path:
     """Read the runs' eval histories, draw :func:`build_figure`, save it, return the path.
@@ -271,8 +313,7 @@ def plot_runs(run_dirs: Sequence[str | Path], metric: str = DEFAULT_METRIC,
     target = Path(out) if out is not None else default_output(dirs, metric)
     if target.suffix.lower() not in SAVE_FORMATS:
         raise PlotError(f"plot --out {str(target)!r} must end in one of {', '.join(SAVE_FORMATS)}")
-    runs = {name: _load_run(d) for name, d in zip(run_names(resolved), dirs)}
-    fig = build_figure(runs, metric)
+    fig = build_figure(load_runs(dirs), metric)
     target.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(target)
     return target

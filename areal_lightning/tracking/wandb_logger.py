@@ -1,0 +1,367 @@
+"""Weights & Biases, all in one place: the logger, the eval axis, sample tables, alerts, finishing.
+
+`SafeWandbLogger` is Lightning's `WandbLogger` whose every call into wandb goes through
+`call_wandb`: the first exception (no network, a bad key, an unusable ``save_dir``, a full disk)
+is reported once with ``logging.warning`` and W&B is left alone for the rest of the run, so
+training and the eval history file go on untouched. The functions below take any `WandbLogger`
+(a user's plain one in ``trainer.loggers`` is guarded the same way).
+
+Eval rounds go in one ``run.log`` row holding ``eval/<set>/<metric>``, ``eval/step`` (the
+evaluated global step, the x axis of every eval chart), the same value as
+``trainer/global_step`` and a ``wandb.Table`` of sample generations per eval set.
+
+* No ``run.log(..., step=...)``: W&B drops a row whose ``step`` is below the run's ``_step``,
+  which is exactly what an asynchronous round for an earlier step is.
+* A ``define_metric`` per eval key, not only the ``eval/*`` glob: Lightning defines the glob
+  ``*`` too, and wandb-core picks between matching globs at random; an exact definition wins.
+* ``trainer/global_step`` in the row: a key that falls to ``*`` (a table's sub-keys) would
+  otherwise get the *latest* training step inserted by ``step_sync``.
+
+A run continues after ``fit --ckpt`` when the logger is built with the same ``id`` (Lightning
+passes W&B's ``resume="allow"``); `SafeWandbLogger(logged_eval_through=N)` then skips eval
+rounds of steps up to ``N``, which the run's earlier session already logged.
+
+wandb quirks worked around here (wandb 0.31, Lightning 2.6):
+
+* ``wandb.init(dir=...)`` with a directory it cannot create silently writes to the system temp
+  dir instead; we create and check ``save_dir`` first so that becomes a reported failure.
+* Lightning sets ``WANDB_MODE=dryrun`` for an offline logger and never undoes it; we restore it.
+* Lightning passes ``anonymous=None``, which wandb 0.31 answers with a deprecation warning.
+* Lightning never calls ``run.finish()``; `finish_wandb` does, guarded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, TypeVar
+
+# Lightning's stand-in for an experiment on ranks other than 0; no public name exists for it.
+from lightning.fabric.loggers.logger import _DummyExperiment, rank_zero_experiment
+from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
+
+from areal_lightning.eval_round import SetResult
+from areal_lightning.tracking.history import HISTORY_FILENAME
+
+if TYPE_CHECKING:
+    import wandb
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+EVAL_STEP_KEY = "eval/step"
+"""The W&B x axis of every eval metric: the global step whose weights were evaluated."""
+EVAL_GLOB = "eval/*"
+TRAINER_STEP_KEY = "trainer/global_step"
+"""Lightning's `WandbLogger` x axis of everything it logs."""
+SAMPLES_KEY = "samples"
+
+# The first failure of each logger, kept outside the logger so that a plain `WandbLogger` that a
+# user put in `trainer.loggers` is guarded too. Weak keys: no logger is kept alive.
+_failures: "weakref.WeakKeyDictionary[WandbLogger, str]" = weakref.WeakKeyDictionary()
+_failures_lock = threading.Lock()
+# Eval keys already given their x axis, per wandb run (weak keys: a finished run may go away).
+_defined_keys: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
+_defined_lock = threading.Lock()
+
+
+# ---- failure handling --------------------------------------------------------------------------
+
+def wandb_failure(logger: WandbLogger) -> str | None:
+    """Why W&B was turned off for `logger` (the first exception, as text), or None while it works."""
+    return _failures.get(logger)
+
+
+def _report_failure(logger: WandbLogger, action: str, err: BaseException) -> None:
+    with _failures_lock:
+        if logger in _failures:
+            return
+        _failures[logger] = f"{type(err).__name__}: {err}"
+    history = getattr(logger, "history_file", None)
+    where = str(history) if history else f"the eval history ({HISTORY_FILENAME})"
+    log.warning(
+        "W&B failed while %s (%s: %s). W&B logging is off for the rest of this run; training goes on "
+        "and %s remains complete.", action, type(err).__name__, err, where,
+    )
+
+
+def call_wandb(logger: WandbLogger, action: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+    """``fn(*args, **kwargs)`` unless W&B already failed for `logger`; an exception turns W&B off.
+
+    Args:
+        logger: the W&B logger the call belongs to; its failure state is what is checked and set.
+        action: what the call does, for the one warning, e.g. ``"logging eval metrics"``.
+        fn: the call into wandb.
+
+    Returns:
+        What `fn` returned, or None when it raised or W&B was already off.
+
+    Example:
+        >>> lg = SafeWandbLogger(offline=True)
+        >>> call_wandb(lg, "adding", lambda a, b: a + b, 1, 2)
+        3
+    """
+    if logger in _failures:
+        return None
+    try:
+        return fn(*args, **kwargs)
+    except Exception as err:  # noqa: BLE001 - W&B must never stop training; reported once, below
+        _report_failure(logger, action, err)
+        return None
+
+
+# ---- the logger --------------------------------------------------------------------------------
+
+def _prepare_save_dir(save_dir: str | None) -> None:
+    """Create `save_dir` or raise: wandb would silently fall back to the system temp dir."""
+    if save_dir is None:
+        return
+    path = Path(save_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OSError(f"W&B save_dir {save_dir!r} cannot be created ({err.strerror or err})") from err
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PermissionError(f"W&B save_dir {save_dir!r} is not writable")
+
+
+class SafeWandbLogger(WandbLogger):
+    """Lightning's `WandbLogger`, except that no W&B failure ever reaches the training loop.
+
+    Arguments are those of `WandbLogger` (``id=`` names the run; an existing run of that id
+    continues, W&B's ``resume="allow"``), plus:
+
+    Args:
+        history_file: the eval history file the failure warning points users to.
+        logged_eval_through: the last evaluated step this W&B run already holds (its earlier
+            session logged it before a crash); rounds of steps up to it are not logged again.
+
+    Example:
+        >>> lg = SafeWandbLogger(project="demo", offline=True, save_dir="runs/demo", id="r1")
+        >>> lg.name, lg.version, wandb_failure(lg) is None
+        ('demo', 'r1', True)
+    """
+
+    def __init__(self, *args: Any, history_file: str | Path | None = None, logged_eval_through: int | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.history_file = history_file
+        self.logged_eval_through = logged_eval_through
+        # Lightning always passes anonymous=None (a wandb deprecation warning); its init kwargs
+        # are only reachable through the private dict.
+        if self._wandb_init.get("anonymous") is None:
+            self._wandb_init.pop("anonymous", None)
+
+    @property
+    def failure(self) -> str | None:
+        """Why W&B was turned off for this logger, or None while it works."""
+        return wandb_failure(self)
+
+    def _start_run(self) -> Any:
+        _prepare_save_dir(self.save_dir)
+        saved_mode = os.environ.get("WANDB_MODE")
+        try:
+            return WandbLogger.experiment.fget(self)  # type: ignore[attr-defined]
+        finally:
+            # Lightning sets WANDB_MODE=dryrun for an offline logger and leaves it set.
+            if saved_mode is None:
+                os.environ.pop("WANDB_MODE", None)
+            else:
+                os.environ["WANDB_MODE"] = saved_mode
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> Any:
+        """The wandb run; a no-op stand-in once W&B failed (also on ranks other than 0)."""
+        # `_experiment` is Lightning's cache of the started run; `experiment` itself would start one.
+        if self._experiment is None and self.failure is None:
+            call_wandb(self, "starting the run (wandb.init)", self._start_run)
+        if self.failure is not None or self._experiment is None:
+            return _DummyExperiment()
+        return self._experiment
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
+        call_wandb(self, "logging metrics", super().log_metrics, metrics, step)
+
+    @rank_zero_only
+    def log_hyperparams(self, params: Any) -> None:
+        call_wandb(self, "logging hyperparameters", super().log_hyperparams, params)
+
+    @rank_zero_only
+    def log_table(self, key: str, columns: Optional[list[str]] = None, data: Optional[list[list[Any]]] = None,
+                  dataframe: Any = None, step: Optional[int] = None) -> None:
+        call_wandb(self, f"logging the table {key!r}", super().log_table, key, columns, data, dataframe, step)
+
+    @rank_zero_only
+    def log_image(self, key: str, images: list[Any], step: Optional[int] = None, **kwargs: Any) -> None:
+        call_wandb(self, f"logging images {key!r}", super().log_image, key, images, step, **kwargs)
+
+    @rank_zero_only
+    def log_audio(self, key: str, audios: list[Any], step: Optional[int] = None, **kwargs: Any) -> None:
+        call_wandb(self, f"logging audio {key!r}", super().log_audio, key, audios, step, **kwargs)
+
+    @rank_zero_only
+    def log_video(self, key: str, videos: list[Any], step: Optional[int] = None, **kwargs: Any) -> None:
+        call_wandb(self, f"logging videos {key!r}", super().log_video, key, videos, step, **kwargs)
+
+    def watch(self, model: Any, log: Optional[str] = "gradients", log_freq: int = 100, log_graph: bool = True) -> None:
+        call_wandb(self, "watching the model", super().watch, model, log, log_freq, log_graph)
+
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        call_wandb(self, "logging a checkpoint", super().after_save_checkpoint, checkpoint_callback)
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        call_wandb(self, "finalizing the run", super().finalize, status)
+
+
+def _started_run(logger: WandbLogger) -> Any:
+    """The logger's wandb run if one was started, else None (never starts one)."""
+    # No public "has the run started" on `WandbLogger`: `experiment` would call wandb.init.
+    return logger._experiment
+
+
+# ---- eval rounds -------------------------------------------------------------------------------
+
+def _cell(value: Any) -> Any:
+    # Tensors and numpy scalars become plain Python numbers; everything else goes as it is.
+    return value.item() if hasattr(value, "item") and callable(value.item) else value
+
+
+def samples_table(rows: Sequence[Mapping[str, Any]]) -> Any:
+    """A ``wandb.Table`` of `rows`: a column per key of any row, in first-seen order; a key a row
+    lacks is an empty cell.
+
+    Example:
+        >>> table = samples_table([{"prompt": "1+2=", "completion": "03"}, {"prompt": "2+2=", "reward": 1.0}])
+        >>> table.columns, table.data
+        (['prompt', 'completion', 'reward'], [['1+2=', '03', None], ['2+2=', None, 1.0]])
+    """
+    import wandb
+
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    data = [[_cell(row.get(c)) for c in columns] for row in rows]
+    # A reward that is an int in one row and a float in the next is not worth losing W&B over.
+    return wandb.Table(columns=columns, data=data, allow_mixed_types=True)
+
+
+def _define_eval_axis(run: Any, keys: Sequence[str]) -> None:
+    """Give `keys` the x axis ``eval/step``, each key once per run, before its first log."""
+    with _defined_lock:
+        defined = _defined_keys.setdefault(run, set())
+        if EVAL_STEP_KEY not in defined:
+            # The axis itself first, exactly, so that no glob claims it.
+            run.define_metric(EVAL_STEP_KEY)
+            run.define_metric(EVAL_GLOB, step_metric=EVAL_STEP_KEY)
+            defined.add(EVAL_STEP_KEY)
+        for key in keys:
+            if key not in defined:
+                run.define_metric(key, step_metric=EVAL_STEP_KEY)
+                defined.add(key)
+
+
+def _log_round(logger: WandbLogger, metrics: Mapping[str, float], results: Sequence[SetResult], step: int) -> None:
+    run = logger.experiment
+    if wandb_failure(logger) is not None:
+        return
+    _define_eval_axis(run, list(metrics))
+    row: dict[str, Any] = {**metrics, EVAL_STEP_KEY: step, TRAINER_STEP_KEY: step}
+    for result in results:
+        if result.table_rows:
+            row[f"eval/{result.dataset}/{SAMPLES_KEY}"] = samples_table(result.table_rows)
+    run.log(row)
+
+
+@rank_zero_only
+def log_eval_round(logger: WandbLogger, metrics: Mapping[str, float], results: Sequence[SetResult],
+                   step: int) -> None:
+    """One eval round as one row of `logger`'s run, on the ``eval/step`` axis; never raises.
+
+    Args:
+        logger: a `WandbLogger` (a `SafeWandbLogger` skips steps up to its `logged_eval_through`).
+        metrics: the round flattened to ``eval/<set>/<metric>`` (`loggers.eval_metric_dict`).
+        results: the round's `SetResult`s; those with `table_rows` get a sample table.
+        step: the global step whose weights were evaluated.
+    """
+    already = getattr(logger, "logged_eval_through", None)
+    if already is not None and step <= already:
+        log.info("eval round of step %d not logged to W&B: the run's earlier session logged steps up to %d",
+                 step, already)
+        return
+    call_wandb(logger, "logging eval metrics", _log_round, logger, metrics, results, step)
+
+
+# ---- alerts and the end of a run ---------------------------------------------------------------
+
+def alert_level(level: str | wandb.AlertLevel) -> wandb.AlertLevel:
+    """`level` as a ``wandb.AlertLevel`` (names in any case).
+
+    Raises:
+        ValueError: `level` is not INFO, WARN or ERROR.
+
+    Example:
+        >>> alert_level("warn")
+        <AlertLevel.WARN: 'WARN'>
+    """
+    import wandb
+
+    try:
+        return wandb.AlertLevel(str(getattr(level, "value", level)).upper())
+    except ValueError:
+        accepted = ", ".join(m.value for m in wandb.AlertLevel)
+        raise ValueError(f"send_alert(level=...) must be one of {accepted}, got {level!r}") from None
+
+
+def _alert_run(logger: WandbLogger, title: str, text: str, level: wandb.AlertLevel) -> None:
+    import wandb
+
+    run = logger.experiment
+    if wandb_failure(logger) is not None or not isinstance(run, wandb.Run):
+        return
+    # `_is_finished`: wandb has no public "finished" flag, and alerting a finished run raises.
+    if run.offline or run.disabled or getattr(run, "_is_finished", False):
+        log.debug("W&B alert %r not sent: the run is offline, disabled or finished (only a live online run "
+                  "can alert); it stays in the log and the eval history", title)
+        return
+    run.alert(title=title, text=text, level=level)
+
+
+@rank_zero_only
+def send_wandb_alert(logger: WandbLogger, title: str, text: str, level: wandb.AlertLevel) -> None:
+    """``run.alert(...)`` if `logger`'s run is live and online; W&B failures never raise."""
+    call_wandb(logger, f"sending the alert {title!r}", _alert_run, logger, title, text, level)
+
+
+@rank_zero_only
+def finish_wandb(loggers: Sequence[Logger], exit_code: int = 0) -> None:
+    """Ends the W&B run of every W&B logger among `loggers` that started one (Lightning never
+    does, so that ``fit`` and ``test`` share a run); W&B failures never raise.
+
+    Example:
+        >>> finish_wandb([])
+    """
+    for logger in loggers:
+        if isinstance(logger, WandbLogger) and wandb_failure(logger) is None:
+            run = _started_run(logger)
+            if run is not None:
+                call_wandb(logger, "finishing the run", run.finish, exit_code=exit_code)
+
+
+__all__ = [
+    "EVAL_STEP_KEY",
+    "SafeWandbLogger",
+    "alert_level",
+    "call_wandb",
+    "finish_wandb",
+    "log_eval_round",
+    "samples_table",
+    "send_wandb_alert",
+    "wandb_failure",
+]
