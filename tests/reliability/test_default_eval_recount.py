@@ -68,14 +68,13 @@ def test_accuracy_pass_at_k_and_maj_at_k_match_a_recount_of_the_completions() ->
     task = ArithmeticTask(seed=4)
     module = GRPOModule(_AnsweringPolicy(task), task, GRPOConfig(warmup_steps=0), seed=4)  # type: ignore[arg-type]
     scored: list[tuple[list[str], list[str]]] = []
-    score = module.score
+    score_many = task.score_many
 
-    def recording_score(completions, answers):
-        texts, rewards = score(completions, answers)
-        scored.append((texts, list(answers)))
-        return texts, rewards
+    def recording_score_many(texts, answers):  # the texts the evaluation scored, as it scored them
+        scored.append((list(texts), list(answers)))
+        return score_many(texts, answers)
 
-    module.score = recording_score  # type: ignore[method-assign]
+    task.score_many = recording_score_many  # type: ignore[method-assign]
     eval_set = EvalSet("easy", task.make_samples("easy", 1, SIZE), batch_size=7,
                        options={"n_samples": N_SAMPLES, "temperature": 1.0, "max_new_tokens": 4})
     [result] = run_round(module, [eval_set], lambda m, b, ctx: m.evaluate(b, ctx), seed=4, global_step=0, epoch=0)
