@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_lightning.app.config import Config, to_dict
+from areal_lightning.app.config import Config, PolicyKind, TaskName, to_dict
 from areal_lightning.eval_round import EvalSet, EvaluateFn
 
 if TYPE_CHECKING:  # Lightning and W&B load only when a builder that needs them runs
@@ -18,6 +18,9 @@ if TYPE_CHECKING:  # Lightning and W&B load only when a builder that needs them 
     from lightning.pytorch.loggers import Logger
 
     from areal_lightning.callbacks import EvaluationCallback
+    from areal_lightning.rl.grpo import GRPOModule
+    from areal_lightning.rl.policy import Policy
+    from areal_lightning.rl.task import RLTask
     from areal_lightning.tasks.arithmetic import ArithmeticTask
     from areal_lightning.tracking.wandb import SafeWandbLogger
 
@@ -26,8 +29,76 @@ CSV_DIRNAME = "csv"
 CHECKPOINT_DIRNAME = "checkpoints"
 
 
-def build_eval_sets(cfg: Config, task: ArithmeticTask) -> list[EvalSet]:
-    """The config's eval sets of the arithmetic task, in config order; a sample's cost is its prompt length.
+ARITHMETIC_EVAL_SIZE = 200
+"""Prompts of an arithmetic eval set whose `size` is null."""
+DEFAULT_DIGITS = 1
+"""Operand digits of an arithmetic eval set whose `digits` is null."""
+
+
+def build_task(cfg: Config) -> RLTask:
+    """The training task of the config's ``task`` section: `ArithmeticTask` or `MathTask`.
+
+    Example:
+        >>> from areal_lightning.app.config import load_config
+        >>> type(build_task(load_config(None, ["eval_sets.easy.size=5"]))).__name__
+        'ArithmeticTask'
+    """
+    t = cfg.task
+    if t.name is TaskName.MATH:
+        from areal_lightning.tasks.math import MathTask
+
+        assert t.path is not None  # the config requires it
+        return MathTask(t.path, question_field=t.question_field, answer_field=t.answer_field,
+                        answer_format=t.answer_format, prompt_style=t.prompt_style,
+                        prompt_template=t.prompt_template, verifier=t.verifier)
+    from areal_lightning.tasks.arithmetic import ArithmeticTask
+
+    return ArithmeticTask(train_digits=t.train_digits, train_size=t.train_size, seed=cfg.seed)
+
+
+def build_policy(cfg: Config, task: RLTask) -> Policy:
+    """The policy of the config's ``policy`` section: a fresh `TinyPolicy` over the arithmetic
+    task's tokenizer, or the `HFPolicy` saved at ``policy.path`` (chat prompts when the task's
+    ``prompt_style`` is chat). Seed torch first for reproducible tiny weights."""
+    p = cfg.policy
+    if p.kind is PolicyKind.HF:
+        from areal_lightning.rl.hf_policy import HFPolicy
+        from areal_lightning.tasks.math import PromptStyle
+
+        assert p.path is not None  # the config requires it
+        chat = cfg.task.name is TaskName.MATH and cfg.task.prompt_style is PromptStyle.CHAT
+        return HFPolicy.from_pretrained(p.path, dtype=p.dtype.value, attn_implementation=p.attn_implementation,
+                                        chat=chat, chat_template=p.chat_template, system_prompt=p.system_prompt,
+                                        stop_strings=list(p.stop_strings))
+    from areal_lightning.rl.policy import TinyPolicy
+
+    tok = task.tokenizer  # type: ignore[attr-defined]  # the config pairs the tiny policy with arithmetic
+    return TinyPolicy(tok.vocab_size, p.d_model, p.n_layers, p.n_heads, p.max_len, pad_id=tok.pad_id, eos_id=tok.eos_id)
+
+
+def build_module(cfg: Config) -> GRPOModule:
+    """`GRPOModule` of the config's task, policy and ``grpo`` section; ``seed`` seeds the tiny
+    policy's initial weights, the warm-up and the rollouts.
+
+    Example:
+        >>> from areal_lightning.app.config import load_config
+        >>> module = build_module(load_config(None, ["eval_sets.easy.size=5"]))
+        >>> type(module.policy).__name__, type(module.task).__name__
+        ('TinyPolicy', 'ArithmeticTask')
+    """
+    import torch
+
+    from areal_lightning.rl.grpo import GRPOModule
+
+    torch.manual_seed(cfg.seed)  # the policy's initial weights
+    task = build_task(cfg)
+    return GRPOModule(build_policy(cfg, task), task, cfg.grpo, seed=cfg.seed)
+
+
+def build_eval_sets(cfg: Config, task: ArithmeticTask | None = None) -> list[EvalSet]:
+    """The config's eval sets, in config order: arithmetic sets made by `task` (default: the
+    config's arithmetic task), file sets read from their ``path`` with the task's prompt style
+    (the first ``size`` rows, or all). A sample's cost is its prompt length.
 
     Example:
         >>> from areal_lightning.app.config import load_config
@@ -38,9 +109,25 @@ def build_eval_sets(cfg: Config, task: ArithmeticTask) -> list[EvalSet]:
     """
     out = []
     for name, es in cfg.eval_sets.items():
+        if es.is_file_set:
+            from areal_lightning.tasks.math import MathTask
+
+            assert es.path is not None
+            # Only the samples are used: rewards come from the module's task, one verifier for all sets.
+            reader = MathTask(es.path, question_field=es.question_field, answer_field=es.answer_field,
+                              answer_format=es.answer_format, stratum_field=es.stratum_field,
+                              prompt_style=cfg.task.prompt_style, prompt_template=cfg.task.prompt_template,
+                              verifier="numeric")
+            samples: list[Any] = reader.samples()[: es.size]
+        else:
+            if task is None:
+                from areal_lightning.tasks.arithmetic import ArithmeticTask
+
+                task = ArithmeticTask(cfg.task.train_digits, cfg.task.train_size, cfg.seed)
+            samples = task.make_samples(name, es.digits or DEFAULT_DIGITS, es.size or ARITHMETIC_EVAL_SIZE)
         options = {"n_samples": es.n_samples, "temperature": es.temperature,
                    "max_new_tokens": es.max_new_tokens or cfg.grpo.max_new_tokens}
-        out.append(EvalSet(name=name, samples=task.make_samples(name, es.digits, es.size), batch_size=es.batch_size,
+        out.append(EvalSet(name=name, samples=samples, batch_size=es.batch_size,
                            cost_fn=lambda s: float(len(s.prompt)), key_fn=lambda s: s.key,
                            max_batch_cost=es.max_batch_cost, options=options))
     return out
@@ -49,7 +136,7 @@ def build_eval_sets(cfg: Config, task: ArithmeticTask) -> list[EvalSet]:
 def build_callback(cfg: Config, eval_sets: Mapping[str, Sequence[Any]] | Sequence[EvalSet] | None = None,
                    evaluate_fn: EvaluateFn | None = None, **overrides: Any) -> EvaluationCallback:
     """`EvaluationCallback` from the config's `evaluator` block, `output_dir` and `seed`; unless
-    `eval_sets` is given, the `eval_sets` block's sets of the arithmetic task (as the main job uses).
+    `eval_sets` is given, the `eval_sets` block's sets (`build_eval_sets`).
     Keyword `overrides` replace single arguments.
 
     Example:
@@ -60,10 +147,9 @@ def build_callback(cfg: Config, eval_sets: Mapping[str, Sequence[Any]] | Sequenc
         (['easy', 'hard'], [5, 200], 'evaluate every 50 steps, at the end')
     """
     from areal_lightning.callbacks import EvaluationCallback
-    from areal_lightning.tasks.arithmetic import ArithmeticTask
 
     if eval_sets is None:
-        eval_sets = build_eval_sets(cfg, ArithmeticTask(cfg.task.train_digits, cfg.task.train_size, cfg.seed))
+        eval_sets = build_eval_sets(cfg)
     ev = cfg.evaluator
     options: dict[str, Any] = dict(
         freq_epochs=ev.freq_epochs, freq_steps=ev.freq_steps, freq_secs=ev.freq_secs,

@@ -11,7 +11,8 @@ from torch import Tensor
 from areal_lightning.eval_round import EvalBatch, EvalContext
 from areal_lightning.metrics import AccuracyMetric, MajAtK, PassAtK, RewardMetric
 from areal_lightning.rl.policy import Policy
-from areal_lightning.tasks.arithmetic import CORRECT_REWARD, ArithmeticTask, Sample
+from areal_lightning.rl.task import PromptTokenizer, RLTask, seeded_generators
+from areal_lightning.tasks.arithmetic import CORRECT_REWARD
 
 DEFAULT_N_SAMPLES = 4
 DEFAULT_EVAL_TEMPERATURE = 0.6
@@ -21,7 +22,8 @@ class RolloutModule(Protocol):
     """What the default evaluation needs of a module; `GRPOModule` has it."""
 
     policy: Policy
-    task: ArithmeticTask
+    task: RLTask
+    tokenizer: PromptTokenizer
 
     @property
     def grpo(self) -> Any: ...
@@ -39,13 +41,14 @@ def rollout_evaluate(module: RolloutModule, batches: Sequence[EvalBatch], ctx: E
     accuracy = ctx.metric("accuracy", AccuracyMetric)
     pass_at = {k: ctx.metric(f"pass@{k}", lambda k=k: PassAtK(k)) for k in sorted({1, n})}
     maj = ctx.metric(f"maj@{n}", lambda: MajAtK(n))
-    tok = module.task.tokenizer
+    tok = module.tokenizer
     for batch in batches:
-        samples: list[Sample] = batch.samples
+        samples = batch.samples
         ids, mask = tok.pad_left([tok.encode(s.prompt) for s in samples])
         ids, mask = ids.repeat_interleave(n, 0).to(ctx.device), mask.repeat_interleave(n, 0).to(ctx.device)
-        # One generator per prompt, repeated for its n rows: its completions depend on its seed only.
-        generators = [g for seed in batch.seeds for g in [torch.Generator().manual_seed(seed)] * n]
+        # One generator per prompt, repeated for its n rows: its completions depend on its seed only
+        # (on a GPU the generator lives there, seeded alike, so the rows' noise is drawn in place).
+        generators = [g for g in seeded_generators(batch.seeds, ctx.device) for _ in range(n)]
         completions = module.policy.generate(ids, mask, max_new_tokens=max_new_tokens, temperature=temperature,
                                              generators=generators)
         answers = [s.answer for s in samples for _ in range(n)]
