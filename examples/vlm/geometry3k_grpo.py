@@ -143,7 +143,7 @@ def evaluate_fn(module: VisionGRPOModule, batches: Sequence[EvalBatch], ctx: Eva
     """The seed's evaluation of a geometry model: prepare data, run inference, compute rewards,
     record metrics. The callback already put the model in eval mode under `torch.no_grad()`."""
     reward = ctx.metric("reward", RewardMetric)  # metrics first: a rank dealt no batch still reduces them
-    accuracy = ctx.metric("accuracy", AccuracyMetric)
+    accuracy = ctx.metric("accuracy", lambda: AccuracyMetric(threshold=CORRECT))
     temperature = float(ctx.options.get("temperature", 0.0))
     max_new_tokens = int(ctx.options.get("max_new_tokens", module.max_new_tokens))
     for batch in batches:
@@ -157,7 +157,7 @@ def evaluate_fn(module: VisionGRPOModule, batches: Sequence[EvalBatch], ctx: Eva
                                device=ctx.device)
         # 4. record metrics (reduced across ranks once per round by the callback)
         reward.update(rewards)
-        accuracy.update((rewards > CORRECT).float())
+        accuracy.update(rewards)
         ctx.num_samples += len(texts)
         for index, sample, text, r in zip(batch.indices, batch.samples, texts, rewards.tolist()):
             ctx.record_sample(index, prompt=sample["problem"], completion=text, answer=sample["answer"],
