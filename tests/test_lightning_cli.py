@@ -50,6 +50,7 @@ def _config(tmp_path: Path, evaluate_fn: str) -> Path:
     config = tmp_path / "cli.yaml"
     config.write_text(textwrap.dedent(f"""\
         trainer:
+          default_root_dir: {tmp_path}
           max_steps: 4
           logger: false
           enable_checkpointing: false

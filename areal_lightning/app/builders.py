@@ -9,7 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_lightning.app.config import Config, PolicyKind, TaskName, to_dict
+from areal_lightning.app.config import Config, to_dict
+from areal_lightning.app.model_builders import build_policy, build_task  # noqa: F401 - re-exported: one place for builders
 from areal_lightning.eval_round import EvalSet, EvaluateFn
 
 if TYPE_CHECKING:  # Lightning and W&B load only when a builder that needs them runs
@@ -19,8 +20,6 @@ if TYPE_CHECKING:  # Lightning and W&B load only when a builder that needs them 
 
     from areal_lightning.callbacks import EvaluationCallback
     from areal_lightning.rl.grpo import GRPOModule
-    from areal_lightning.rl.policy import Policy
-    from areal_lightning.rl.task import RLTask
     from areal_lightning.tasks.arithmetic import ArithmeticTask
     from areal_lightning.tracking.wandb import SafeWandbLogger
 
@@ -35,50 +34,8 @@ DEFAULT_DIGITS = 1
 """Operand digits of an arithmetic eval set whose `digits` is null."""
 
 
-def build_task(cfg: Config) -> RLTask:
-    """The training task of the config's ``task`` section: `ArithmeticTask` or `MathTask`.
-
-    Example:
-        >>> from areal_lightning.app.config import load_config
-        >>> type(build_task(load_config(None, ["eval_sets.easy.size=5"]))).__name__
-        'ArithmeticTask'
-    """
-    t = cfg.task
-    if t.name is TaskName.MATH:
-        from areal_lightning.tasks.math import MathTask
-
-        assert t.path is not None  # the config requires it
-        return MathTask(t.path, question_field=t.question_field, answer_field=t.answer_field,
-                        answer_format=t.answer_format, prompt_style=t.prompt_style,
-                        prompt_template=t.prompt_template, verifier=t.verifier)
-    from areal_lightning.tasks.arithmetic import ArithmeticTask
-
-    return ArithmeticTask(train_digits=t.train_digits, train_size=t.train_size, seed=cfg.seed)
-
-
-def build_policy(cfg: Config, task: RLTask) -> Policy:
-    """The policy of the config's ``policy`` section: a fresh `TinyPolicy` over the arithmetic
-    task's tokenizer, or the `HFPolicy` saved at ``policy.path`` (chat prompts when the task's
-    ``prompt_style`` is chat). Seed torch first for reproducible tiny weights."""
-    p = cfg.policy
-    if p.kind is PolicyKind.HF:
-        from areal_lightning.rl.hf_policy import HFPolicy
-        from areal_lightning.tasks.math import PromptStyle
-
-        assert p.path is not None  # the config requires it
-        chat = cfg.task.name is TaskName.MATH and cfg.task.prompt_style is PromptStyle.CHAT
-        return HFPolicy.from_pretrained(p.path, dtype=p.dtype.value, attn_implementation=p.attn_implementation,
-                                        chat=chat, chat_template=p.chat_template, system_prompt=p.system_prompt,
-                                        stop_strings=list(p.stop_strings))
-    from areal_lightning.rl.policy import TinyPolicy
-
-    tok = task.tokenizer  # type: ignore[attr-defined]  # the config pairs the tiny policy with arithmetic
-    return TinyPolicy(tok.vocab_size, p.d_model, p.n_layers, p.n_heads, p.max_len, pad_id=tok.pad_id, eos_id=tok.eos_id)
-
-
 def build_module(cfg: Config) -> GRPOModule:
-    """`GRPOModule` of the config's task, policy and ``grpo`` section; ``seed`` seeds the tiny
-    policy's initial weights, the warm-up and the rollouts.
+    """`GRPOModule` of the config's task, policy and ``grpo`` section (`GRPOModule.from_config`).
 
     Example:
         >>> from areal_lightning.app.config import load_config
@@ -86,13 +43,9 @@ def build_module(cfg: Config) -> GRPOModule:
         >>> type(module.policy).__name__, type(module.task).__name__
         ('TinyPolicy', 'ArithmeticTask')
     """
-    import torch
-
     from areal_lightning.rl.grpo import GRPOModule
 
-    torch.manual_seed(cfg.seed)  # the policy's initial weights
-    task = build_task(cfg)
-    return GRPOModule(build_policy(cfg, task), task, cfg.grpo, seed=cfg.seed)
+    return GRPOModule.from_config(cfg)
 
 
 def build_eval_sets(cfg: Config, task: ArithmeticTask | None = None) -> list[EvalSet]:

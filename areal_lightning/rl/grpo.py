@@ -81,10 +81,13 @@ class GRPOModule(L.LightningModule):
 
     @classmethod
     def from_config(cls, cfg: Config) -> GRPOModule:
-        """The module of the config's policy, task and grpo sections (`app.builders.build_module`)."""
-        from areal_lightning.app.builders import build_module
+        """The module of the config's task, policy and ``grpo`` section; ``seed`` seeds the tiny
+        policy's initial weights, the warm-up and the rollouts."""
+        from areal_lightning.app.model_builders import build_policy, build_task
 
-        return build_module(cfg)
+        torch.manual_seed(cfg.seed)  # the policy's initial weights
+        task = build_task(cfg)
+        return cls(build_policy(cfg, task), task, cfg.grpo, seed=cfg.seed)
 
     @property
     def uses_format_warmup(self) -> bool:
