@@ -8,7 +8,6 @@ import threading
 import time
 
 import pytest
-import torch
 
 from areal_lightning.errors import ArgumentError
 from areal_lightning.metrics import SafeScorer, Score, ScorerFailingError, ScoreStatus, ScoringMetric

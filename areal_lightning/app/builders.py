@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from areal_lightning.app.config import Config, to_dict
 from areal_lightning.app.runs import CHECKPOINT_DIRNAME, CSV_DIRNAME, RunIdentity
+from areal_lightning.app.model_builders import build_policy, build_task  # noqa: F401 - re-exported: one place for builders
 from areal_lightning.eval_round import EvalSet, EvaluateFn
 
 if TYPE_CHECKING:  # Lightning and W&B load only when a builder that needs them runs
@@ -19,12 +20,35 @@ if TYPE_CHECKING:  # Lightning and W&B load only when a builder that needs them 
     from lightning.pytorch.loggers import Logger
 
     from areal_lightning.callbacks import EvaluationCallback
+    from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.tasks.arithmetic import ArithmeticTask
     from areal_lightning.tracking.wandb_logger import SafeWandbLogger
 
 
-def build_eval_sets(cfg: Config, task: ArithmeticTask) -> list[EvalSet]:
-    """The config's eval sets of the arithmetic task, in config order; a sample's cost is its prompt length.
+ARITHMETIC_EVAL_SIZE = 200
+"""Prompts of an arithmetic eval set whose `size` is null."""
+DEFAULT_DIGITS = 1
+"""Operand digits of an arithmetic eval set whose `digits` is null."""
+
+
+def build_module(cfg: Config) -> GRPOModule:
+    """`GRPOModule` of the config's task, policy and ``grpo`` section (`GRPOModule.from_config`).
+
+    Example:
+        >>> from areal_lightning.app.config import load_config
+        >>> module = build_module(load_config(None, ["eval_sets.easy.size=5"]))
+        >>> type(module.policy).__name__, type(module.task).__name__
+        ('TinyPolicy', 'ArithmeticTask')
+    """
+    from areal_lightning.rl.grpo import GRPOModule
+
+    return GRPOModule.from_config(cfg)
+
+
+def build_eval_sets(cfg: Config, task: ArithmeticTask | None = None) -> list[EvalSet]:
+    """The config's eval sets, in config order: arithmetic sets made by `task` (default: the
+    config's arithmetic task), file sets read from their ``path`` with the task's prompt style
+    (the first ``size`` rows, or all). A sample's cost is its prompt length.
 
     Example:
         >>> from areal_lightning.app.config import load_config
@@ -35,7 +59,23 @@ def build_eval_sets(cfg: Config, task: ArithmeticTask) -> list[EvalSet]:
     """
     out = []
     for name, es in cfg.eval_sets.items():
-        out.append(EvalSet(name=name, samples=task.make_samples(name, es.digits, es.size), batch_size=es.batch_size,
+        if es.is_file_set:
+            from areal_lightning.tasks.math import MathTask
+
+            assert es.path is not None
+            # Only the samples are used: rewards come from the module's task, one verifier for all sets.
+            reader = MathTask(es.path, question_field=es.question_field, answer_field=es.answer_field,
+                              answer_format=es.answer_format, stratum_field=es.stratum_field,
+                              prompt_style=cfg.task.prompt_style, prompt_template=cfg.task.prompt_template,
+                              verifier="numeric")
+            samples: list[Any] = reader.samples()[: es.size]
+        else:
+            if task is None:
+                from areal_lightning.tasks.arithmetic import ArithmeticTask
+
+                task = ArithmeticTask(cfg.task.train_digits, cfg.task.train_size, cfg.seed)
+            samples = task.make_samples(name, es.digits or DEFAULT_DIGITS, es.size or ARITHMETIC_EVAL_SIZE)
+        out.append(EvalSet(name=name, samples=samples, batch_size=es.batch_size,
                            cost_fn=lambda s: float(len(s.prompt)), key_fn=lambda s: s.key,
                            max_batch_cost=es.max_batch_cost, sampling=es.sampling(cfg.grpo.max_new_tokens)))
     return out
@@ -44,7 +84,7 @@ def build_eval_sets(cfg: Config, task: ArithmeticTask) -> list[EvalSet]:
 def build_callback(cfg: Config, eval_sets: Mapping[str, Sequence[Any]] | Sequence[EvalSet] | None = None,
                    evaluate_fn: EvaluateFn | None = None, **overrides: Any) -> EvaluationCallback:
     """`EvaluationCallback` from the config's `evaluator` block, `output_dir` and `seed`; unless
-    `eval_sets` is given, the `eval_sets` block's sets of the arithmetic task (as the main job uses).
+    `eval_sets` is given, the `eval_sets` block's sets (`build_eval_sets`).
     Keyword `overrides` replace single arguments.
 
     Example:
@@ -55,10 +95,9 @@ def build_callback(cfg: Config, eval_sets: Mapping[str, Sequence[Any]] | Sequenc
         (['easy', 'hard'], [5, 200], 'evaluate every 50 steps, at the end')
     """
     from areal_lightning.callbacks import EvaluationCallback
-    from areal_lightning.tasks.arithmetic import ArithmeticTask
 
     if eval_sets is None:
-        eval_sets = build_eval_sets(cfg, ArithmeticTask(cfg.task.train_digits, cfg.task.train_size, cfg.seed))
+        eval_sets = build_eval_sets(cfg)
     ev = cfg.evaluator
     options: dict[str, Any] = dict(
         freq_epochs=ev.freq_epochs, freq_steps=ev.freq_steps, freq_secs=ev.freq_secs,

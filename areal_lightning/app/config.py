@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import json
 import math
 import typing
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from areal_lightning.errors import ArgumentError
 from areal_lightning.metrics.functional import AdvantageStd
 from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.eval_round.sampling import SamplingParams
+from areal_lightning.tasks.math import AnswerFormat, PromptStyle, Verifier, read_rows, reference_answer
 
 CONFIG_FILENAME = "config.yaml"
 LIGHTNING_PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
@@ -36,15 +38,26 @@ LIGHTNING_PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-tr
 
 
 class PolicyKind(str, Enum):
-    """``tiny``: a small transformer built from the config."""
+    """``tiny``: a small transformer built from the config; ``hf``: a local `transformers` causal LM."""
 
     TINY = "tiny"
+    HF = "hf"
+
+
+class ModelDtype(str, Enum):
+    """Weight dtype of an ``hf`` policy; ``auto`` keeps the checkpoint's."""
+
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    AUTO = "auto"
 
 
 class TaskName(str, Enum):
-    """``arithmetic``: the embedded default task."""
+    """``arithmetic``: the embedded default task; ``math``: GSM8K/MATH problems from a local file."""
 
     ARITHMETIC = "arithmetic"
+    MATH = "math"
 
 
 class WandbMode(str, Enum):
@@ -146,9 +159,19 @@ class PolicyConfig:
     """The language model being trained."""
 
     kind: PolicyKind = PolicyKind.TINY
-    """tiny: a small transformer built from this config."""
+    """tiny: a small transformer built from this config; hf: the `transformers` causal LM saved at `path`."""
     path: Optional[str] = None
-    """Local directory of a model, for kinds that load one. Never downloaded."""
+    """hf: local directory of the model and its tokenizer (`save_pretrained`); never downloaded."""
+    dtype: ModelDtype = ModelDtype.FLOAT32
+    """hf: weight dtype (float32, bfloat16, float16, auto)."""
+    attn_implementation: Optional[str] = None
+    """hf: transformers' attention kernel (eager, sdpa, flash_attention_2); null: its default."""
+    chat_template: Optional[str] = None
+    """hf: a Jinja chat template replacing the tokenizer's own (for task.prompt_style: chat); null: the tokenizer's."""
+    system_prompt: Optional[str] = None
+    """hf: a system message before each chat prompt (task.prompt_style: chat only)."""
+    stop_strings: list[str] = field(default_factory=list)
+    """hf: a completion ends after the first of these strings (e.g. "\\nQuestion:" for base models)."""
     d_model: int = 64
     """Width of the tiny transformer."""
     n_layers: int = 2
@@ -166,7 +189,20 @@ class PolicyConfig:
         if self.kind is PolicyKind.TINY and self.path is not None:
             # A path the run would silently ignore: the user believes a trained model is loaded.
             raise ConfigError(f"{path}.path is not read by {path}.kind=tiny (built from d_model, n_layers, ...), "
-                              f"got {self.path!r}; remove {path}.path (no kind that loads a model exists yet)")
+                              f"got {self.path!r}; remove {path}.path (or set kind: hf to load it)")
+        if self.kind is PolicyKind.HF:
+            if self.path is None:
+                raise ConfigError(f"{path}.path is required for {path}.kind: hf; give the local directory of a model "
+                                  "saved with save_pretrained (models are never downloaded)")
+            model_dir = Path(self.path).expanduser()
+            if not model_dir.is_dir():
+                raise ConfigError(f"{path}.path {self.path!r} is not a local directory; give the directory of a "
+                                  "model saved with save_pretrained (models are never downloaded, hub names are refused)")
+            if not (model_dir / "config.json").is_file():
+                raise ConfigError(f"{path}.path {self.path!r} has no config.json, so it holds no saved model; give "
+                                  "the directory written by save_pretrained")
+        if any(not s for s in self.stop_strings):
+            raise ConfigError(f"{path}.stop_strings must be non-empty strings, got {list(self.stop_strings)!r}")
 
 
 @dataclass
@@ -174,15 +210,36 @@ class TaskConfig:
     """The task the policy is trained on."""
 
     name: TaskName = TaskName.ARITHMETIC
-    """Only `arithmetic`, the embedded default, for now."""
+    """arithmetic: the embedded default; math: problems of a local GSM8K/MATH file (needs policy.kind: hf)."""
     train_digits: int = 1
-    """Digits of the operands of training prompts."""
+    """arithmetic: digits of the operands of training prompts."""
     train_size: int = 256
-    """Training prompts: a finite set iterated in epochs."""
+    """arithmetic: training prompts, a finite set iterated in epochs."""
+    path: Optional[str] = None
+    """math: the training file, .jsonl, .json or .parquet (every row is a training prompt)."""
+    question_field: str = "question"
+    """math: the field holding the question (MATH: problem)."""
+    answer_field: str = "answer"
+    """math: the field holding the reference answer (MATH: solution)."""
+    answer_format: AnswerFormat = AnswerFormat.GSM8K
+    """math: where the answer sits in answer_field: gsm8k (after ####), boxed (last \\boxed{}), plain (all of it)."""
+    prompt_style: PromptStyle = PromptStyle.PLAIN
+    """math: plain ("Question: ...\\nAnswer:") or chat (a user message through the tokenizer's chat template)."""
+    prompt_template: Optional[str] = None
+    """math: replaces the style's prompt; must contain {question}."""
+    verifier: Verifier = Verifier.AUTO
+    """math: auto (math-verify where installed, else numeric), math_verify or numeric."""
 
     def check(self, path: str) -> None:
         _at_least(f"{path}.train_digits", self.train_digits, 1)
         _at_least(f"{path}.train_size", self.train_size, 1)
+        if self.name is TaskName.MATH:
+            if self.path is None:
+                raise ConfigError(f"{path}.path is required for {path}.name: math; give a local .jsonl, .json or "
+                                  ".parquet file of problems")
+            check_math_file(path, self.path, self.question_field, self.answer_field, self.answer_format, None)
+        if self.prompt_template is not None and "{question}" not in self.prompt_template:
+            raise ConfigError(f"{path}.prompt_template must contain {{question}}, got {self.prompt_template!r}")
 
 
 @dataclass
@@ -227,12 +284,22 @@ class GRPOConfig:
 
 @dataclass
 class EvalSetConfig:
-    """One named evaluation set of the task."""
+    """One named evaluation set: arithmetic problems (`digits`) or the problems of a file (`path`)."""
 
-    digits: int = 1
-    """Digits of the operands."""
-    size: int = 200
-    """Number of prompts."""
+    digits: Optional[int] = None
+    """Arithmetic: digits of the operands; null: 1 (unless `path` is given)."""
+    path: Optional[str] = None
+    """A local .jsonl, .json or .parquet file of math problems (task.name: math); null: an arithmetic set."""
+    question_field: str = "question"
+    """File sets: the field holding the question (MATH: problem)."""
+    answer_field: str = "answer"
+    """File sets: the field holding the reference answer (MATH: solution)."""
+    answer_format: AnswerFormat = AnswerFormat.GSM8K
+    """File sets: gsm8k (after ####), boxed (last \\boxed{}) or plain (the whole field)."""
+    stratum_field: Optional[str] = None
+    """File sets: the field each problem's stratum comes from (e.g. level); null: the file's name."""
+    size: Optional[int] = None
+    """Number of prompts; null: 200 for arithmetic sets, every row for file sets (else the first `size` rows)."""
     n_samples: int = 4
     """Completions sampled per prompt (pass@k and maj@k use k = 1 and k = n_samples)."""
     temperature: float = 0.6
@@ -253,9 +320,21 @@ class EvalSetConfig:
     """Close an eval batch before its padded cost (prompts x longest prompt length) exceeds this,
     so that no single batch outweighs a rank's share; null: batches by count only."""
 
+    @property
+    def is_file_set(self) -> bool:
+        """Whether the set's problems come from a file (`path`) rather than the arithmetic task."""
+        return self.path is not None
+
     def check(self, path: str) -> None:
-        for name in ("digits", "size", "n_samples"):
-            _at_least(f"{path}.{name}", getattr(self, name), 1)
+        for name in ("digits", "size"):
+            if getattr(self, name) is not None:
+                _at_least(f"{path}.{name}", getattr(self, name), 1)
+        _at_least(f"{path}.n_samples", self.n_samples, 1)
+        if self.path is not None:
+            if self.digits is not None:
+                raise ConfigError(f"{path} has both digits (an arithmetic set) and path (a file set); give one of them")
+            check_math_file(path, self.path, self.question_field, self.answer_field, self.answer_format,
+                            self.stratum_field)
         with _owned_by(path):
             EvalSet(path.rsplit(".", 1)[-1], [None], batch_size=self.batch_size, max_batch_cost=self.max_batch_cost)
         _positive_number(f"{path}.temperature", self.temperature, allow_zero=True)
@@ -365,6 +444,7 @@ class Config:
             raise ConfigError("eval_sets is empty; define at least one, e.g. eval_sets: {easy: {digits: 1, size: 200}}")
         for name, eval_set in self.eval_sets.items():
             eval_set.check(f"eval_sets.{name}")
+        self._check_kinds_agree()
         self._check_sequence_lengths()
         self._check_thresholds()
 
@@ -372,11 +452,15 @@ class Config:
         """The longest prompt plus its completion must fit policy.max_len, or every round would fail."""
         from areal_lightning.tasks.arithmetic import ArithmeticTask, operand_range
 
+        if self.policy.kind is not PolicyKind.TINY or self.task.name is not TaskName.ARITHMETIC:
+            return  # a loaded model's context length is the model's own
+
         tokenizer = ArithmeticTask().tokenizer
         uses = [("task.train_digits", self.task.train_digits, "grpo.max_new_tokens", self.grpo.max_new_tokens)]
         for name, es in self.eval_sets.items():
             key = f"eval_sets.{name}.max_new_tokens" if es.max_new_tokens is not None else "grpo.max_new_tokens"
-            uses.append((f"eval_sets.{name}.digits", es.digits, key, es.max_new_tokens or self.grpo.max_new_tokens))
+            digits = es.digits or 1  # an arithmetic set's default digits
+            uses.append((f"eval_sets.{name}.digits", digits, key, es.max_new_tokens or self.grpo.max_new_tokens))
         for digits_key, digits, tokens_key, new_tokens in uses:
             high = operand_range(digits)[1]
             needed = len(tokenizer.encode(f"{high}+{high}=")) + new_tokens
@@ -403,6 +487,67 @@ class Config:
                     f"evaluator.metric_thresholds.{name} names a metric the evaluation does not log.{hint} Accepted "
                     f"(with the eval sets' n_samples): {', '.join(logged)}"
                 )
+
+    def _check_kinds_agree(self) -> None:
+        if self.task.name is TaskName.MATH and self.policy.kind is PolicyKind.TINY:
+            raise ConfigError("task.name: math needs policy.kind: hf (the tiny policy's tokenizer knows only digits, "
+                              "'+' and '='); set policy.kind: hf and policy.path")
+        chat = self.task.name is TaskName.MATH and self.task.prompt_style is PromptStyle.CHAT
+        for key in ("chat_template", "system_prompt"):
+            if not chat and getattr(self.policy, key) is not None:
+                raise ConfigError(f"policy.{key} is used only with chat prompts (task.name: math, task.prompt_style: "
+                                  "chat); remove it or set task.prompt_style: chat")
+        if chat and self.policy.path is not None and self.policy.chat_template is None \
+                and not has_chat_template(Path(self.policy.path).expanduser()):
+            raise ConfigError(f"task.prompt_style: chat needs a chat template, and the tokenizer in policy.path "
+                              f"{self.policy.path!r} has none; set policy.chat_template or task.prompt_style: plain")
+        # Every eval set is scored by the task's reward: exact match for arithmetic, a math verifier for math.
+        wanted_file_sets = self.task.name is TaskName.MATH
+        for name, eval_set in self.eval_sets.items():
+            if eval_set.is_file_set != wanted_file_sets:
+                given = f"path {eval_set.path!r} (a file set)" if eval_set.is_file_set else "no path (an arithmetic set)"
+                needed = "a path to a file of problems" if wanted_file_sets else "digits and size, no path"
+                raise ConfigError(f"eval_sets.{name} has {given}, but task.name is {self.task.name.value}; "
+                                  f"give it {needed}")
+
+
+def has_chat_template(model_dir: Path) -> bool:
+    """Whether the tokenizer saved in `model_dir` has a chat template (in chat_template.jinja, or
+    in tokenizer_config.json as older transformers write it)."""
+    if (model_dir / "chat_template.jinja").is_file():
+        return True
+    tokenizer_config = model_dir / "tokenizer_config.json"
+    if not tokenizer_config.is_file():
+        return False
+    try:
+        return bool(json.loads(tokenizer_config.read_text()).get("chat_template"))
+    except (json.JSONDecodeError, AttributeError):
+        return False
+
+
+def check_math_file(path: str, file: str, question_field: str, answer_field: str, answer_format: AnswerFormat,
+                    stratum_field: Optional[str]) -> None:
+    """Reads the rows of `file` as `MathTask` will; a `ConfigError` under key `path` for a missing
+    file, an unsupported suffix, no rows, a missing field (naming the fields present) or a row
+    without a reference answer."""
+    try:
+        rows = read_rows(Path(file).expanduser())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}.path {file!r} does not exist; give a local .jsonl, .json or .parquet file") from None
+    except (ValueError, ImportError) as err:
+        raise ConfigError(f"{path}.path: {err}") from None
+    if not rows:
+        raise ConfigError(f"{path}.path {file!r} holds no rows")
+    wanted = {"question_field": question_field, "answer_field": answer_field, "stratum_field": stratum_field}
+    for key, name in wanted.items():
+        missing = next((i for i, row in enumerate(rows) if name is not None and name not in row), None)
+        if missing is not None:
+            raise ConfigError(f"{path}.{key} {name!r} is not a field of row {missing} of {file}; "
+                              f"fields present: {', '.join(sorted(map(str, rows[missing])))}")
+    for i, row in enumerate(rows):
+        if reference_answer(str(row[answer_field]), answer_format) is None:
+            raise ConfigError(f"{path}.answer_format {answer_format.value}: row {i} of {file} has no such answer in "
+                              f"{answer_field!r}: {str(row[answer_field])[-80:]!r}")
 
 
 def _accepted_keys(object_type: Any) -> list[str]:

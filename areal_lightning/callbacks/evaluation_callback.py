@@ -14,6 +14,7 @@ from typing_extensions import override
 
 from areal_lightning.callbacks.thresholds import Alert, ThresholdMonitor
 from areal_lightning.callbacks.parallelism import forwards_in_lockstep
+from areal_lightning.callbacks.imports import import_object
 from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS, ErrorPolicy, EvalMode, ThresholdAction, choice
 from areal_lightning.callbacks.trigger import Cause, HybridTrigger
 from areal_lightning.errors import ArgumentError
@@ -49,8 +50,10 @@ class EvaluationCallback(Callback):
     `metric_thresholds`.
 
     Args:
-        eval_sets: `{name: samples}` or a list of `EvalSet`.
-        evaluate_fn: ``evaluate_fn(module, batches, ctx) -> {name: value}``; None uses the
+        eval_sets: `{name: samples}` or a list of `EvalSet`; or a dotted path
+            (``my_project.data.eval_sets``) to either, or to a function returning either.
+        evaluate_fn: ``evaluate_fn(module, batches, ctx) -> {name: value}``, or its dotted path
+            (``my_project.evals.evaluate``, as a LightningCLI YAML file gives it); None uses the
             module's own ``evaluate(batches, ctx)`` (as `GRPOModule` has).
         freq_epochs, freq_steps, freq_secs, eval_before_train, eval_at_end: see `HybridTrigger`.
         metric_thresholds: `{metric: minimum}`; a metric that reached its minimum and falls below
@@ -66,7 +69,8 @@ class EvaluationCallback(Callback):
         clock: seconds source of the time trigger (tests inject one).
 
     Raises:
-        ValueError: for an unsupported argument value, naming it and the choices.
+        ValueError: for an unsupported argument value, naming it and the choices, or a dotted
+            path that does not import.
 
     Example:
         >>> cb = EvaluationCallback({"easy": [1, 2, 3]}, evaluate_fn=lambda m, b, ctx: {}, freq_steps=100)
@@ -76,8 +80,8 @@ class EvaluationCallback(Callback):
 
     def __init__(
         self,
-        eval_sets: Mapping[str, Sequence[Any]] | Sequence[EvalSet],
-        evaluate_fn: EvaluateFn | None = None,
+        eval_sets: Mapping[str, Sequence[Any]] | Sequence[EvalSet] | str,
+        evaluate_fn: EvaluateFn | str | None = None,
         *,
         freq_epochs: int | None = None,
         freq_steps: int | None = None,
@@ -94,7 +98,12 @@ class EvaluationCallback(Callback):
         run_id: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if isinstance(eval_sets, str):  # a factory (or a value) named in a YAML file
+            found = import_object(eval_sets, "EvaluationCallback", "eval_sets")
+            eval_sets = found() if callable(found) else found
         self.eval_sets = as_eval_sets(eval_sets)
+        if isinstance(evaluate_fn, str):  # e.g. LightningCLI's init_args: evaluate_fn: my_project.evals.evaluate
+            evaluate_fn = import_object(evaluate_fn, "EvaluationCallback", "evaluate_fn")
         if evaluate_fn is not None and not callable(evaluate_fn):
             raise ValueError(f"`EvaluationCallback(evaluate_fn=...)` must be callable or None, got {evaluate_fn!r}")
         self.threshold_action = choice("threshold_action", threshold_action, ThresholdAction)

@@ -16,28 +16,22 @@ from typing_extensions import override
 
 from areal_lightning.app.config import Config, GRPOConfig
 from areal_lightning.eval_round.sharding import sample_seed
-from areal_lightning.tasks.arithmetic import ArithmeticTask, Sample
 from areal_lightning.metrics import AdvantageMetric, RewardMetric
 from areal_lightning.metrics.functional import group_advantages
-from areal_lightning.rl.policy import TinyPolicy, completion_mask
+from areal_lightning.rl.policy import Policy, TinyPolicy, completion_mask
 from areal_lightning.rl.rollout_eval import rollout_evaluate
+from areal_lightning.rl.task import PromptTokenizer, RLTask, seeded_generators
 from areal_lightning.rl.warmup import format_warmup
+from areal_lightning.tasks.arithmetic import ArithmeticTask
 
 TRAIN_STREAM = "train"  # names the per-step rollout seeds, apart from every eval set's
 
 
-def collate_prompts(samples: Sequence[Sample], task: ArithmeticTask) -> dict[str, Any]:
+def collate_prompts(samples: Sequence[Any], tokenizer: PromptTokenizer) -> dict[str, Any]:
     """Left-padded prompt ids and mask, plus the samples' answers and indices."""
-    ids, mask = task.tokenizer.pad_left([task.tokenizer.encode(s.prompt) for s in samples])
+    ids, mask = tokenizer.pad_left([tokenizer.encode(s.prompt) for s in samples])
     return {"prompt_ids": ids, "prompt_mask": mask, "answers": [s.answer for s in samples],
             "index": torch.tensor([s.index for s in samples])}
-
-
-def build_policy(cfg: Config, task: ArithmeticTask) -> TinyPolicy:
-    """The policy the config names (`tiny`, the only kind the config accepts today)."""
-    tok = task.tokenizer
-    p = cfg.policy
-    return TinyPolicy(tok.vocab_size, p.d_model, p.n_layers, p.n_heads, p.max_len, pad_id=tok.pad_id, eos_id=tok.eos_id)
 
 
 class GRPOModule(L.LightningModule):
@@ -45,11 +39,16 @@ class GRPOModule(L.LightningModule):
     policy-gradient objective with group-relative advantages.
 
     Args:
-        policy: a `Policy` (e.g. `TinyPolicy`).
-        task: supplies the training prompts, tokenizer and reward.
+        policy: a `Policy` (`TinyPolicy`, `HFPolicy`).
+        task: an `RLTask` (`ArithmeticTask`, `MathTask`): training prompts, reward, answer ids.
         grpo: the GRPO settings (group size, lr, clip_eps, kl_coef, ...).
         seed: seeds warm-up and rollouts; each step's rollouts use their own derived seed, so
             evaluating in between does not change what training samples.
+        tokenizer: encodes prompts and decodes completions; None: the policy's `tokenizer`
+            (an `HFPolicy`'s), else the task's (the arithmetic task's).
+
+    Raises:
+        ValueError: when no tokenizer is given and neither the policy nor the task has one.
 
     Example:
         >>> from areal_lightning.app.config import load_config
@@ -58,10 +57,17 @@ class GRPOModule(L.LightningModule):
         'TinyPolicy'
     """
 
-    def __init__(self, policy: TinyPolicy, task: ArithmeticTask, grpo: GRPOConfig | None = None, seed: int = 0) -> None:
+    def __init__(self, policy: Policy, task: RLTask, grpo: GRPOConfig | None = None, seed: int = 0,
+                 tokenizer: PromptTokenizer | None = None) -> None:
         super().__init__()
         self.policy = policy
         self.task = task
+        # The policy's own tokenizer (an HFPolicy's) wins over the task's (the arithmetic task's).
+        tokenizer = tokenizer or getattr(policy, "tokenizer", None) or getattr(task, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError(f"`GRPOModule(tokenizer=None)`: neither {type(policy).__name__} nor {type(task).__name__} "
+                             "has a `tokenizer`; pass tokenizer=...")
+        self.tokenizer: PromptTokenizer = tokenizer
         self.grpo = grpo or GRPOConfig()
         self.seed = seed
         # Plain values only: checkpoints must load with torch.load(weights_only=True).
@@ -75,9 +81,18 @@ class GRPOModule(L.LightningModule):
 
     @classmethod
     def from_config(cls, cfg: Config) -> GRPOModule:
+        """The module of the config's task, policy and ``grpo`` section; ``seed`` seeds the tiny
+        policy's initial weights, the warm-up and the rollouts."""
+        from areal_lightning.app.model_builders import build_policy, build_task
+
         torch.manual_seed(cfg.seed)  # the policy's initial weights
-        task = ArithmeticTask(train_digits=cfg.task.train_digits, train_size=cfg.task.train_size, seed=cfg.seed)
+        task = build_task(cfg)
         return cls(build_policy(cfg, task), task, cfg.grpo, seed=cfg.seed)
+
+    @property
+    def uses_format_warmup(self) -> bool:
+        """The format warm-up teaches the tiny policy the arithmetic answer format; other policies skip it."""
+        return isinstance(self.policy, TinyPolicy) and isinstance(self.task, ArithmeticTask) and self.grpo.warmup_steps > 0
 
     @override
     def setup(self, stage: str) -> None:
@@ -85,7 +100,8 @@ class GRPOModule(L.LightningModule):
         # restored; every rank runs the same seeded warm-up, so the weights agree. Lightning names
         # the checkpoint to the module only after this hook (`trainer.ckpt_path` is still None
         # here), so whoever resumes sets `warmed_up = True` first, as `areal-lightning fit --ckpt` does.
-        if stage == "fit" and not self.warmed_up and self.grpo.warmup_steps:
+        if stage == "fit" and not self.warmed_up and self.uses_format_warmup:
+            assert isinstance(self.policy, TinyPolicy) and isinstance(self.task, ArithmeticTask)
             format_warmup(self.policy, self.task, steps=self.grpo.warmup_steps, lr=self.grpo.warmup_lr, seed=self.seed)
             if self.reference is not None:
                 self.reference.load_state_dict(self.policy.state_dict())
@@ -96,7 +112,7 @@ class GRPOModule(L.LightningModule):
         generator = torch.Generator().manual_seed(self.seed)
         return DataLoader(
             self.task.train_samples(), batch_size=self.grpo.prompts_per_step, shuffle=True, generator=generator,
-            collate_fn=lambda samples: collate_prompts(samples, self.task),
+            collate_fn=lambda samples: collate_prompts(samples, self.tokenizer),
         )
 
     @override
@@ -105,11 +121,11 @@ class GRPOModule(L.LightningModule):
 
     def _rollout_generator(self) -> torch.Generator:
         stream = self.global_step * self.trainer.world_size + self.trainer.global_rank
-        return torch.Generator().manual_seed(sample_seed(self.seed, TRAIN_STREAM, stream))
+        return seeded_generators([sample_seed(self.seed, TRAIN_STREAM, stream)], self.device)[0]
 
     def score(self, completions: Tensor, answers: Sequence[str]) -> tuple[list[str], Tensor]:
         """Decoded completions and their rewards (float32, one per row)."""
-        texts = [self.task.tokenizer.decode(row) for row in completions.cpu()]
+        texts = [self.tokenizer.decode(row) for row in completions.cpu()]
         rewards = torch.tensor([self.task.reward(t, a) for t, a in zip(texts, answers)], dtype=torch.float32)
         return texts, rewards.to(completions.device)
 

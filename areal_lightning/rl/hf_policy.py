@@ -18,6 +18,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # A stop string is looked for in this many decoded tokens per character of the longest one:
 # a character spans at most 4 byte-level tokens (UTF-8), so a string ending in the newest token fits.
 STOP_WINDOW_TOKENS_PER_CHAR = 4
+ENTROPY_CHUNK_ROWS = 8
+"""Rows per chunk of the entropy computation (its float32 temporaries are chunk x steps x vocab)."""
 
 
 class LocalModelNotFoundError(FileNotFoundError):
@@ -120,8 +122,8 @@ class HFPolicy(nn.Module):
     def from_pretrained(
         cls, path: str | Path, *, dtype: str | torch.dtype = "float32", attn_implementation: str | None = None,
         device: str | torch.device | None = None, tokenizer_path: str | Path | None = None, chat: bool = False,
-        system_prompt: str | None = None, stop_strings: Sequence[str] = (), eos_id: int | None = None,
-        **model_kwargs: Any,
+        chat_template: str | None = None, system_prompt: str | None = None, stop_strings: Sequence[str] = (),
+        eos_id: int | None = None, **model_kwargs: Any,
     ) -> HFPolicy:
         """Loads a model and its tokenizer from a LOCAL directory; nothing is ever downloaded.
 
@@ -132,6 +134,8 @@ class HFPolicy(nn.Module):
             device: where to put the model; None leaves it on the CPU.
             tokenizer_path: a directory holding the tokenizer, when it is not `path`.
             chat, system_prompt, stop_strings, eos_id: see `HFTokenizer`.
+            chat_template: a Jinja chat template replacing the tokenizer's own (or giving one to a
+                tokenizer that has none).
             **model_kwargs: passed to `AutoModelForCausalLM.from_pretrained`.
 
         Raises:
@@ -154,6 +158,8 @@ class HFPolicy(nn.Module):
             model_dir, local_files_only=True, **{_dtype_kwarg(): dtype}, **model_kwargs
         )
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+        if chat_template is not None:
+            tokenizer.chat_template = chat_template
         policy = cls(model.eval(), tokenizer, chat=chat, system_prompt=system_prompt, stop_strings=stop_strings,
                      eos_id=eos_id)
         return policy if device is None else policy.to(device)
@@ -267,11 +273,20 @@ class HFPolicy(nn.Module):
         positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
         # The logits at the last prompt token and at each completion token but the last.
         logits, _ = self._forward(ids, mask, positions, keep=c + 1, use_cache=False)
-        logp = F.log_softmax(logits[:, :-1].float() / max(temperature, MIN_LOGPROB_TEMPERATURE), dim=-1)
-        token_logp = logp.gather(-1, completion_ids[..., None]).squeeze(-1)
-        entropy = -(logp.exp() * logp).sum(-1)
+        scaled = logits[:, :-1].float() / max(temperature, MIN_LOGPROB_TEMPERATURE)
+        # gather - logsumexp keeps one float32 [B, C, vocab] tensor for the backward pass, where
+        # log_softmax followed by the entropy's exp kept three. The entropy is a metric: no graph,
+        # a few rows at a time.
+        token_logp = scaled.gather(-1, completion_ids[..., None]).squeeze(-1) - scaled.logsumexp(dim=-1)
+        with torch.no_grad():
+            entropy = torch.cat([_entropy(rows) for rows in scaled.split(ENTROPY_CHUNK_ROWS)])
         valid = completion_mask(completion_ids, self.eos_id)
         return token_logp.masked_fill(~valid, 0.0), entropy.masked_fill(~valid, 0.0)
+
+
+def _entropy(logits: Tensor) -> Tensor:
+    logp = F.log_softmax(logits, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
 
 
 def _local_dir(path: str | Path, name: str, need_config: bool = False) -> Path:

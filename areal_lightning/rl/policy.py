@@ -76,12 +76,13 @@ def sampling_noise(generators: Generators, rows: int, steps: int, vocab: int, de
     completion does not depend on which batch or rank it was evaluated in.
     """
     if isinstance(generators, torch.Generator):
-        noise = torch.empty(rows, steps, vocab).exponential_(generator=generators)
-    else:
-        if len(generators) != rows:
-            raise ValueError(f"got {len(generators)} generators for {rows} rows; pass one per row or a single one")
-        noise = torch.stack([torch.empty(steps, vocab).exponential_(generator=g) for g in generators])
-    return noise.to(device)
+        noise = torch.empty(rows, steps, vocab, device=generators.device).exponential_(generator=generators)
+        return noise.to(device)
+    if len(generators) != rows:
+        raise ValueError(f"got {len(generators)} generators for {rows} rows; pass one per row or a single one")
+    # Each generator draws on its own device (a CUDA generator cannot fill a CPU tensor).
+    return torch.stack([torch.empty(steps, vocab, device=g.device).exponential_(generator=g).to(device)
+                        for g in generators])
 
 
 class _Block(nn.Module):

@@ -11,20 +11,18 @@ from torchmetrics import Metric
 from areal_lightning.eval_round import EvalBatch, EvalContext, SamplingParams, cut_at_stop
 from areal_lightning.metrics import AccuracyMetric, MajAtK, PassAtK, RewardMetric, Score, ScoringMetric
 from areal_lightning.rl.policy import Policy
-from areal_lightning.tasks.arithmetic import CORRECT_REWARD, ArithmeticTask, Sample
-
-
+from areal_lightning.rl.task import PromptTokenizer, RLTask, seeded_generators
+from areal_lightning.tasks.arithmetic import CORRECT_REWARD
 
 class RolloutModule(Protocol):
     """What the default evaluation needs of a module; `GRPOModule` has it."""
 
     policy: Policy
-    task: ArithmeticTask
+    task: RLTask
+    tokenizer: PromptTokenizer
 
     @property
     def grpo(self) -> Any: ...
-
-
 
 def sampling_of(ctx: EvalContext) -> SamplingParams:
     """The eval set's sampling settings; an `EvalSet` built without them may give n_samples,
@@ -34,13 +32,11 @@ def sampling_of(ctx: EvalContext) -> SamplingParams:
     keys = ("n_samples", "temperature", "max_new_tokens")
     return SamplingParams(**{k: ctx.options[k] for k in keys if k in ctx.options})
 
-
 def score_texts(task: Any, texts: Sequence[str], answers: Sequence[str]) -> list[Score]:
     """The task's `score_many` where it has one (statuses for timeouts and parse failures), else its `reward`."""
     if callable(getattr(task, "score_many", None)):
         return task.score_many(list(texts), list(answers))
     return [Score(float(task.reward(t, a))) for t, a in zip(texts, answers)]
-
 
 def default_metrics(n_samples: int) -> dict[str, Callable[[], Metric]]:
     """The metrics the default evaluation keeps for `n_samples` completions per prompt, by name."""
@@ -49,7 +45,6 @@ def default_metrics(n_samples: int) -> dict[str, Callable[[], Metric]]:
         factories[f"pass@{k}"] = lambda k=k: PassAtK(k)
     factories[f"maj@{n_samples}"] = lambda: MajAtK(n_samples)
     return factories
-
 
 def metric_names(n_samples: int) -> list[str]:
     """Every name a round of the default evaluation logs for an eval set (``reward/mean``, ``pass@4`` ...),
@@ -74,7 +69,6 @@ def metric_names(n_samples: int) -> list[str]:
         names += [key if key == name else f"{name}/{key}" for key in keys]
     return sorted(names)
 
-
 def rollout_evaluate(module: RolloutModule, batches: Sequence[EvalBatch], ctx: EvalContext) -> dict[str, Any]:
     """Samples `n_samples` completions per prompt, each prompt from its own seed, with the eval
     set's `SamplingParams`; cuts each completion at its first stop string; updates reward,
@@ -87,13 +81,14 @@ def rollout_evaluate(module: RolloutModule, batches: Sequence[EvalBatch], ctx: E
     reward, accuracy, maj = metrics["reward"], metrics["accuracy"], metrics[f"maj@{n}"]
     pass_at = {k: metrics[f"pass@{k}"] for k in sorted({1, n})}
     scoring = ctx.metric("scoring", ScoringMetric)
-    tok = module.task.tokenizer
+    tok = module.tokenizer
     for batch in batches:
-        samples: list[Sample] = batch.samples
+        samples = batch.samples
         ids, mask = tok.pad_left([tok.encode(s.prompt) for s in samples])
         ids, mask = ids.repeat_interleave(n, 0).to(ctx.device), mask.repeat_interleave(n, 0).to(ctx.device)
-        # One generator per prompt, repeated for its n rows: its completions depend on its seed only.
-        generators = [g for seed in batch.seeds for g in [torch.Generator().manual_seed(seed)] * n]
+        # One generator per prompt, repeated for its n rows: its completions depend on its seed only
+        # (on a GPU the generator lives there, seeded alike, so the rows' noise is drawn in place).
+        generators = [g for g in seeded_generators(batch.seeds, ctx.device) for _ in range(n)]
         completions = module.policy.generate(ids, mask, max_new_tokens=max_new_tokens, temperature=temperature,
                                              generators=generators, top_p=sp.top_p, top_k=sp.top_k,
                                              stop_at_eos=not ctx.lockstep)

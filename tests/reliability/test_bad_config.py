@@ -30,7 +30,7 @@ BAD_OVERRIDES = [
     (["evaluator.metric_thresholds.rewrd=0.9"], r"metric_thresholds.rewrd names a metric.*Did you mean `reward/.*`"),
     (["eval_sets.easy.n_samples=2", "evaluator.metric_thresholds.pass@4=0.5"],
      r"metric_thresholds.pass@4 names a metric the evaluation does not log.*pass@1, pass@2"),
-    (["policy.kind=hf"], r"policy.kind must be one of tiny; got 'hf'"),
+    (["policy.kind=hf"], r"policy.path is required for policy.kind: hf; give the local directory"),
     (["trainer.max_steps"], r"override 'trainer.max_steps' is not of the form key=value"),
     (["eval_sets=[a,b]"], r"`eval_sets` \(from the command line\) must be a mapping of keys to values, got \['a', 'b'\]"),
     (["evaluator.threshold_action=stop"], r"threshold_action=stop needs evaluator.metric_thresholds"),
@@ -85,7 +85,7 @@ def test_missing_checkpoint_is_refused_before_work(tmp_path: Path, capsys) -> No
     base = tmp_path / "base.yaml"
     base.write_text(GOOD_BASE)
     err = _refused(["fit", "-c", str(base), f"output_dir={tmp_path}/out", "--ckpt", "nope.ckpt"], tmp_path, capsys)
-    assert "--ckpt 'nope.ckpt' is not a checkpoint file" in err
+    assert "--ckpt 'nope.ckpt' does not exist; pass a Lightning checkpoint file" in err
 
 
 @pytest.mark.parametrize("name", ["02_typo_evaluator", "20_pass_at_k_above_n", "28_malformed_unclosed_brace",
