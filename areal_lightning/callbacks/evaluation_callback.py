@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,8 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from areal_lightning.callbacks.adaptive import AdaptiveSchedule
+from areal_lightning.callbacks.budget import EvalBudget
 from areal_lightning.callbacks.thresholds import Alert, ThresholdMonitor
 from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS, ErrorPolicy, EvalMode, ThresholdAction, choice
 from areal_lightning.callbacks.trigger import Cause, HybridTrigger
@@ -25,6 +28,10 @@ from areal_lightning.eval_round import (
     check_eval_sets_consistent,
     run_round,
 )
+from areal_lightning.eval_round.cache import CACHE_DIRNAME, ResultCache, function_identity, result_key, weights_digest
+from areal_lightning.eval_round.drift import DriftMonitor
+from areal_lightning.eval_round.precision import EvalPrecision, eval_precision
+from areal_lightning.metrics.paired import PairedRounds
 from areal_lightning.tracking.history import EvalHistory, eval_record, event_record
 from areal_lightning.tracking.loggers import log_eval_results, send_alert
 
@@ -60,7 +67,21 @@ class EvaluationCallback(Callback):
         seed: run seed from which each sample's seed derives; None: the module's `seed` or 0.
         max_table_rows: sample generations per eval set kept for W&B tables.
         mode: ``sync`` (training waits for the round).
-        clock: seconds source of the time trigger (tests inject one).
+        adaptive: an `AdaptiveSchedule` (or its arguments as a mapping): one more trigger (OR) whose
+            interval shrinks while the watched metric moves by more than its paired interval and
+            grows while it does not; each change is logged and recorded (``"event": "adaptive"``).
+        budget: the largest share of training wall time spent evaluating, in (0, 1]; rounds are
+            deferred to keep it (never the final one). None: no budget.
+        use_cache: answer an eval set from ``cache_dir`` when the same weights were evaluated with
+            the same eval set and settings (history ``"cached": true``, `evaluate_fn` not called).
+        cache_dir: where the cache lives; None: ``<output_dir>/eval_cache``.
+        precision: ``32``, ``bf16`` or ``16``: autocast during evaluation only.
+        clock: seconds source of the time trigger and the budget (tests inject one).
+
+    Every round also logs, per eval set and per metric whose per-prompt outcomes `evaluate_fn`
+    recorded (``ctx.record_outcomes``), the paired change since the previous round and since the
+    best round with its 95% interval: ``eval/<set>/<metric>/delta``, ``.../delta_ci_low``,
+    ``.../delta_ci_high``, ``.../delta_best`` (and its ``_ci_low`` / ``_ci_high``).
 
     Raises:
         ValueError: for an unsupported argument value, naming it and the choices.
@@ -88,6 +109,11 @@ class EvaluationCallback(Callback):
         seed: int | None = None,
         max_table_rows: int = DEFAULT_TABLE_ROWS,
         mode: EvalMode | str = EvalMode.SYNC,
+        adaptive: AdaptiveSchedule | Mapping[str, Any] | None = None,
+        budget: float | None = None,
+        use_cache: bool = False,
+        cache_dir: str | Path | None = None,
+        precision: EvalPrecision | int | str = EvalPrecision.FP32,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.eval_sets = as_eval_sets(eval_sets)
@@ -102,6 +128,23 @@ class EvaluationCallback(Callback):
         self.trigger = HybridTrigger(freq_epochs=freq_epochs, freq_steps=freq_steps, freq_secs=freq_secs,
                                      eval_before_train=eval_before_train, eval_at_end=eval_at_end, clock=clock)
         self.thresholds = ThresholdMonitor(metric_thresholds)
+        # ---- smarter evaluation (issue 13): each piece lives in its own module
+        if adaptive is not None and not isinstance(adaptive, AdaptiveSchedule):
+            if not isinstance(adaptive, Mapping):
+                raise ArgumentError("EvaluationCallback", "adaptive", adaptive, "an AdaptiveSchedule, a mapping or None")
+            adaptive = AdaptiveSchedule(**adaptive)
+        self.adaptive = adaptive
+        self.budget = EvalBudget(budget, clock) if budget is not None else None
+        if not isinstance(use_cache, bool):
+            raise ArgumentError("EvaluationCallback", "use_cache", use_cache, "True or False")
+        self.use_cache = use_cache
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self.precision = EvalPrecision.parse(precision)
+        self.pairs = PairedRounds()
+        self.drift = DriftMonitor()
+        self.deferred_steps: list[int] = []
+        self._deferred_since_round = 0
+        self._clock = clock
         self.output_dir = Path(output_dir) if output_dir is not None else None
         self.seed = seed
         self.max_table_rows = max_table_rows
@@ -136,13 +179,18 @@ class EvaluationCallback(Callback):
             self.seed = int(getattr(pl_module, "seed", 0))
         if trainer.is_global_zero:
             self._history = EvalHistory.in_run_dir(self.output_dir)
+        if self.use_cache and self.cache_dir is None:
+            self.cache_dir = self.output_dir / CACHE_DIRNAME
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._checked_eval_sets:
             check_eval_sets_consistent(self.eval_sets)  # every rank: a mismatch fails everywhere at once
             self._checked_eval_sets = True
+        self._check_drift(trainer)
         self.trigger.start()
+        if self.budget is not None:
+            self.budget.start()
         self._last_seen_step = trainer.global_step
         causes = self.trigger.before_train(trainer.global_step)
         if causes:
@@ -157,7 +205,9 @@ class EvaluationCallback(Callback):
         self._last_seen_step = step
         last_batch = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
         causes = self.trigger.after_step(step, trainer.current_epoch, last_batch)
-        causes = self._agree(trainer, causes)
+        if self.adaptive is not None and step != self.trigger.last_evaluated_step and self.adaptive.due(step):
+            causes.append(Cause.ADAPTIVE)
+        causes = self._agree(trainer, self._within_budget(step, causes))
         if causes:
             self._evaluate(trainer, pl_module, causes)
 
@@ -167,7 +217,8 @@ class EvaluationCallback(Callback):
             # Lightning calls this hook also when max_steps or a stop request cut the epoch short;
             # a partial epoch is no completed epoch (it would fire `freq_epochs` at the last step).
             return
-        causes = self._agree(trainer, self.trigger.after_epoch(trainer.global_step, trainer.current_epoch))
+        causes = self._within_budget(trainer.global_step, self.trigger.after_epoch(trainer.global_step, trainer.current_epoch))
+        causes = self._agree(trainer, causes)
         if causes:
             self._evaluate(trainer, pl_module, causes)
 
@@ -175,54 +226,153 @@ class EvaluationCallback(Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         causes = self.trigger.at_end(trainer.global_step)
         if causes:
-            self._evaluate(trainer, pl_module, causes)
+            self._evaluate(trainer, pl_module, causes)  # never deferred by the budget
         self.trigger.stop()
+        if self.budget is not None:
+            self.budget.stop()
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"trigger": self.trigger.state_dict(), "thresholds": self.thresholds.state_dict()}
+        state = {"trigger": self.trigger.state_dict(), "thresholds": self.thresholds.state_dict(),
+                 "drift": self.drift.state_dict()}
+        if self.adaptive is not None:
+            state["adaptive"] = self.adaptive.state_dict()
+        if self.budget is not None:
+            state["budget"] = self.budget.state_dict()
+        return state
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.trigger.load_state_dict(state_dict.get("trigger", {}))
         self.thresholds.load_state_dict(state_dict.get("thresholds", {}))
+        self.drift.load_state_dict(state_dict.get("drift", {}))
+        if self.adaptive is not None:
+            self.adaptive.load_state_dict(state_dict.get("adaptive", {}))
+        if self.budget is not None:
+            self.budget.load_state_dict(state_dict.get("budget", {}))
 
     # ---- the decision and the round ------------------------------------------------------------
 
     def _agree(self, trainer: L.Trainer, causes: list[Cause]) -> list[Cause]:
-        if self.trigger.freq_secs is None:
-            return causes  # steps and epochs are the same numbers on every rank
-        # Each rank reads its own clock, so the time trigger can fire on one rank and not on
-        # another; acting on that would leave ranks waiting in different collectives. Rank 0 decides.
+        if self.trigger.freq_secs is None and self.budget is None:
+            return causes  # steps, epochs and the adaptive schedule are the same numbers on every rank
+        # Each rank reads its own clock, so the time trigger or the budget can decide one way on one
+        # rank and the other way on another; acting on that would leave ranks waiting in different
+        # collectives. Rank 0 decides.
         return trainer.strategy.broadcast(causes, src=0)
+
+    def _within_budget(self, step: int, causes: list[Cause]) -> list[Cause]:
+        """`causes`, or none when the budget defers the round (the trigger keeps it due)."""
+        if not causes or self.budget is None or self.budget.allows():
+            return causes
+        self.deferred_steps.append(step)
+        self._deferred_since_round += 1
+        return []
+
+    def _check_drift(self, trainer: L.Trainer) -> None:
+        for name, message in self.drift.check(self.eval_sets).items():
+            self.pairs.reset(name)  # the new content has nothing to pair with
+            if trainer.is_global_zero:
+                warnings.warn(message, stacklevel=2)
+                assert self._history is not None
+                self._history.append(event_record("drift", trainer.global_step, dataset=name, message=message))
+
+    def _cache_keys(self, pl_module: L.LightningModule, evaluate_fn: EvaluateFn) -> dict[str, str]:
+        weights = weights_digest(pl_module)
+        settings = {"seed": int(self.seed or 0), "precision": str(self.precision.value),
+                    "evaluate_fn": function_identity(evaluate_fn), "max_table_rows": self.max_table_rows}
+        return {s.name: result_key(weights, s, **settings) for s in self.eval_sets}
+
+    def _cached_results(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                        evaluate_fn: EvaluateFn) -> tuple[dict[str, SetResult], dict[str, str]]:
+        """The eval sets answered from the cache (rank 0 looks, every rank gets its answer) and,
+        on rank 0, every set's key."""
+        if not self.use_cache:
+            return {}, {}
+        keys: dict[str, str] = {}
+        hits: dict[str, SetResult] = {}
+        if trainer.is_global_zero:
+            assert self.cache_dir is not None
+            keys = self._cache_keys(pl_module, evaluate_fn)
+            cache = ResultCache(self.cache_dir)
+            hits = {name: r for name, key in keys.items() if (r := cache.get(key)) is not None}
+        # Every rank must skip the same eval sets, or the ranks that evaluate wait for the others.
+        return trainer.strategy.broadcast(hits, src=0), keys
 
     def _evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule, causes: list[Cause]) -> None:
         step, epoch = trainer.global_step, trainer.current_epoch
-        evaluate_fn = self._evaluate_fn or (lambda module, batches, ctx: module.evaluate(batches, ctx))
+        started = self._clock()
+        # The module's own method as a plain function: its qualified name and code key the cache.
+        evaluate_fn = self._evaluate_fn or getattr(type(pl_module), "evaluate", None) or (
+            lambda module, batches, ctx: module.evaluate(batches, ctx))
+        cached, keys = self._cached_results(trainer, pl_module, evaluate_fn)
         try:
-            results = run_round(pl_module, self.eval_sets, evaluate_fn, seed=int(self.seed or 0), global_step=step,
-                                epoch=epoch, max_table_rows=self.max_table_rows,
-                                show_progress=trainer.progress_bar_callback is not None)
+            with eval_precision(pl_module, self.precision):
+                fresh = run_round(pl_module, [s for s in self.eval_sets if s.name not in cached], evaluate_fn,
+                                  seed=int(self.seed or 0), global_step=step, epoch=epoch,
+                                  max_table_rows=self.max_table_rows,
+                                  show_progress=trainer.progress_bar_callback is not None)
         except EvalRoundError as err:
             self.trigger.mark_evaluated(step)
             if self.on_error is ErrorPolicy.RAISE:
                 raise
             self._record_error(trainer, step, err)
             return
+        if keys:
+            for r in fresh:
+                ResultCache(self.cache_dir).put(keys[r.dataset], r)  # rank 0 only: `keys` is empty elsewhere
+        for r in fresh:  # every rank, the same sets: one reduction per metric and reference
+            r.metrics.update(self.pairs.update(r.dataset, r.outcomes, r.outcome_names, r.metrics,
+                                               trainer.strategy.root_device))
+        by_name = {r.dataset: r for r in fresh} | cached
+        results = [by_name[s.name] for s in self.eval_sets]
         self.trigger.mark_evaluated(step)
         self.evaluated_steps.append(step)
+        extras: dict[str, float] = {}
+        if self.budget is not None:
+            self.budget.add_round(self._clock() - started)
+            extras["budget_share"] = self.budget.spent_share()
+        if self.adaptive is not None:
+            change = self.adaptive.observe(step, {r.dataset: {m: (c.low, c.high) for m, c in
+                                                              self.pairs.last_changes.get(r.dataset, {}).items()}
+                                                  for r in fresh})
+            extras["adaptive_interval"] = float(self.adaptive.interval)
+            if change.old != change.new and trainer.is_global_zero:
+                self._record_interval_change(step, change.old, change.new, change.moved)
         if trainer.is_global_zero:
-            self._record(trainer, results, step, epoch, causes)
+            self._record(trainer, results, step, epoch, causes, set(cached), extras)
+        self._deferred_since_round = 0
         self._check_thresholds(trainer, results, step)
 
-    def _record(self, trainer: L.Trainer, results: list[SetResult], step: int, epoch: int, causes: list[Cause]) -> None:
+    def _record_interval_change(self, step: int, old: int, new: int, moved: bool) -> None:
+        assert self.adaptive is not None and self._history is not None
+        how = "moved beyond" if moved else "stayed within"
+        message = (f"{self.adaptive.metric} {how} its paired 95% interval: the next adaptive round comes "
+                   f"{new} steps after step {step} (was {old})")
+        log.info("adaptive evaluation: %s", message)
+        self._history.append(event_record("adaptive", step, message=message, metric=self.adaptive.metric,
+                                          old_interval=old, new_interval=new, moved=moved))
+
+    def _record(self, trainer: L.Trainer, results: list[SetResult], step: int, epoch: int, causes: list[Cause],
+                cached: set[str], extras: Mapping[str, float]) -> None:
         assert self._history is not None
-        self._history.append_many(
-            eval_record(step, epoch, r.dataset, r.metrics, trigger=causes, num_samples=r.num_samples,
-                        num_prompts=r.num_prompts, eval_secs=r.eval_secs, mode=self.mode.value, world_size=trainer.world_size)
-            for r in results
-        )
+        records = []
+        for r in results:
+            record = eval_record(step, epoch, r.dataset, r.metrics, trigger=causes, num_samples=r.num_samples,
+                                 num_prompts=r.num_prompts, eval_secs=r.eval_secs, mode=self.mode.value,
+                                 world_size=trainer.world_size)
+            if r.dataset in cached:
+                record["cached"] = True
+            if self.budget is not None:
+                record["budget_share"] = extras["budget_share"]
+                record["deferred"] = self._deferred_since_round
+            records.append(record)
+        self._history.append_many(records)
         log_eval_results(trainer.loggers, results, step)
+        if extras:
+            # Run-level numbers of the round, e.g. eval/budget_share, on the same eval x axis.
+            for logger in trainer.loggers:
+                logger.log_metrics({**{f"eval/{k}": v for k, v in extras.items()}, "eval/step": step}, step=step)
         summary = ", ".join(f"{r.dataset}: " + " ".join(f"{k}={v:.3f}" for k, v in r.metrics.items()
                                                          if k in ("accuracy", "reward/mean")) for r in results)
         log.info("evaluation at step %d (%s): %s", step, "+".join(causes), summary)

@@ -5,19 +5,41 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from enum import Enum
+from typing import Any
 
 import torch
 from torch import nn
 
+from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round.isolation import module_device
 
 
-class EvalPrecision(str, Enum):
-    """``32``: full precision; ``bf16`` / ``16``: autocast to bfloat16 / float16 during evaluation."""
+class EvalPrecision(Enum):
+    """``32``: full precision; ``bf16`` / ``16``: autocast to bfloat16 / float16 during evaluation.
 
-    FP32 = "32"
+    The values are what a YAML file says (``precision: 16`` is an int there, ``bf16`` a string).
+    """
+
+    FP32 = 32
     BF16 = "bf16"
-    FP16 = "16"
+    FP16 = 16
+
+    @classmethod
+    def parse(cls, value: Any) -> EvalPrecision:
+        """A member from itself, its value, or its value as a string (``"16"``, ``"32"``).
+
+        Raises:
+            ArgumentError: for anything else, naming the choices.
+
+        Example:
+            >>> EvalPrecision.parse("16"), EvalPrecision.parse("bf16")
+            (<EvalPrecision.FP16: 16>, <EvalPrecision.BF16: 'bf16'>)
+        """
+        for member in cls:
+            if value is member or (not isinstance(value, bool) and str(value) == str(member.value)):
+                return member
+        choices = ", ".join(str(m.value) for m in cls)
+        raise ArgumentError("EvaluationCallback", "precision", value, f"one of {choices}")
 
 
 _DTYPES = {EvalPrecision.BF16: torch.bfloat16, EvalPrecision.FP16: torch.float16}

@@ -34,7 +34,7 @@ from typing import Any
 HISTORY_FILENAME = "eval_history.jsonl"
 """File name of the eval history inside a run's ``output_dir``."""
 
-EVENT_KINDS = ("alert", "error")
+EVENT_KINDS = ("alert", "error", "adaptive", "drift")
 """Accepted values of a record's ``"event"`` key."""
 
 EVAL_MODES = ("sync", "async")
