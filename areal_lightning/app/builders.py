@@ -13,6 +13,7 @@ from areal_lightning.app.config import Config, to_dict
 from areal_lightning.app.runs import CHECKPOINT_DIRNAME, CSV_DIRNAME, RunIdentity
 from areal_lightning.app.model_builders import build_policy, build_task  # noqa: F401 - re-exported: one place for builders
 from areal_lightning.eval_round import EvalSet, EvaluateFn
+from areal_lightning.eval_round.subsample import subsample
 
 if TYPE_CHECKING:  # Lightning and W&B load only when a builder that needs them runs
     import lightning as L
@@ -75,9 +76,12 @@ def build_eval_sets(cfg: Config, task: ArithmeticTask | None = None) -> list[Eva
 
                 task = ArithmeticTask(cfg.task.train_digits, cfg.task.train_size, cfg.seed)
             samples = task.make_samples(name, es.digits or DEFAULT_DIGITS, es.size or ARITHMETIC_EVAL_SIZE)
-        out.append(EvalSet(name=name, samples=samples, batch_size=es.batch_size,
+        eval_set = EvalSet(name=name, samples=samples, batch_size=es.batch_size,
                            cost_fn=lambda s: float(len(s.prompt)), key_fn=lambda s: s.key,
-                           max_batch_cost=es.max_batch_cost, sampling=es.sampling(cfg.grpo.max_new_tokens)))
+                           max_batch_cost=es.max_batch_cost, sampling=es.sampling(cfg.grpo.max_new_tokens))
+        if es.subsample is not None:  # chosen before the deal: the same subset on any number of devices
+            eval_set = subsample(eval_set, es.subsample.build(cfg.seed))
+        out.append(eval_set)
     return out
 
 
@@ -104,6 +108,8 @@ def build_callback(cfg: Config, eval_sets: Mapping[str, Sequence[Any]] | Sequenc
         eval_before_train=ev.eval_before_train, eval_at_end=ev.eval_at_end, metric_thresholds=dict(ev.metric_thresholds),
         threshold_action=ev.threshold_action, on_error=ev.on_error, output_dir=cfg.output_dir, seed=cfg.seed,
         max_table_rows=ev.max_table_rows, mode=ev.mode, run_id=cfg.run_id,
+        adaptive=ev.adaptive.build() if ev.adaptive is not None else None, budget=ev.budget, use_cache=ev.cache,
+        precision=ev.precision,
     )
     options.update(overrides)
     return EvaluationCallback(eval_sets, evaluate_fn, **options)

@@ -24,6 +24,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf import errors as oc_errors
 
 from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS, ErrorPolicy, EvalMode, ThresholdAction
+from areal_lightning.callbacks.adaptive import AdaptiveSchedule
+from areal_lightning.callbacks.budget import EvalBudget
 from areal_lightning.callbacks.thresholds import ThresholdMonitor
 from areal_lightning.callbacks.trigger import HybridTrigger
 from areal_lightning.errors import ArgumentError
@@ -31,6 +33,8 @@ from areal_lightning.metrics.functional import AdvantageStd
 from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.eval_round.sampling import SamplingParams
 from areal_lightning.tasks.math import AnswerFormat, PromptStyle, Verifier, read_rows, reference_answer
+from areal_lightning.eval_round.precision import EvalPrecision
+from areal_lightning.eval_round.subsample import Subsample
 
 CONFIG_FILENAME = "config.yaml"
 LIGHTNING_PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
@@ -283,6 +287,25 @@ class GRPOConfig:
 
 
 @dataclass
+class SubsampleConfig:
+    """A deterministic proportional stratified subset of an eval set (the same every round, on any
+    number of devices). Give exactly one of max_prompts and fraction."""
+
+    max_prompts: Optional[int] = None
+    """Prompts kept."""
+    fraction: Optional[float] = None
+    """Share of the prompts kept, in (0, 1]."""
+    stratify_by: Optional[str] = "stratum"
+    """The samples' field that names their stratum; null: no strata."""
+    seed: Optional[int] = None
+    """Seed of the draw within each stratum; null: the run's seed."""
+
+    def build(self, seed: int) -> Subsample:
+        return Subsample(max_prompts=self.max_prompts, fraction=self.fraction, stratify_by=self.stratify_by,
+                         seed=seed if self.seed is None else self.seed)
+
+
+@dataclass
 class EvalSetConfig:
     """One named evaluation set: arithmetic problems (`digits`) or the problems of a file (`path`)."""
 
@@ -319,6 +342,8 @@ class EvalSetConfig:
     max_batch_cost: Optional[float] = None
     """Close an eval batch before its padded cost (prompts x longest prompt length) exceeds this,
     so that no single batch outweighs a rank's share; null: batches by count only."""
+    subsample: Optional[SubsampleConfig] = None
+    """Evaluate a stratified subset, e.g. {max_prompts: 50} or {fraction: 0.25}; null: every prompt."""
 
     @property
     def is_file_set(self) -> bool:
@@ -341,12 +366,35 @@ class EvalSetConfig:
         _at_least(f"{path}.max_new_tokens", self.max_new_tokens, 1, allow_none=True)
         with _owned_by(path):
             self.sampling(None)
+        if self.subsample is not None:
+            with _owned_by(f"{path}.subsample"):
+                self.subsample.build(0)
 
     def sampling(self, default_max_new_tokens: int | None) -> SamplingParams:
         """This set's complete sampling settings; `max_new_tokens` falls back to the given default."""
         return SamplingParams(n_samples=self.n_samples, temperature=self.temperature, top_p=self.top_p,
                               top_k=self.top_k, max_new_tokens=self.max_new_tokens or default_max_new_tokens,
                               stop=list(self.stop), seed=self.seed)
+
+
+@dataclass
+class AdaptiveConfig:
+    """Adaptive frequency: the next round comes sooner while `metric` moves by more than its paired
+    95% interval, later while it stays within it."""
+
+    metric: str = "accuracy"
+    """The watched metric."""
+    min_steps: int = 10
+    """Shortest interval between adaptive rounds."""
+    max_steps: int = 200
+    """Longest interval between adaptive rounds."""
+    dataset: Optional[str] = None
+    """The watched eval set; null: any eval set."""
+    factor: float = 2.0
+    """How much the interval shrinks or grows after a round, > 1."""
+
+    def build(self) -> AdaptiveSchedule:
+        return AdaptiveSchedule(self.metric, self.min_steps, self.max_steps, dataset=self.dataset, factor=self.factor)
 
 
 @dataclass
@@ -373,6 +421,14 @@ class EvaluatorConfig:
     """log: an exception in an evaluation is recorded and training goes on; raise: fail fast."""
     max_table_rows: int = DEFAULT_TABLE_ROWS
     """Sample generations per eval set kept for the W&B table."""
+    adaptive: Optional[AdaptiveConfig] = None
+    """Adaptive frequency, e.g. {metric: accuracy, min_steps: 10, max_steps: 200}; null: off."""
+    budget: Optional[float] = None
+    """Largest share of training wall time spent evaluating (e.g. 0.1); rounds are deferred to keep it."""
+    cache: bool = False
+    """Answer a round from <output_dir>/eval_cache when the same weights, eval set and settings were evaluated."""
+    precision: EvalPrecision = EvalPrecision.FP32
+    """32, bf16 or 16: autocast during evaluation only (training precision unchanged)."""
 
     def check(self, path: str) -> None:
         # The callback's own checks, at load time and with the config's key names.
@@ -381,6 +437,12 @@ class EvaluatorConfig:
                           eval_before_train=self.eval_before_train, eval_at_end=self.eval_at_end)
             ThresholdMonitor(self.metric_thresholds)
         _at_least(f"{path}.max_table_rows", self.max_table_rows, 0)
+        if self.adaptive is not None:
+            with _owned_by(f"{path}.adaptive"):
+                self.adaptive.build()
+        if self.budget is not None:
+            with _owned_by(path):
+                EvalBudget(self.budget)
 
 
 @dataclass
@@ -566,7 +628,7 @@ def _explain(err: oc_errors.OmegaConfBaseException, source: str) -> ConfigError:
     key = err.full_key or "<root>"
     enum = _enum_field(err.object_type, key.rsplit(".", 1)[-1])
     if isinstance(err, oc_errors.ValidationError) and enum is not None:
-        accepted = ", ".join(m.value for m in enum)
+        accepted = ", ".join(str(m.value) for m in enum)
         return ConfigError(f"{key} must be one of {accepted}; got {err.value!r} (from {source}).")
     detail = str(err.msg).splitlines()[0] if err.msg else type(err).__name__
     if isinstance(err, (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError)):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,8 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from areal_lightning.callbacks.adaptive import AdaptiveSchedule
+from areal_lightning.callbacks.budget import EvalBudget
 from areal_lightning.callbacks.thresholds import Alert, ThresholdMonitor
 from areal_lightning.callbacks.parallelism import forwards_in_lockstep
 from areal_lightning.callbacks.imports import import_object
@@ -27,6 +30,10 @@ from areal_lightning.eval_round import (
     check_eval_sets_consistent,
     run_round,
 )
+from areal_lightning.eval_round.cache import CACHE_DIRNAME, ResultCache, function_identity, result_key, weights_digest
+from areal_lightning.eval_round.drift import DriftMonitor
+from areal_lightning.eval_round.precision import EvalPrecision, eval_precision
+from areal_lightning.metrics.paired import PairedRounds
 from areal_lightning.tracking.history import EvalHistory, eval_record, event_record, new_run_id
 from areal_lightning.tracking.loggers import log_eval_results, send_alert
 
@@ -66,7 +73,21 @@ class EvaluationCallback(Callback):
         mode: ``sync`` (training waits for the round).
         run_id: the run's id, written in every history record; None: a new id. A run resumed
             from a checkpoint passes its first session's id, so that its records continue that run.
-        clock: seconds source of the time trigger (tests inject one).
+        adaptive: an `AdaptiveSchedule` (or its arguments as a mapping): one more trigger (OR) whose
+            interval shrinks while the watched metric moves by more than its paired interval and
+            grows while it does not; each change is logged and recorded (``"event": "adaptive"``).
+        budget: the largest share of training wall time spent evaluating, in (0, 1]; rounds are
+            deferred to keep it (never the final one). None: no budget.
+        use_cache: answer an eval set from ``cache_dir`` when the same weights were evaluated with
+            the same eval set and settings (history ``"cached": true``, `evaluate_fn` not called).
+        cache_dir: where the cache lives; None: ``<output_dir>/eval_cache``.
+        precision: ``32``, ``bf16`` or ``16``: autocast during evaluation only.
+        clock: seconds source of the time trigger and the budget (tests inject one).
+
+    Every round also logs, per eval set and per metric whose per-prompt outcomes `evaluate_fn`
+    recorded (``ctx.record_outcomes``), the paired change since the previous round and since the
+    best round with its 95% interval: ``eval/<set>/<metric>/delta``, ``.../delta_ci_low``,
+    ``.../delta_ci_high``, ``.../delta_best`` (and its ``_ci_low`` / ``_ci_high``).
 
     Raises:
         ValueError: for an unsupported argument value, naming it and the choices, or a dotted
@@ -96,6 +117,11 @@ class EvaluationCallback(Callback):
         max_table_rows: int = DEFAULT_TABLE_ROWS,
         mode: EvalMode | str = EvalMode.SYNC,
         run_id: str | None = None,
+        adaptive: AdaptiveSchedule | Mapping[str, Any] | None = None,
+        budget: float | None = None,
+        use_cache: bool = False,
+        cache_dir: str | Path | None = None,
+        precision: EvalPrecision | int | str = EvalPrecision.FP32,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if isinstance(eval_sets, str):  # a factory (or a value) named in a YAML file
@@ -118,6 +144,23 @@ class EvaluationCallback(Callback):
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise ArgumentError("EvaluationCallback", "run_id", run_id, "a non-empty string or None")
         self.run_id = run_id or new_run_id()
+        # ---- smarter evaluation (issue 13): each piece lives in its own module
+        if adaptive is not None and not isinstance(adaptive, AdaptiveSchedule):
+            if not isinstance(adaptive, Mapping):
+                raise ArgumentError("EvaluationCallback", "adaptive", adaptive, "an AdaptiveSchedule, a mapping or None")
+            adaptive = AdaptiveSchedule(**adaptive)
+        self.adaptive = adaptive
+        self.budget = EvalBudget(budget, clock) if budget is not None else None
+        if not isinstance(use_cache, bool):
+            raise ArgumentError("EvaluationCallback", "use_cache", use_cache, "True or False")
+        self.use_cache = use_cache
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self.precision = EvalPrecision.parse(precision)
+        self.pairs = PairedRounds()
+        self.drift = DriftMonitor()
+        self.deferred_steps: list[int] = []
+        self._deferred_since_round = 0
+        self._clock = clock
         self.output_dir = Path(output_dir) if output_dir is not None else None
         self.seed = seed
         self.max_table_rows = max_table_rows
@@ -154,6 +197,8 @@ class EvaluationCallback(Callback):
         if trainer.is_global_zero:
             # A resumed run evaluates again the steps between its checkpoint and the crash: one record each.
             self._history = EvalHistory.in_run_dir(self.output_dir, once_per_step=[c.value for c in Cause])
+        if self.use_cache and self.cache_dir is None:
+            self.cache_dir = self.output_dir / CACHE_DIRNAME
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -161,7 +206,10 @@ class EvaluationCallback(Callback):
             check_eval_sets_consistent(self.eval_sets)  # every rank: a mismatch fails everywhere at once
             self._checked_eval_sets = True
         self._lockstep = forwards_in_lockstep(trainer.strategy, pl_module)  # raises for tensor parallelism
+        self._check_drift(trainer)
         self.trigger.start()
+        if self.budget is not None:
+            self.budget.start()
         self._last_seen_step = trainer.global_step
         causes = self.trigger.before_train(trainer.global_step)
         if causes:
@@ -176,7 +224,9 @@ class EvaluationCallback(Callback):
         self._last_seen_step = step
         last_batch = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
         causes = self.trigger.after_step(step, trainer.current_epoch, last_batch)
-        causes = self._agree(trainer, causes)
+        if self.adaptive is not None and step != self.trigger.last_evaluated_step and self.adaptive.due(step):
+            causes.append(Cause.ADAPTIVE)
+        causes = self._agree(trainer, self._within_budget(step, causes))
         if causes:
             self._evaluate(trainer, pl_module, causes)
 
@@ -186,7 +236,8 @@ class EvaluationCallback(Callback):
             # Lightning calls this hook also when max_steps or a stop request cut the epoch short;
             # a partial epoch is no completed epoch (it would fire `freq_epochs` at the last step).
             return
-        causes = self._agree(trainer, self.trigger.after_epoch(trainer.global_step, trainer.current_epoch))
+        causes = self._within_budget(trainer.global_step, self.trigger.after_epoch(trainer.global_step, trainer.current_epoch))
+        causes = self._agree(trainer, causes)
         if causes:
             self._evaluate(trainer, pl_module, causes)
 
@@ -194,55 +245,155 @@ class EvaluationCallback(Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         causes = self.trigger.at_end(trainer.global_step)
         if causes:
-            self._evaluate(trainer, pl_module, causes)
+            self._evaluate(trainer, pl_module, causes)  # never deferred by the budget
         self.trigger.stop()
+        if self.budget is not None:
+            self.budget.stop()
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"trigger": self.trigger.state_dict(), "thresholds": self.thresholds.state_dict()}
+        state = {"run_id": self.run_id, "trigger": self.trigger.state_dict(),
+                 "thresholds": self.thresholds.state_dict(), "drift": self.drift.state_dict()}
+        if self.adaptive is not None:
+            state["adaptive"] = self.adaptive.state_dict()
+        if self.budget is not None:
+            state["budget"] = self.budget.state_dict()
+        return state
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.run_id = state_dict.get("run_id", self.run_id)  # a resumed run goes on as the same run
         self.trigger.load_state_dict(state_dict.get("trigger", {}))
         self.thresholds.load_state_dict(state_dict.get("thresholds", {}))
+        self.drift.load_state_dict(state_dict.get("drift", {}))
+        if self.adaptive is not None:
+            self.adaptive.load_state_dict(state_dict.get("adaptive", {}))
+        if self.budget is not None:
+            self.budget.load_state_dict(state_dict.get("budget", {}))
 
     # ---- the decision and the round ------------------------------------------------------------
 
     def _agree(self, trainer: L.Trainer, causes: list[Cause]) -> list[Cause]:
-        if self.trigger.freq_secs is None:
-            return causes  # steps and epochs are the same numbers on every rank
-        # Each rank reads its own clock, so the time trigger can fire on one rank and not on
-        # another; acting on that would leave ranks waiting in different collectives. Rank 0 decides.
+        if self.trigger.freq_secs is None and self.budget is None:
+            return causes  # steps, epochs and the adaptive schedule are the same numbers on every rank
+        # Each rank reads its own clock, so the time trigger or the budget can decide one way on one
+        # rank and the other way on another; acting on that would leave ranks waiting in different
+        # collectives. Rank 0 decides.
         return trainer.strategy.broadcast(causes, src=0)
+
+    def _within_budget(self, step: int, causes: list[Cause]) -> list[Cause]:
+        """`causes`, or none when the budget defers the round (the trigger keeps it due)."""
+        if not causes or self.budget is None or self.budget.allows():
+            return causes
+        self.deferred_steps.append(step)
+        self._deferred_since_round += 1
+        return []
+
+    def _check_drift(self, trainer: L.Trainer) -> None:
+        for name, message in self.drift.check(self.eval_sets).items():
+            self.pairs.reset(name)  # the new content has nothing to pair with
+            if trainer.is_global_zero:
+                warnings.warn(message, stacklevel=2)
+                assert self._history is not None
+                self._history.append(event_record("drift", trainer.global_step, dataset=name, message=message))
+
+    def _cache_keys(self, pl_module: L.LightningModule, evaluate_fn: EvaluateFn) -> dict[str, str]:
+        weights = weights_digest(pl_module)
+        settings = {"seed": int(self.seed or 0), "precision": str(self.precision.value),
+                    "evaluate_fn": function_identity(evaluate_fn), "max_table_rows": self.max_table_rows}
+        return {s.name: result_key(weights, s, **settings) for s in self.eval_sets}
+
+    def _cached_results(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                        evaluate_fn: EvaluateFn) -> tuple[dict[str, SetResult], dict[str, str]]:
+        """The eval sets answered from the cache (rank 0 looks, every rank gets its answer) and,
+        on rank 0, every set's key."""
+        if not self.use_cache:
+            return {}, {}
+        keys: dict[str, str] = {}
+        hits: dict[str, SetResult] = {}
+        if trainer.is_global_zero:
+            assert self.cache_dir is not None
+            keys = self._cache_keys(pl_module, evaluate_fn)
+            cache = ResultCache(self.cache_dir)
+            hits = {name: r for name, key in keys.items() if (r := cache.get(key)) is not None}
+        # Every rank must skip the same eval sets, or the ranks that evaluate wait for the others.
+        return trainer.strategy.broadcast(hits, src=0), keys
 
     def _evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule, causes: list[Cause]) -> None:
         step, epoch = trainer.global_step, trainer.current_epoch
-        evaluate_fn = self._evaluate_fn or (lambda module, batches, ctx: module.evaluate(batches, ctx))
+        started = self._clock()
+        # The module's own method as a plain function: its qualified name and code key the cache.
+        evaluate_fn = self._evaluate_fn or getattr(type(pl_module), "evaluate", None) or (
+            lambda module, batches, ctx: module.evaluate(batches, ctx))
+        cached, keys = self._cached_results(trainer, pl_module, evaluate_fn)
         try:
-            results = run_round(pl_module, self.eval_sets, evaluate_fn, seed=int(self.seed or 0), global_step=step,
-                                epoch=epoch, max_table_rows=self.max_table_rows,
-                                show_progress=trainer.progress_bar_callback is not None, lockstep=self._lockstep)
+            with eval_precision(pl_module, self.precision):
+                fresh = run_round(pl_module, [s for s in self.eval_sets if s.name not in cached], evaluate_fn,
+                                  seed=int(self.seed or 0), global_step=step, epoch=epoch,
+                                  max_table_rows=self.max_table_rows,
+                                  show_progress=trainer.progress_bar_callback is not None,
+                                  lockstep=self._lockstep)
         except EvalRoundError as err:
             self.trigger.mark_evaluated(step)
             if self.on_error is ErrorPolicy.RAISE:
                 raise
             self._record_error(trainer, step, err)
             return
+        if keys:
+            for r in fresh:
+                ResultCache(self.cache_dir).put(keys[r.dataset], r)  # rank 0 only: `keys` is empty elsewhere
+        for r in fresh:  # every rank, the same sets: one reduction per metric and reference
+            r.metrics.update(self.pairs.update(r.dataset, r.outcomes, r.outcome_names, r.metrics,
+                                               trainer.strategy.root_device))
+        by_name = {r.dataset: r for r in fresh} | cached
+        results = [by_name[s.name] for s in self.eval_sets]
         self.trigger.mark_evaluated(step)
         self.evaluated_steps.append(step)
+        extras: dict[str, float] = {}
+        if self.budget is not None:
+            self.budget.add_round(self._clock() - started)
+            extras["budget_share"] = self.budget.spent_share()
+        if self.adaptive is not None:
+            change = self.adaptive.observe(step, {r.dataset: {m: (c.low, c.high) for m, c in
+                                                              self.pairs.last_changes.get(r.dataset, {}).items()}
+                                                  for r in fresh})
+            extras["adaptive_interval"] = float(self.adaptive.interval)
+            if change.old != change.new and trainer.is_global_zero:
+                self._record_interval_change(step, change.old, change.new, change.moved)
         if trainer.is_global_zero:
-            self._record(trainer, results, step, epoch, causes)
+            self._record(trainer, results, step, epoch, causes, set(cached), extras)
+        self._deferred_since_round = 0
         self._check_thresholds(trainer, results, step)
 
-    def _record(self, trainer: L.Trainer, results: list[SetResult], step: int, epoch: int, causes: list[Cause]) -> None:
+    def _record_interval_change(self, step: int, old: int, new: int, moved: bool) -> None:
+        assert self.adaptive is not None and self._history is not None
+        how = "moved beyond" if moved else "stayed within"
+        message = (f"{self.adaptive.metric} {how} its paired 95% interval: the next adaptive round comes "
+                   f"{new} steps after step {step} (was {old})")
+        log.info("adaptive evaluation: %s", message)
+        self._history.append(event_record("adaptive", step, message=message, metric=self.adaptive.metric,
+                                          old_interval=old, new_interval=new, moved=moved))
+
+    def _record(self, trainer: L.Trainer, results: list[SetResult], step: int, epoch: int, causes: list[Cause],
+                cached: set[str], extras: Mapping[str, float]) -> None:
         assert self._history is not None
-        self._history.append_many(
-            eval_record(step, epoch, r.dataset, r.metrics, trigger=causes, num_samples=r.num_samples,
-                        num_prompts=r.num_prompts, eval_secs=r.eval_secs, mode=self.mode.value, world_size=trainer.world_size,
-                        sampling=r.sampling, run_id=self.run_id)
-            for r in results
-        )
+        records = []
+        for r in results:
+            record = eval_record(step, epoch, r.dataset, r.metrics, trigger=causes, num_samples=r.num_samples,
+                                 num_prompts=r.num_prompts, eval_secs=r.eval_secs, mode=self.mode.value,
+                                 world_size=trainer.world_size, sampling=r.sampling, run_id=self.run_id)
+            if r.dataset in cached:
+                record["cached"] = True
+            if self.budget is not None:
+                record["budget_share"] = extras["budget_share"]
+                record["deferred"] = self._deferred_since_round
+            records.append(record)
+        self._history.append_many(records)
         log_eval_results(trainer.loggers, results, step)
+        if extras:
+            # Run-level numbers of the round, e.g. eval/budget_share, on the same eval x axis.
+            for logger in trainer.loggers:
+                logger.log_metrics({**{f"eval/{k}": v for k, v in extras.items()}, "eval/step": step}, step=step)
         summary = ", ".join(f"{r.dataset}: " + " ".join(f"{k}={v:.3f}" for k, v in r.metrics.items()
                                                          if k in ("accuracy", "reward/mean")) for r in results)
         log.info("evaluation at step %d (%s): %s", step, "+".join(causes), summary)

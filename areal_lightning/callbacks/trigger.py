@@ -49,6 +49,7 @@ class Cause(str, Enum):
     STEPS = "steps"
     EPOCHS = "epochs"
     SECS = "secs"
+    ADAPTIVE = "adaptive"  # the adaptive schedule (callbacks/adaptive.py), decided by the callback
     END = "end"
 
     def __str__(self) -> str:

@@ -57,6 +57,7 @@ class EvalContext:
     loop_started: bool = False
     lockstep: bool = False
     padding: bool = False
+    outcomes: dict[str, dict[int, float]] = field(default_factory=dict)
 
     def metric(self, name: str, factory: Callable[[], Metric]) -> Metric:
         """The metric called `name`, created on this round's device on first use.
@@ -77,6 +78,22 @@ class EvalContext:
                 metric.set_dtype(dtype)
             self.metrics[name] = metric
         return self.metrics[name]
+
+    def record_outcomes(self, name: str, indices: Sequence[int], values: Any) -> None:
+        """Keeps each prompt's outcome of metric `name` (e.g. its share of correct samples), keyed
+        by sample index, so that two rounds can be paired (``eval/<set>/<name>/delta``). The
+        outcomes' mean over prompts should be the metric's value.
+
+        Example:
+            >>> ctx = EvalContext("easy", 0, 1, 0, 0, torch.device("cpu"), 0)
+            >>> ctx.record_outcomes("accuracy", [3, 4], torch.tensor([1.0, 0.5]))
+            >>> ctx.outcomes
+            {'accuracy': {3: 1.0, 4: 0.5}}
+        """
+        flat = values.detach().double().flatten().tolist() if isinstance(values, torch.Tensor) else [float(v) for v in values]
+        if len(flat) != len(indices):
+            raise ValueError(f"`record_outcomes({name!r}, ...)` got {len(indices)} indices and {len(flat)} values")
+        self.outcomes.setdefault(name, {}).update(zip((int(i) for i in indices), flat))
 
     def record_sample(self, index: int, **row: Any) -> None:
         """Keeps `row` (any JSON-like columns) for the samples table when `index < max_table_rows`."""
@@ -129,5 +146,9 @@ class SetResult:
     table_rows: list[dict[str, Any]]
     sampling: dict[str, Any] | None = None
     """The eval set's `SamplingParams.as_record`, with the seed used; None when the set has none."""
+    outcomes: dict[str, dict[int, float]] = field(default_factory=dict)
+    """This rank's per-prompt outcomes (`EvalContext.record_outcomes`); not reduced."""
+    outcome_names: list[str] = field(default_factory=list)
+    """Every metric with outcomes on any rank, sorted (the same list on every rank)."""
 
 

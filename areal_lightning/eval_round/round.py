@@ -42,6 +42,7 @@ class _RankReport(NamedTuple):
     metric_names: list[str]
     extra_names: list[str]
     table_rows: list[dict[str, Any]]
+    outcome_names: list[str]
 
 
 def local_batches(eval_set: EvalSet, seed: int, rank: int, world_size: int) -> list[EvalBatch]:
@@ -170,7 +171,7 @@ def evaluate_set(
             error = f"rank {rank}: {type(err).__name__}: {err}\n{traceback.format_exc()}"
     # One object gather carries errors, counts, names and table rows: the same collective on every rank.
     report = _RankReport(error, num_prompts, sum(i for b in batches for i in b.indices), ctx.num_samples or num_prompts,
-                         sorted(ctx.metrics), sorted(updates), ctx.table_rows)
+                         sorted(ctx.metrics), sorted(updates), ctx.table_rows, sorted(ctx.outcomes))
     gathered: list[_RankReport] = all_gather_object(report)
     errors = [g.error for g in gathered if g.error]
     if errors:
@@ -195,7 +196,8 @@ def evaluate_set(
     return SetResult(
         dataset=eval_set.name, metrics=metrics, num_samples=sum(g.num_samples for g in gathered), num_prompts=total_prompts,
         eval_secs=time.perf_counter() - start, table_rows=rows,
-        sampling=sampling.as_record(seed) if sampling is not None else None,
+        sampling=sampling.as_record(seed) if sampling is not None else None, outcomes=ctx.outcomes,
+        outcome_names=sorted(set().union(*(g.outcome_names for g in gathered))),
     )
 
 

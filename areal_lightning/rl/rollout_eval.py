@@ -101,6 +101,9 @@ def rollout_evaluate(module: RolloutModule, batches: Sequence[EvalBatch], ctx: E
         answer_ids = torch.tensor([module.task.answer_id(t) for t in texts], device=ctx.device).view(len(samples), n)
         reward.update(rewards)
         accuracy.update(rewards)
+        # Per-prompt outcomes pair this round with earlier ones (eval/<set>/accuracy/delta).
+        ctx.record_outcomes("accuracy", batch.indices, correct.double().mean(1))
+        ctx.record_outcomes("reward/mean", batch.indices, rewards.double().mean(1))
         for metric in pass_at.values():
             metric.update(correct)
         maj.update(answer_ids, correct)

@@ -31,6 +31,18 @@ class Sample:
         """Canonical content, used to fingerprint eval sets across ranks."""
         return f"{self.prompt}{self.answer}"
 
+    @property
+    def stratum(self) -> str:
+        """The size class of the true sum, e.g. ``sum2`` for a two-digit sum: sums that need one
+        more digit than the operands are the harder ones (the carry), and a stratified subset
+        keeps their share.
+
+        Example:
+            >>> Sample(0, "7+5=", "12").stratum, Sample(1, "3+4=", "07").stratum
+            ('sum2', 'sum1')
+        """
+        return f"sum{len(str(int(self.answer)))}"
+
 
 def operand_range(digits: int) -> tuple[int, int]:
     """Smallest and largest operand with `digits` digits (one digit includes 0)."""

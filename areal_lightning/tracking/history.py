@@ -46,7 +46,7 @@ from typing import Any
 HISTORY_FILENAME = "eval_history.jsonl"
 """File name of the eval history inside a run's ``output_dir``."""
 
-EVENT_KINDS = ("alert", "error", "resume")
+EVENT_KINDS = ("alert", "error", "resume", "adaptive", "drift")
 """Accepted values of a record's ``"event"`` key."""
 
 EVAL_MODES = ("sync", "async")
@@ -87,14 +87,15 @@ def _is_torn(line: str, err: json.JSONDecodeError) -> bool:
     return stripped.startswith("{") and (err.msg.startswith("Unterminated string") or err.pos >= len(stripped))
 
 
-def _round_key(record: Mapping[str, Any], triggers: Collection[str]) -> tuple[str, int] | None:
-    """(dataset, step) of a round record with one of `triggers`; None for anything else."""
+def _round_key(record: Mapping[str, Any], triggers: Collection[str]) -> tuple[str | None, str, int] | None:
+    """(run_id, dataset, step) of a round record with one of `triggers`; None for anything else.
+    Another run in the same file (a new run_id) records its own rounds."""
     if "event" in record or "dataset" not in record or "step" not in record:
         return None
     trigger = record.get("trigger")
     if not set([trigger] if isinstance(trigger, str) else trigger or []) & set(triggers):
         return None
-    return str(record["dataset"]), int(record["step"])
+    return record.get("run_id"), str(record["dataset"]), int(record["step"])
 
 
 def _to_json_value(value: Any, where: str) -> Any:
@@ -152,7 +153,7 @@ class EvalHistory:
                 f"e.g. EvalHistory.in_run_dir({str(path)!r}) for {HISTORY_FILENAME} inside it"
             )
         self._tail_checked = False
-        self._recorded: set[tuple[str, int]] | None = None  # (dataset, step) of the file's rounds, read once
+        self._recorded: set[tuple[str | None, str, int]] | None = None  # (run_id, dataset, step), read once
 
     @classmethod
     def in_run_dir(cls, run_dir: str | Path, *, once_per_step: Collection[str] = ()) -> EvalHistory:
@@ -170,7 +171,7 @@ class EvalHistory:
     def append_many(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Append several records with a single open / fsync (e.g. every eval set of a round).
 
-        With `once_per_step`, a round record whose (dataset, step) the file already holds is
+        With `once_per_step`, a round record whose (run_id, dataset, step) the file already holds is
         dropped with a :class:`DuplicateRoundWarning`.
         """
         lines = []
@@ -183,7 +184,7 @@ class EvalHistory:
             key = _round_key(record, self.once_per_step)
             if key is not None and key in recorded:
                 warnings.warn(
-                    f"{self.path} already holds a round of eval set {key[0]!r} at step {key[1]} (a resumed run "
+                    f"{self.path} already holds a round of eval set {key[1]!r} at step {key[2]} (a resumed run "
                     "evaluated it again); the new record is not appended",
                     DuplicateRoundWarning,
                     stacklevel=2,
@@ -202,7 +203,7 @@ class EvalHistory:
             # fsync so another process (a plot, a resumed run) sees whole rounds even after a crash.
             os.fsync(f.fileno())
 
-    def _recorded_rounds(self) -> set[tuple[str, int]]:
+    def _recorded_rounds(self) -> set[tuple[str | None, str, int]]:
         if self._recorded is None:
             self._recorded = set()
             if self.once_per_step and self.path.is_file():

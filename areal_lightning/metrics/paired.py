@@ -1,0 +1,273 @@
+"""The paired change of a metric between two rounds, with its Student-t interval, exact under DDP.
+
+Every round evaluates the same prompts with the same per-prompt seeds, so a prompt's outcome in
+two rounds is a paired measurement: the noise they share cancels in the difference ``d_i``. The
+interval of ``mean(d)`` is ``mean(d) +- t_{(1+c)/2, n-1} * sd(d) / sqrt(n)``; it depends on the
+data through three sums only (``n``, ``sum d``, ``sum d^2``), so ranks keep their own prompts'
+outcomes and reduce the sums (`PairedChange`, one float64 sum state).
+
+The t quantile is computed here (regularised incomplete beta by its continued fraction, then
+bisection), because torch has none and scipy is not a dependency; tests compare it with scipy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+from areal_lightning.metrics.functional import _check_confidence
+
+DEFAULT_CONFIDENCE = 0.95
+_CF_MAX_ITER = 300
+_CF_EPS = 1e-15
+_CF_TINY = 1e-300
+_BISECT_ITER = 200
+
+
+class Change(NamedTuple):
+    """``delta`` (the mean paired difference), its interval and the number of pairs."""
+
+    delta: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def excludes_zero(self) -> bool:
+        """The interval lies entirely above or below 0: the metric moved by more than its noise."""
+        return self.low > 0 or self.high < 0
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta function (modified Lentz)."""
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > _CF_TINY else _CF_TINY)
+    h = d
+    for m in range(1, _CF_MAX_ITER + 1):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > _CF_TINY else _CF_TINY)
+            c = 1.0 + aa / c
+            c = c if abs(c) > _CF_TINY else _CF_TINY
+            h *= d * c
+        if abs(d * c - 1.0) < _CF_EPS:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularised incomplete beta ``I_x(a, b)``."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """Student's t distribution function with `df` degrees of freedom.
+
+    Example:
+        >>> t_cdf(0.0, 5)
+        0.5
+    """
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The `p` quantile of Student's t with `df` degrees of freedom (by bisection on `t_cdf`).
+
+    Raises:
+        ValueError: unless ``0 < p < 1`` and ``df > 0``.
+
+    Example:
+        >>> round(t_quantile(0.975, 10), 4)
+        2.2281
+    """
+    if not 0.0 < p < 1.0 or not df > 0:
+        raise ValueError(f"`t_quantile(p=..., df=...)` needs 0 < p < 1 and df > 0, got p={p!r}, df={df!r}")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    low, high = 0.0, 1.0
+    while t_cdf(high, df) < p:
+        low, high = high, 2.0 * high
+    for _ in range(_BISECT_ITER):
+        mid = 0.5 * (low + high)
+        if t_cdf(mid, df) < p:
+            low = mid
+        else:
+            high = mid
+        if high - low <= 1e-13 * high:
+            break
+    return 0.5 * (low + high)
+
+
+def paired_sums(current: Mapping[int, float], reference: Mapping[int, float]) -> tuple[int, float, float]:
+    """``(n, sum d, sum d^2)`` of ``d_i = current[i] - reference[i]`` over the indices both hold.
+
+    Example:
+        >>> paired_sums({0: 1.0, 1: 0.5, 2: 0.0}, {0: 0.5, 1: 0.5})
+        (2, 0.5, 0.25)
+    """
+    n, s, s2 = 0, 0.0, 0.0
+    for i in sorted(current.keys() & reference.keys()):
+        d = float(current[i]) - float(reference[i])
+        n, s, s2 = n + 1, s + d, s2 + d * d
+    return n, s, s2
+
+
+def paired_change(n: float, sum_d: float, sum_d2: float, confidence: float = DEFAULT_CONFIDENCE) -> Change:
+    """Mean paired difference and its two-sided Student-t interval from the three sums.
+
+    With one pair the interval is NaN (no spread to estimate); with none everything is NaN.
+
+    Raises:
+        ValueError: for a confidence outside (0, 1) or a negative count.
+
+    Example:
+        >>> c = paired_change(4, 0.4, 0.06)  # d = 0.1, 0.2, 0.0, 0.1
+        >>> round(c.delta, 3), round(c.low, 4), round(c.high, 4), c.excludes_zero
+        (0.1, -0.0299, 0.2299, False)
+    """
+    confidence = _check_confidence(confidence, "paired_change")
+    if n < 0:
+        raise ValueError(f"`paired_change(n=...)` must be a count >= 0, got {n!r}")
+    count = int(round(n))
+    if count == 0:
+        return Change(math.nan, math.nan, math.nan, 0)
+    mean = sum_d / count
+    if count == 1:
+        return Change(mean, math.nan, math.nan, 1)
+    var = max(0.0, (sum_d2 - count * mean * mean) / (count - 1))  # d lies in a bounded range: no cancellation worry
+    half = t_quantile(0.5 + confidence / 2.0, count - 1) * math.sqrt(var / count)
+    return Change(mean, mean - half, mean + half, count)
+
+
+class PairedChange(Metric):
+    """Accumulates ``[n, sum d, sum d^2]`` of paired differences (one float64 sum state, so one
+    gather under DDP) and computes `paired_change`.
+
+    Example:
+        >>> m = PairedChange()
+        >>> m.update(torch.tensor([1.0, 1.0, 0.0]), torch.tensor([0.0, 1.0, 0.0]))
+        >>> round(m.compute().delta, 4)
+        0.3333
+    """
+
+    full_state_update = False
+    higher_is_better = None
+    sums: Tensor
+
+    def __init__(self, confidence: float = DEFAULT_CONFIDENCE, **kwargs: Any) -> None:
+        kwargs.setdefault("compute_with_cache", False)  # every compute() syncs on every rank
+        super().__init__(**kwargs)
+        self.confidence = _check_confidence(confidence, "PairedChange")
+        self.add_state("sums", torch.zeros(3, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, current: Tensor, reference: Tensor) -> None:  # type: ignore[override]
+        """Adds the pairs ``current[i] - reference[i]``."""
+        d = current.detach().double().flatten() - reference.detach().double().flatten().to(current.device)
+        self.sums += torch.stack([d.new_tensor(float(d.numel())), d.sum(), (d * d).sum()]).to(self.sums.device)
+
+    def compute(self) -> Change:  # type: ignore[override]
+        n, s, s2 = (float(v) for v in self.sums.tolist())
+        return paired_change(n, s, s2, self.confidence)
+
+
+DELTA = "delta"
+DELTA_BEST = "delta_best"
+"""Suffixes of the logged changes: ``<metric>/delta`` (since the previous round) and
+``<metric>/delta_best`` (since the best round), each with ``_ci_low`` / ``_ci_high``."""
+
+
+def change_metrics(metric: str, reference: str, change: Change) -> dict[str, float]:
+    """``{<metric>/<reference>: delta, <metric>/<reference>_ci_low: ..., ..._ci_high: ...}``.
+
+    Example:
+        >>> change_metrics("accuracy", DELTA, Change(0.1, 0.05, 0.15, 40))
+        {'accuracy/delta': 0.1, 'accuracy/delta_ci_low': 0.05, 'accuracy/delta_ci_high': 0.15}
+    """
+    key = f"{metric}/{reference}"
+    return {key: change.delta, f"{key}_ci_low": change.low, f"{key}_ci_high": change.high}
+
+
+class PairedRounds:
+    """Per-prompt outcomes of the previous and of the best round, per eval set and metric, kept on
+    the rank that evaluated them; `update` returns the reduced changes of a new round.
+
+    The deal of prompts to ranks is deterministic, so at a fixed world size each rank gets the
+    same prompts every round and pairs its own. The outcomes are not checkpointed (they are
+    spread over ranks): after a resume pairing starts again, and the first round after it
+    reports no change. "Best" is the round with the highest reduced value of the metric.
+
+    Every rank must call `update` for the same eval sets with the same `names` (the union over
+    ranks, as `SetResult.outcome_names` is): it runs one gather per name and reference.
+
+    Example:
+        >>> pairs = PairedRounds()
+        >>> pairs.update("easy", {"accuracy": {0: 0.0, 1: 0.5}}, ["accuracy"], {"accuracy": 0.25})
+        {}
+        >>> out = pairs.update("easy", {"accuracy": {0: 0.5, 1: 1.0}}, ["accuracy"], {"accuracy": 0.75})
+        >>> out["accuracy/delta"], out["accuracy/delta_best"]
+        (0.5, 0.5)
+    """
+
+    def __init__(self, confidence: float = DEFAULT_CONFIDENCE) -> None:
+        self.confidence = _check_confidence(confidence, "PairedRounds")
+        self._previous: dict[str, dict[str, dict[int, float]]] = {}
+        self._best: dict[str, dict[str, tuple[float, dict[int, float]]]] = {}
+        self.last_changes: dict[str, dict[str, Change]] = {}
+        """The changes since the previous round of the latest `update`, per eval set and metric."""
+
+    def reset(self, dataset: str) -> None:
+        """Forget an eval set's rounds (its content changed: the next round has nothing to pair with)."""
+        self._previous.pop(dataset, None)
+        self._best.pop(dataset, None)
+        self.last_changes.pop(dataset, None)
+
+    def _reduce(self, current: Mapping[int, float], reference: Mapping[int, float], device: torch.device) -> Change:
+        common = sorted(current.keys() & reference.keys())
+        metric = PairedChange(self.confidence).to(device)
+        metric.update(torch.tensor([current[i] for i in common], dtype=torch.float64, device=device),
+                      torch.tensor([reference[i] for i in common], dtype=torch.float64, device=device))
+        return metric.compute()
+
+    def update(self, dataset: str, outcomes: Mapping[str, Mapping[int, float]], names: list[str],
+               values: Mapping[str, float], device: torch.device | None = None) -> dict[str, float]:
+        """Pairs this round's outcomes with the previous and the best round; returns the changes.
+
+        Args:
+            dataset: the eval set.
+            outcomes: this rank's per-prompt outcomes, ``{metric: {sample index: value}}``.
+            names: every metric with outcomes on any rank, sorted the same on every rank.
+            values: the round's reduced metric values (the same on every rank), to find the best round.
+            device: where the reduction runs (the process group's device).
+        """
+        device = device or torch.device("cpu")
+        previous, best = self._previous.setdefault(dataset, {}), self._best.setdefault(dataset, {})
+        out: dict[str, float] = {}
+        changes: dict[str, Change] = {}
+        for name in names:
+            current = dict(outcomes.get(name, {}))
+            if name in previous:  # the same on every rank: every rank saw the same rounds
+                changes[name] = self._reduce(current, previous[name], device)
+                out.update(change_metrics(name, DELTA, changes[name]))
+            if name in best:
+                out.update(change_metrics(name, DELTA_BEST, self._reduce(current, best[name][1], device)))
+            previous[name] = current
+            value = float(values.get(name, math.nan))
+            if name not in best or value > best[name][0] or math.isnan(best[name][0]):
+                best[name] = (value, current)
+        self.last_changes[dataset] = changes
+        return out

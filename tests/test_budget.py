@@ -1,0 +1,65 @@
+"""The eval-time budget with a deliberately slow `evaluate_fn` on an injected clock: rounds are
+deferred, the recorded share stays within the budget, the final round always runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from areal_lightning.callbacks import EvaluationCallback
+from areal_lightning.errors import ArgumentError
+from areal_lightning.eval_round import EvalBatch, EvalContext
+from areal_lightning.tracking.history import eval_rows, read_history
+from callback_helpers import CountingModule, FakeClock, make_trainer
+
+STEP_SECS = 1.0
+EVAL_SECS = 5.0
+BUDGET = 0.1
+MAX_STEPS = 300
+
+
+def _slow(clock: FakeClock) -> Any:
+    def evaluate(module: Any, batches: list[EvalBatch], ctx: EvalContext) -> dict[str, float]:
+        clock.advance(EVAL_SECS)
+        return {"w": float(module.w)}
+    return evaluate
+
+
+def _fit(root: Path, budget: float | None) -> tuple[EvaluationCallback, list[dict[str, Any]]]:
+    clock = FakeClock()
+    cb = EvaluationCallback({"easy": [0, 1]}, _slow(clock), freq_steps=1, budget=budget, clock=clock)
+    make_trainer(root, [cb], MAX_STEPS).fit(CountingModule(epoch_len=1000, clock=clock, step_secs=STEP_SECS))
+    return cb, eval_rows(read_history(root))
+
+
+def test_budget_defers_rounds_and_keeps_the_share(tmp_path: Path) -> None:
+    cb, rows = _fit(tmp_path, BUDGET)
+    steps = [r["step"] for r in rows]
+    # The reference without budget: every step is a round, and evaluation takes 5/6 of the time.
+    assert steps[0] == 1 and len(steps) < MAX_STEPS // 5
+    assert cb.deferred_steps and set(cb.deferred_steps).isdisjoint(steps[:-1])
+    # After the first round (which has nothing to estimate from), the recorded share never exceeds the budget.
+    shares = [r["budget_share"] for r in rows]
+    assert shares[0] > BUDGET and all(share <= BUDGET + 1e-9 for share in shares[1:-1])
+    # The share recorded is the true one: eval seconds over wall seconds since training started.
+    wall = steps[-1] * STEP_SECS + len(steps) * EVAL_SECS
+    assert shares[-1] == pytest.approx(len(steps) * EVAL_SECS / wall)
+    assert rows[-1]["step"] == MAX_STEPS and rows[-1]["trigger"] == ["end"]  # the final round is never deferred
+    assert sum(r["deferred"] for r in rows) == len(cb.deferred_steps)
+    # A deferred round runs as soon as the budget allows, not at the next multiple of freq_steps.
+    assert len(steps) > 4
+    for before, after in zip(steps[1:-2], steps[2:-1]):
+        assert after - 1 in cb.deferred_steps and after - before > 1
+
+
+def test_without_budget_every_step_is_evaluated(tmp_path: Path) -> None:
+    cb, rows = _fit(tmp_path, None)
+    assert [r["step"] for r in rows] == list(range(1, MAX_STEPS + 1)) and cb.deferred_steps == []
+
+
+@pytest.mark.parametrize("bad", [0, 1.5, -0.1, True])
+def test_bad_budget_is_refused(bad: Any) -> None:
+    with pytest.raises(ArgumentError, match=r"budget=...\)` must be a share of wall time in \(0, 1\] or None"):
+        EvaluationCallback({"easy": [0]}, lambda m, b, c: {}, budget=bad)
