@@ -6,7 +6,14 @@
 from areal_lightning.eval_round.context import EvalBatch, EvalContext, EvalRoundError, EvaluateFn, SetResult
 from areal_lightning.eval_round.eval_set import EvalSet, as_eval_sets
 from areal_lightning.eval_round.fingerprint import EvalSetMismatchError, check_eval_sets_consistent
-from areal_lightning.eval_round.round import evaluate_set, local_batches, run_round
+from areal_lightning.eval_round.round import (
+    LocalSetResult,
+    evaluate_local,
+    evaluate_set,
+    local_batches,
+    reduce_set,
+    run_round,
+)
 
 __all__ = [
     "EvalBatch",
@@ -15,10 +22,13 @@ __all__ = [
     "EvalSet",
     "EvalSetMismatchError",
     "EvaluateFn",
+    "LocalSetResult",
     "SetResult",
     "as_eval_sets",
     "check_eval_sets_consistent",
+    "evaluate_local",
     "evaluate_set",
     "local_batches",
+    "reduce_set",
     "run_round",
 ]
