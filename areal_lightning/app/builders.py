@@ -69,7 +69,8 @@ def build_callback(cfg: Config, eval_sets: Mapping[str, Sequence[Any]] | Sequenc
         freq_epochs=ev.freq_epochs, freq_steps=ev.freq_steps, freq_secs=ev.freq_secs,
         eval_before_train=ev.eval_before_train, eval_at_end=ev.eval_at_end, metric_thresholds=dict(ev.metric_thresholds),
         threshold_action=ev.threshold_action, on_error=ev.on_error, output_dir=cfg.output_dir, seed=cfg.seed,
-        max_table_rows=ev.max_table_rows, mode=ev.mode,
+        max_table_rows=ev.max_table_rows, mode=ev.mode, on_busy=ev.on_busy, async_device=ev.async_device,
+        async_threads=ev.async_threads, max_snapshot_mb=ev.max_snapshot_mb,
     )
     options.update(overrides)
     return EvaluationCallback(eval_sets, evaluate_fn, **options)

@@ -34,7 +34,7 @@ from typing import Any
 HISTORY_FILENAME = "eval_history.jsonl"
 """File name of the eval history inside a run's ``output_dir``."""
 
-EVENT_KINDS = ("alert", "error")
+EVENT_KINDS = ("alert", "error", "skipped")
 """Accepted values of a record's ``"event"`` key."""
 
 EVAL_MODES = ("sync", "async")
@@ -243,7 +243,8 @@ def event_record(
     """Build an alert or error record: ``{"event", "step", "time", "dataset", "message", ...}``.
 
     Args:
-        event: ``"alert"`` (a metric crossed a threshold) or ``"error"`` (a round failed).
+        event: ``"alert"`` (a metric crossed a threshold), ``"error"`` (a round failed) or
+            ``"skipped"`` (an async round fell due while the previous one still ran).
         step: global step of the weights concerned.
         dataset: eval set name, or None when the event is not about one eval set.
         message: a human-readable sentence.
