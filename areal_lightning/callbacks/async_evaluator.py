@@ -297,14 +297,14 @@ class AsyncEvaluator:
         if self._conn is None or self._process is None:
             return _Done(-1, None, "the worker process was stopped before it returned a result")
         while True:
+            closed = False
             if self._conn.poll(_POLL_SECS if block else 0):
                 try:
-                    done = self._conn.recv()
+                    return self._conn.recv()
                 except (EOFError, OSError):
-                    done = None
-                if isinstance(done, _Done):
-                    return done
-            if not self._process.is_alive() and not self._conn.poll(0):
+                    closed = True  # the worker's end is closed: it exited
+            if closed or not self._process.is_alive():
+                self._process.join(_STOP_SECS)
                 code = self._process.exitcode
                 self._stop_worker(cancel=True)
                 return _Done(-1, None, f"the worker process exited with code {code} (killed, out of memory, or "
