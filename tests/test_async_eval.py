@@ -221,3 +221,15 @@ def test_async_config_builds_an_async_callback() -> None:
     assert (callback.mode.value, callback.on_busy.value) == ("async", "wait")
     assert callback._async is not None and (callback._async.device, callback._async.max_snapshot_mb) == ("cpu", 16.0)
     assert torch.device(callback._async.device).type == "cpu"
+
+
+def test_sharded_strategies_are_refused_with_a_clear_message() -> None:
+    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
+
+    from areal_lightning.callbacks.async_evaluator import refuse_sharded
+
+    for strategy in (FSDPStrategy(), ModelParallelStrategy()):
+        with pytest.raises(ValueError, match=rf"mode='async'\)` does not support {type(strategy).__name__}: its "
+                                             "parameters are sharded"):
+            refuse_sharded(strategy)
+    refuse_sharded(DDPStrategy())  # whole weights on every rank: accepted
