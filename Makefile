@@ -26,6 +26,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/callback_overhead.py --model grpo --steps 400
 	$(PY) benchmarks/sharded_eval.py
 	$(PY) benchmarks/shard_balance.py
+	$(PY) benchmarks/async_overhead.py
 
 clean:
 	rm -rf $(VENV) runs wandb lightning_logs

@@ -42,7 +42,7 @@ def test_saved_config_loads_back_to_the_same_config(tmp_path):
         (["evaluator.freq_steps=-5"], r"evaluator.freq_steps must be a positive integer or null, got -5"),
         (["evaluator.freq_secs=-1.0"], r"evaluator.freq_secs must be a positive finite number of seconds or null, got -1.0"),
         (["grpo.group_size=1"], r"grpo.group_size must be at least 2 .* got 1"),
-        (["evaluator.mode=later"], r"evaluator.mode must be one of sync; got 'later'"),
+        (["evaluator.mode=later"], r"evaluator.mode must be one of sync, async; got 'later'"),
         (["policy.kind=gpt"], r"policy.kind must be one of tiny, hf; got 'gpt'"),
         (["logger.wandb.mode=maybe"], r"logger.wandb.mode must be one of online, offline, disabled; got 'maybe'"),
         (["eval_sets.easy.sise=3"], r"unknown config key `eval_sets.easy.sise`.*Did you mean `size`"),

@@ -193,7 +193,7 @@ def test_record_builders_reject_bad_arguments_naming_them() -> None:
     with pytest.raises(ValueError, match=r"\{'acc': ...\}\) must be a scalar, got 2 values"):
         eval_record(1, 0, "easy", {"acc": torch.tensor([0.1, 0.2])}, mode="sync", **kwargs)
     with pytest.raises(ValueError, match=r"event_record\(event=...\) must be one of "
-                                         r"\('alert', 'error', 'resume', 'adaptive', 'drift'\), got 'info'"):
+                                         r"\('alert', 'error', 'resume', 'adaptive', 'drift', 'skipped'\), got 'info'"):
         event_record("info", 1, message="x")
     with pytest.raises(ValueError, match=r"eval_record\(source=...\) must be one of "
                                          r"\('training', 'standalone'\), got 'fit'"):

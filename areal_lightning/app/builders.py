@@ -110,6 +110,8 @@ def build_callback(cfg: Config, eval_sets: Mapping[str, Sequence[Any]] | Sequenc
         max_table_rows=ev.max_table_rows, mode=ev.mode, run_id=cfg.run_id,
         adaptive=ev.adaptive.build() if ev.adaptive is not None else None, budget=ev.budget, use_cache=ev.cache,
         precision=ev.precision,
+        on_busy=ev.on_busy, async_device=ev.async_device,
+        async_threads=ev.async_threads, max_snapshot_mb=ev.max_snapshot_mb,
     )
     options.update(overrides)
     return EvaluationCallback(eval_sets, evaluate_fn, **options)

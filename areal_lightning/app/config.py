@@ -23,9 +23,10 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf import errors as oc_errors
 
-from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS, ErrorPolicy, EvalMode, ThresholdAction
 from areal_lightning.callbacks.adaptive import AdaptiveSchedule
 from areal_lightning.callbacks.budget import EvalBudget
+from areal_lightning.callbacks.async_evaluator import DEFAULT_ASYNC_THREADS, DEFAULT_MAX_SNAPSHOT_MB, check_async_options
+from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS, ErrorPolicy, EvalMode, OnBusy, ThresholdAction
 from areal_lightning.callbacks.thresholds import ThresholdMonitor
 from areal_lightning.callbacks.trigger import HybridTrigger
 from areal_lightning.errors import ArgumentError
@@ -412,7 +413,16 @@ class EvaluatorConfig:
     eval_at_end: bool = True
     """Evaluate the final weights, unless the last step was just evaluated."""
     mode: EvalMode = EvalMode.SYNC
-    """sync: training waits for the evaluation."""
+    """sync: training waits for the evaluation; async: a worker process evaluates a snapshot of the weights
+    while training goes on (results are recorded at the snapshot's step)."""
+    on_busy: OnBusy = OnBusy.SKIP
+    """async: a round that falls due while the previous one runs is skipped (a `skipped` event) or waits for it."""
+    async_device: Optional[str] = None
+    """async: where the worker evaluates (cpu, cuda:1); null: the training device."""
+    async_threads: int = DEFAULT_ASYNC_THREADS
+    """async: torch threads of the worker process."""
+    max_snapshot_mb: Optional[float] = DEFAULT_MAX_SNAPSHOT_MB
+    """async: the most MiB the weight snapshot may take (the run stops before training if it would not fit); null: no bound."""
     metric_thresholds: dict[str, float] = field(default_factory=dict)
     """Alert when a metric that reached its threshold falls below it, e.g. {accuracy: 0.7}."""
     threshold_action: ThresholdAction = ThresholdAction.ALERT
@@ -436,6 +446,7 @@ class EvaluatorConfig:
             HybridTrigger(freq_epochs=self.freq_epochs, freq_steps=self.freq_steps, freq_secs=self.freq_secs,
                           eval_before_train=self.eval_before_train, eval_at_end=self.eval_at_end)
             ThresholdMonitor(self.metric_thresholds)
+            check_async_options(self.async_device, self.async_threads, self.max_snapshot_mb)
         _at_least(f"{path}.max_table_rows", self.max_table_rows, 0)
         if self.adaptive is not None:
             with _owned_by(f"{path}.adaptive"):

@@ -13,21 +13,31 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from areal_lightning.callbacks.async_evaluator import (
+    DEFAULT_ASYNC_THREADS,
+    DEFAULT_MAX_SNAPSHOT_MB,
+    AsyncEvaluator,
+    Snapshot,
+    module_evaluate,
+    refuse_sharded,
+)
+from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS, ErrorPolicy, EvalMode, OnBusy, ThresholdAction, choice
+from areal_lightning.callbacks.thresholds import Alert, ThresholdMonitor
 from areal_lightning.callbacks.adaptive import AdaptiveSchedule
 from areal_lightning.callbacks.budget import EvalBudget
-from areal_lightning.callbacks.thresholds import Alert, ThresholdMonitor
 from areal_lightning.callbacks.parallelism import forwards_in_lockstep
 from areal_lightning.callbacks.imports import import_object
-from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS, ErrorPolicy, EvalMode, ThresholdAction, choice
 from areal_lightning.callbacks.trigger import Cause, HybridTrigger
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round import (
     EvalRoundError,
     EvalSet,
     EvaluateFn,
+    LocalSetResult,
     SetResult,
     as_eval_sets,
     check_eval_sets_consistent,
+    reduce_set,
     run_round,
 )
 from areal_lightning.eval_round.cache import CACHE_DIRNAME, ResultCache, function_identity, result_key, weights_digest
@@ -70,7 +80,13 @@ class EvaluationCallback(Callback):
         output_dir: where the eval history goes; None: the Trainer's `default_root_dir`.
         seed: run seed from which each sample's seed derives; None: the module's `seed` or 0.
         max_table_rows: sample generations per eval set kept for W&B tables.
-        mode: ``sync`` (training waits for the round).
+        mode: ``sync`` (training waits for the round) or ``async`` (a worker process evaluates a
+            snapshot of the weights while training goes on; see ``docs/async_evaluation.md``).
+        on_busy: async only: a round that falls due while the previous one still runs is
+            ``skip``-ped (recorded as a ``skipped`` event) or ``wait``-s for it.
+        async_device: async only: where the worker evaluates; None: the training device.
+        async_threads: async only: torch threads of the worker process.
+        max_snapshot_mb: async only: the most MiB the weight snapshot may take; None: no bound.
         run_id: the run's id, written in every history record; None: a new id. A run resumed
             from a checkpoint passes its first session's id, so that its records continue that run.
         adaptive: an `AdaptiveSchedule` (or its arguments as a mapping): one more trigger (OR) whose
@@ -116,6 +132,10 @@ class EvaluationCallback(Callback):
         seed: int | None = None,
         max_table_rows: int = DEFAULT_TABLE_ROWS,
         mode: EvalMode | str = EvalMode.SYNC,
+        on_busy: OnBusy | str = OnBusy.SKIP,
+        async_device: str | None = None,
+        async_threads: int = DEFAULT_ASYNC_THREADS,
+        max_snapshot_mb: float | None = DEFAULT_MAX_SNAPSHOT_MB,
         run_id: str | None = None,
         adaptive: AdaptiveSchedule | Mapping[str, Any] | None = None,
         budget: float | None = None,
@@ -135,6 +155,10 @@ class EvaluationCallback(Callback):
         self.threshold_action = choice("threshold_action", threshold_action, ThresholdAction)
         self.on_error = choice("on_error", on_error, ErrorPolicy)
         self.mode = choice("mode", mode, EvalMode)
+        self.on_busy = choice("on_busy", on_busy, OnBusy)
+        # Checked in either mode, so that a config error shows before the mode is switched.
+        async_evaluator = AsyncEvaluator(async_device, async_threads, max_snapshot_mb)
+        self._async = async_evaluator if self.mode is EvalMode.ASYNC else None
         # Checked here, not at the first round: a negative count would silently keep no table rows.
         if isinstance(max_table_rows, bool) or not isinstance(max_table_rows, int) or max_table_rows < 0:
             raise ArgumentError("EvaluationCallback", "max_table_rows", max_table_rows, "a non-negative integer")
@@ -169,6 +193,7 @@ class EvaluationCallback(Callback):
         self._checked_eval_sets = False
         self._last_seen_step = -1
         self._lockstep = False  # decided from the strategy once the model is sharded (on_train_start)
+        self._skipped_step: int | None = None  # async: the latest step whose round was skipped
         self.evaluated_steps: list[int] = []
         # Lightning reads `state_key` around every hook call of every step (profiler labels), and
         # the arguments it depends on never change: build the string once.
@@ -199,6 +224,8 @@ class EvaluationCallback(Callback):
             self._history = EvalHistory.in_run_dir(self.output_dir, once_per_step=[c.value for c in Cause])
         if self.use_cache and self.cache_dir is None:
             self.cache_dir = self.output_dir / CACHE_DIRNAME
+        if self._async is not None:
+            refuse_sharded(trainer.strategy)
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -211,6 +238,9 @@ class EvaluationCallback(Callback):
         if self.budget is not None:
             self.budget.start()
         self._last_seen_step = trainer.global_step
+        if self._async is not None:
+            self._async.start(pl_module, self.eval_sets, self._evaluate_fn or module_evaluate, seed=int(self.seed or 0),
+                              rank=trainer.global_rank, world_size=trainer.world_size, max_table_rows=self.max_table_rows)
         causes = self.trigger.before_train(trainer.global_step)
         if causes:
             self._evaluate(trainer, pl_module, causes)
@@ -222,6 +252,8 @@ class EvaluationCallback(Callback):
         if step == self._last_seen_step:
             return  # gradient accumulation: no optimizer step since the last call
         self._last_seen_step = step
+        if self._async is not None and self._async.in_flight is not None:
+            self._finish_async(trainer, pl_module, wait=False)
         last_batch = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
         causes = self.trigger.after_step(step, trainer.current_epoch, last_batch)
         if self.adaptive is not None and step != self.trigger.last_evaluated_step and self.adaptive.due(step):
@@ -243,12 +275,39 @@ class EvaluationCallback(Callback):
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._finish_async(trainer, pl_module, wait=True)  # eval_at_end waits for rounds in flight
         causes = self.trigger.at_end(trainer.global_step)
+        if not causes and self.trigger.eval_at_end and self._skipped_step == trainer.global_step:
+            causes = [Cause.END]  # the last step's round was skipped while busy: the end still evaluates it
         if causes:
             self._evaluate(trainer, pl_module, causes)  # never deferred by the budget
+            self._finish_async(trainer, pl_module, wait=True)
         self.trigger.stop()
         if self.budget is not None:
             self.budget.stop()
+        if self._async is not None:
+            self._async.close()
+
+    @override
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if self._async is not None:
+            self._async.close(cancel=True)  # a crash or Ctrl-C leaves no worker behind
+
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._async is not None:
+            self._async.close(cancel=True)
+
+    @override
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if self._async is None or self._async.in_flight is None:
+            return
+        # A round in flight is finished and recorded before the checkpoint is written, so a resume
+        # neither loses nor repeats it. Every rank saves (Lightning dumps the checkpoint on all),
+        # and every rank has the same round in flight: the reduction's collectives match.
+        self._finish_async(trainer, pl_module, wait=True)
+        if "callbacks" in checkpoint:  # Lightning took our state before this hook: take it again
+            checkpoint["callbacks"][self.state_key] = self.state_dict()
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -320,6 +379,9 @@ class EvaluationCallback(Callback):
         return trainer.strategy.broadcast(hits, src=0), keys
 
     def _evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule, causes: list[Cause]) -> None:
+        if self._async is not None:
+            self._submit(trainer, pl_module, causes)
+            return
         step, epoch = trainer.global_step, trainer.current_epoch
         started = self._clock()
         # The module's own method as a plain function: its qualified name and code key the cache.
@@ -365,6 +427,62 @@ class EvaluationCallback(Callback):
         self._deferred_since_round = 0
         self._check_thresholds(trainer, results, step)
 
+    def _submit(self, trainer: L.Trainer, pl_module: L.LightningModule, causes: list[Cause]) -> None:
+        assert self._async is not None
+        step = trainer.global_step
+        running = self._async.in_flight
+        if running is not None and self.on_busy is OnBusy.SKIP:
+            # Whether a round is in flight is the same on every rank (rounds start and finish at
+            # agreed steps), so every rank skips alike.
+            self.trigger.mark_evaluated(step)
+            self._skipped_step = step
+            if trainer.is_global_zero:
+                assert self._history is not None
+                message = (f"evaluation of step {step} skipped: the round of step {running.step} is still running "
+                           "(on_busy='skip')")
+                log.warning(message)
+                self._history.append(event_record("skipped", step, message=message, trigger=[str(c) for c in causes],
+                                                  running_step=running.step))
+            return
+        if running is not None:
+            self._finish_async(trainer, pl_module, wait=True)
+        snapshot = self._async.submit(pl_module, step, trainer.current_epoch, causes)
+        self.trigger.mark_evaluated(step)  # training time counts from the snapshot: training goes on
+        log.info("async evaluation of step %d started: %.2f MiB snapshot copied in %.4f s", step, snapshot.mb,
+                 snapshot.copy_secs)
+
+    def _finish_async(self, trainer: L.Trainer, pl_module: L.LightningModule, wait: bool) -> None:
+        if self._async is None or self._async.in_flight is None:
+            return
+        if not wait:
+            # Each rank's worker finishes on its own clock, and the reduction is collective: a
+            # rank that merged alone would wait for the others. Merge when every rank is ready.
+            ready = trainer.strategy.reduce_boolean_decision(self._async.ready(), all=True)
+            if not ready:
+                return
+        snapshot, local = self._async.collect(self.eval_sets)
+        self._merge(trainer, pl_module, snapshot, local)
+
+    def _merge(self, trainer: L.Trainer, pl_module: L.LightningModule, snapshot: Snapshot,
+               local: list[LocalSetResult]) -> None:
+        try:
+            results = [reduce_set(r, s, device=pl_module.device) for r, s in zip(local, self.eval_sets)]
+        except EvalRoundError as err:
+            if self.on_error is ErrorPolicy.RAISE:
+                raise
+            self._record_error(trainer, snapshot.step, err)
+            return
+        for r in results:  # every rank, the same sets: one reduction per metric and reference
+            r.metrics.update(self.pairs.update(r.dataset, r.outcomes, r.outcome_names, r.metrics,
+                                               trainer.strategy.root_device))
+        self.evaluated_steps.append(snapshot.step)
+        if trainer.is_global_zero:
+            extra = {"lag_steps": trainer.global_step - snapshot.step, "snapshot_mb": snapshot.mb,
+                     "snapshot_secs": snapshot.copy_secs}
+            self._record(trainer, results, snapshot.step, snapshot.epoch, [Cause(c) for c in snapshot.causes],
+                         fields=extra)
+        self._check_thresholds(trainer, results, snapshot.step)
+
     def _record_interval_change(self, step: int, old: int, new: int, moved: bool) -> None:
         assert self.adaptive is not None and self._history is not None
         how = "moved beyond" if moved else "stayed within"
@@ -375,13 +493,16 @@ class EvaluationCallback(Callback):
                                           old_interval=old, new_interval=new, moved=moved))
 
     def _record(self, trainer: L.Trainer, results: list[SetResult], step: int, epoch: int, causes: list[Cause],
-                cached: set[str], extras: Mapping[str, float]) -> None:
+                cached: set[str] | None = None, extras: Mapping[str, float] | None = None,
+                fields: Mapping[str, Any] | None = None) -> None:
+        cached, extras = cached or set(), extras or {}
         assert self._history is not None
         records = []
         for r in results:
             record = eval_record(step, epoch, r.dataset, r.metrics, trigger=causes, num_samples=r.num_samples,
                                  num_prompts=r.num_prompts, eval_secs=r.eval_secs, mode=self.mode.value,
                                  world_size=trainer.world_size, sampling=r.sampling, run_id=self.run_id)
+            record.update(fields or {})  # async: lag_steps, snapshot_mb, snapshot_secs
             if r.dataset in cached:
                 record["cached"] = True
             if self.budget is not None:

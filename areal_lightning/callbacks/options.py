@@ -12,9 +12,19 @@ DEFAULT_TABLE_ROWS = 16
 
 
 class EvalMode(str, Enum):
-    """``sync``: training waits for the round."""
+    """``sync``: training waits for the round; ``async``: a worker process evaluates a snapshot of
+    the weights while training goes on."""
 
     SYNC = "sync"
+    ASYNC = "async"
+
+
+class OnBusy(str, Enum):
+    """What an async round that falls due while the previous one still runs does: ``skip`` (record
+    a ``skipped`` event) or ``wait`` (training waits for the previous round, then submits)."""
+
+    SKIP = "skip"
+    WAIT = "wait"
 
 
 class ThresholdAction(str, Enum):

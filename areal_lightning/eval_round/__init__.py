@@ -6,7 +6,14 @@
 from areal_lightning.eval_round.context import EvalBatch, EvalContext, EvalRoundError, EvaluateFn, SetResult
 from areal_lightning.eval_round.eval_set import EvalSet, as_eval_sets
 from areal_lightning.eval_round.fingerprint import EvalSetMismatchError, check_eval_sets_consistent
-from areal_lightning.eval_round.round import evaluate_set, local_batches, run_round
+from areal_lightning.eval_round.round import (
+    LocalSetResult,
+    evaluate_local,
+    evaluate_set,
+    local_batches,
+    reduce_set,
+    run_round,
+)
 from areal_lightning.eval_round.sampling import SamplingParams, cut_at_stop
 
 __all__ = [
@@ -21,7 +28,10 @@ __all__ = [
     "as_eval_sets",
     "check_eval_sets_consistent",
     "cut_at_stop",
+    "LocalSetResult",
+    "evaluate_local",
     "evaluate_set",
     "local_batches",
+    "reduce_set",
     "run_round",
 ]

@@ -10,6 +10,10 @@ collectives in the same order: one object gather, then the metrics' own syncs.
 With `lockstep=True` (sharded parameters: every forward all-gathers them) a rank dealt fewer
 batches than the busiest rank also evaluates padding batches, in a second `evaluate_fn` call on a
 throwaway context, so that every rank runs the same number of forwards before the gather.
+
+A round has two halves: `evaluate_local` (this rank's deal, no collective) and `reduce_set` (the
+collectives). `run_round` runs both, one eval set after the other; an asynchronous worker runs the
+first half beside training and the training thread runs the second at a step every rank agrees on.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
@@ -53,6 +58,11 @@ def local_batches(eval_set: EvalSet, seed: int, rank: int, world_size: int) -> l
         samples = [eval_set.samples[i] for i in indices]
         batches.append(EvalBatch(indices=list(indices), samples=samples, seeds=sample_seeds(seed, eval_set.name, indices)))
     return batches
+
+
+def resolved_seed(eval_set: EvalSet, seed: int) -> int:
+    """The seed the eval set's samples derive theirs from: its own sampling seed, else the run's."""
+    return eval_set.sampling.resolved_seed(seed) if eval_set.sampling is not None else seed
 
 
 def padding_batches(eval_set: EvalSet, seed: int, rank: int, world_size: int) -> list[EvalBatch]:
@@ -135,26 +145,56 @@ def _check_same_metrics(gathered: Sequence[_RankReport], dataset: str) -> None:
         )
 
 
-def evaluate_set(
-    module: nn.Module, eval_set: EvalSet, evaluate_fn: EvaluateFn, *, seed: int, global_step: int, epoch: int,
-    max_table_rows: int = 0, show_progress: bool = False, lockstep: bool = False,
-) -> SetResult:
-    """Runs one eval set on this rank's deal and reduces it over all ranks.
+@dataclass
+class LocalSetResult:
+    """One eval set's result on one rank, before the reduction over ranks.
 
-    `show_progress` draws a progress bar over this rank's batches on rank 0. `lockstep`: see
-    `run_round`.
+    What `evaluate_local` returns and `reduce_set` takes: the rank's report (errors, counts, names,
+    table rows), its metric objects with their unsynced states, `evaluate_fn`'s returned values and
+    the rank's per-prompt outcomes. An async worker computes it beside training; the training
+    thread reduces it.
     """
-    rank, world = dist_info()
+
+    dataset: str
+    report: _RankReport
+    metrics: dict[str, Metric] = field(default_factory=dict)
+    updates: dict[str, Tensor] = field(default_factory=dict)
+    eval_secs: float = 0.0
+    sampling: dict[str, Any] | None = None
+    outcomes: dict[str, dict[int, float]] = field(default_factory=dict)
+
+    @classmethod
+    def failed(cls, dataset: str, message: str) -> LocalSetResult:
+        """A result that carries only an error, so the reduction still runs and raises on every rank."""
+        return cls(dataset, _RankReport(message, 0, 0, 0, [], [], [], []))
+
+
+def evaluate_local(
+    module: nn.Module, eval_set: EvalSet, evaluate_fn: EvaluateFn, *, seed: int, global_step: int, epoch: int,
+    rank: int, world_size: int, batches: list[EvalBatch] | None = None, max_table_rows: int = 0,
+    show_progress: bool = False, lockstep: bool = False,
+) -> LocalSetResult:
+    """Runs `evaluate_fn` on rank `rank`'s deal of one eval set; no collective of its own (under
+    `lockstep` the module's forwards run theirs, and padding batches keep them paired).
+
+    Args:
+        batches: this rank's deal when computed already (`local_batches` with `resolved_seed`);
+            None deals it here.
+
+    An exception of `evaluate_fn` is caught into the report (with its traceback), so that
+    `reduce_set` raises it on every rank instead of leaving the others waiting.
+    """
     start = time.perf_counter()
     sampling = eval_set.sampling
-    seed = sampling.resolved_seed(seed) if sampling is not None else seed
-    batches = local_batches(eval_set, seed, rank, world)
-    padding = padding_batches(eval_set, seed, rank, world) if lockstep and world > 1 else []
+    seed = resolved_seed(eval_set, seed)
+    if batches is None:
+        batches = local_batches(eval_set, seed, rank, world_size)
+    padding = padding_batches(eval_set, seed, rank, world_size) if lockstep and world_size > 1 else []
     num_prompts = sum(len(b.indices) for b in batches)
     ctx = EvalContext(
-        dataset=eval_set.name, rank=rank, world_size=world, global_step=global_step, epoch=epoch,
+        dataset=eval_set.name, rank=rank, world_size=world_size, global_step=global_step, epoch=epoch,
         device=module_device(module), seed=seed, options=eval_set.options, sampling=sampling,
-        max_table_rows=max_table_rows, lockstep=lockstep and world > 1,
+        max_table_rows=max_table_rows, lockstep=lockstep and world_size > 1,
     )
     error, updates = None, {}
     with evaluation_mode(module):
@@ -167,23 +207,41 @@ def evaluate_set(
                 scratch = dataclasses.replace(ctx, metrics={}, num_samples=0, max_table_rows=0, table_rows=[],
                                               loop_started=False, padding=True)
                 evaluate_fn(module, BatchList(padding, scratch), scratch)
-        except Exception as err:  # noqa: BLE001 - reported on every rank below, so no rank waits forever
+        except Exception as err:  # noqa: BLE001 - reported on every rank by reduce_set, so no rank waits forever
             error = f"rank {rank}: {type(err).__name__}: {err}\n{traceback.format_exc()}"
-    # One object gather carries errors, counts, names and table rows: the same collective on every rank.
     report = _RankReport(error, num_prompts, sum(i for b in batches for i in b.indices), ctx.num_samples or num_prompts,
                          sorted(ctx.metrics), sorted(updates), ctx.table_rows, sorted(ctx.outcomes))
-    gathered: list[_RankReport] = all_gather_object(report)
+    return LocalSetResult(eval_set.name, report, ctx.metrics, updates, time.perf_counter() - start,
+                          sampling=sampling.as_record(seed) if sampling is not None else None, outcomes=ctx.outcomes)
+
+
+def reduce_set(local: LocalSetResult, eval_set: EvalSet, device: torch.device | None = None) -> SetResult:
+    """Reduces one eval set's per-rank results over all ranks: the same collectives on every rank
+    (one object gather, then the metrics' own syncs).
+
+    Args:
+        device: move the metric states here first (the training device, whose backend syncs them);
+            None keeps them where they are.
+
+    Raises:
+        EvalRoundError: on every rank, when `evaluate_fn` raised on any rank or the ranks disagree.
+    """
+    start = time.perf_counter()
+    gathered: list[_RankReport] = all_gather_object(local.report)
     errors = [g.error for g in gathered if g.error]
     if errors:
         raise EvalRoundError(f"evaluation of eval set {eval_set.name!r} failed: " + "\n".join(errors))
     _check_same_metrics(gathered, eval_set.name)
+    metrics_in = local.metrics if device is None else {k: _moved(m, device) for k, m in local.metrics.items()}
     # Returned values reduce through torchmetrics too: one float64 mean per name any rank returned.
     extras: dict[str, Metric] = {}
     for name in sorted(set().union(*(g.extra_names for g in gathered))):
         extras[name] = MeanMetric(nan_strategy="disable").set_dtype(torch.float64)
-        if name in updates:
-            extras[name].update(updates[name])
-    metrics = _compute_all(ctx.metrics, eval_set.name)
+        if device is not None:
+            extras[name] = _moved(extras[name], device)
+        if name in local.updates:
+            extras[name].update(local.updates[name])
+    metrics = _compute_all(metrics_in, eval_set.name)
     metrics.update(_compute_all(extras, eval_set.name))
     size = len(eval_set.samples)
     total_prompts = sum(g.num_prompts for g in gathered)
@@ -195,10 +253,33 @@ def evaluate_set(
     rows = sorted((row for g in gathered for row in g.table_rows), key=lambda r: r["index"])
     return SetResult(
         dataset=eval_set.name, metrics=metrics, num_samples=sum(g.num_samples for g in gathered), num_prompts=total_prompts,
-        eval_secs=time.perf_counter() - start, table_rows=rows,
-        sampling=sampling.as_record(seed) if sampling is not None else None, outcomes=ctx.outcomes,
-        outcome_names=sorted(set().union(*(g.outcome_names for g in gathered))),
+        eval_secs=local.eval_secs + time.perf_counter() - start, table_rows=rows, sampling=local.sampling,
+        outcomes=local.outcomes, outcome_names=sorted(set().union(*(g.outcome_names for g in gathered))),
     )
+
+
+def _moved(metric: Metric, device: torch.device) -> Metric:
+    dtype = metric.dtype
+    metric = metric.to(device)
+    if metric.dtype != dtype:  # torchmetrics' .to() resets a float64 metric to float32
+        metric.set_dtype(dtype)
+    return metric
+
+
+def evaluate_set(
+    module: nn.Module, eval_set: EvalSet, evaluate_fn: EvaluateFn, *, seed: int, global_step: int, epoch: int,
+    max_table_rows: int = 0, show_progress: bool = False, lockstep: bool = False,
+) -> SetResult:
+    """Runs one eval set on this rank's deal and reduces it over all ranks.
+
+    `show_progress` draws a progress bar over this rank's batches on rank 0. `lockstep`: see
+    `run_round`.
+    """
+    rank, world = dist_info()
+    local = evaluate_local(module, eval_set, evaluate_fn, seed=seed, global_step=global_step, epoch=epoch, rank=rank,
+                           world_size=world, max_table_rows=max_table_rows, show_progress=show_progress,
+                           lockstep=lockstep)
+    return reduce_set(local, eval_set)
 
 
 def run_round(

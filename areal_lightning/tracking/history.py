@@ -46,7 +46,7 @@ from typing import Any
 HISTORY_FILENAME = "eval_history.jsonl"
 """File name of the eval history inside a run's ``output_dir``."""
 
-EVENT_KINDS = ("alert", "error", "resume", "adaptive", "drift")
+EVENT_KINDS = ("alert", "error", "resume", "adaptive", "drift", "skipped")
 """Accepted values of a record's ``"event"`` key."""
 
 EVAL_MODES = ("sync", "async")
@@ -346,6 +346,7 @@ def event_record(
         event: ``"alert"`` (a metric crossed a threshold), ``"error"`` (a round failed) or
             ``"resume"`` (the run went on from a checkpoint of ``step``: its records of later
             steps written before this one are superseded, see `drop_superseded`).
+            ``"skipped"`` (an async round fell due while the previous one still ran).
         step: global step of the weights concerned.
         dataset: eval set name, or None when the event is not about one eval set.
         run_id: the run the event belongs to.

@@ -1,0 +1,314 @@
+"""The background evaluator of ``mode="async"``: a worker process evaluates weight snapshots.
+
+The training process keeps a replica of the module in shared memory. Submitting a round copies
+the training weights into it (between optimizer steps, so never torn) and tells the worker the
+step; the worker, a process of its own with its own torch thread budget, runs the first half of
+the round (`evaluate_local`: this rank's deal, no collective) and sends back the per-rank metric
+states. The training thread runs the second half (`reduce_set`: the collectives) at a step every
+rank agrees on. At most one round is in flight, so the one replica is never written while read.
+
+Why a process and not a thread: measured on this 2-core box, an evaluation thread slowed the
+training steps beside it by about 2x and ran its own rounds 1.5-2x slower (the tiny policy's
+rollouts are Python-bound and hold the GIL), and a thread shares the training's global RNG state
+and torch thread pool. See ``docs/async_evaluation.md``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import signal
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import torch
+import torch.multiprocessing as tmp
+from torch import nn
+
+from areal_lightning.errors import ArgumentError
+from areal_lightning.eval_round import EvalBatch, EvalSet, EvaluateFn, LocalSetResult, evaluate_local, local_batches
+from areal_lightning.eval_round.round import resolved_seed
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_SNAPSHOT_MB = 4096.0
+"""Default bound of the memory the weight snapshot (the replica) may take, in MiB."""
+DEFAULT_ASYNC_THREADS = 1
+"""Default torch intra-op threads of the worker process."""
+_MB = 2**20
+_POLL_SECS = 0.05  # how often a waiting training thread checks that the worker is still alive
+_STOP_SECS = 10.0  # how long a closing worker may take to finish before it is terminated
+SHARDED_STRATEGIES = ("FSDPStrategy", "ModelParallelStrategy", "DeepSpeedStrategy")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The weights of one round: which step they are from, what they took to copy."""
+
+    step: int
+    epoch: int
+    causes: list[str]
+    mb: float
+    copy_secs: float
+
+
+@dataclass(frozen=True)
+class _Job:
+    step: int
+    epoch: int
+
+
+@dataclass(frozen=True)
+class _Done:
+    step: int
+    results: list[LocalSetResult] | None
+    error: str | None
+
+
+def module_evaluate(module: Any, batches: Sequence[EvalBatch], ctx: Any) -> Any:
+    """The `evaluate_fn` when none is given: the module's own ``evaluate`` (picklable, unlike a lambda)."""
+    return module.evaluate(batches, ctx)
+
+
+def _worker_main(conn: Connection, threads: int, device: str) -> None:
+    # Ctrl-C reaches the whole process group; the training process decides and ends this one.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(threads)
+    try:
+        replica, sets, evaluate_fn, options = ForkingPickler.loads(conn.recv_bytes())
+        shared = replica.state_dict()  # shared-memory tensors the training process writes
+        if device != "cpu":
+            replica = copy.deepcopy(replica).to(device)
+    except BaseException:  # noqa: BLE001 - reported to the training process
+        conn.send(_Done(-1, None, traceback.format_exc()))
+        return
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return  # the training process is gone: never outlive it
+        if job is None:
+            return
+        try:
+            if device != "cpu":
+                replica.load_state_dict(shared)
+            results = [evaluate_local(replica, s, evaluate_fn, global_step=job.step, epoch=job.epoch, batches=b,
+                                      **options) for s, b in sets]
+            conn.send(_Done(job.step, results, None))
+        except BaseException:  # noqa: BLE001 - reported to the training process
+            conn.send(_Done(job.step, None, traceback.format_exc()))
+
+
+def check_async_options(device: Any, threads: Any, max_snapshot_mb: Any) -> None:
+    """The async arguments of `EvaluationCallback`, checked at construction (the config reuses it).
+
+    Raises:
+        ArgumentError: naming the argument, its value and what is accepted.
+    """
+    if device is not None and not isinstance(device, str):
+        raise ArgumentError("EvaluationCallback", "async_device", device, "a device string (cpu, cuda:1) or None")
+    if device is not None:
+        try:
+            torch.device(device)
+        except RuntimeError:
+            raise ArgumentError("EvaluationCallback", "async_device", device,
+                                "a device string (cpu, cuda:1) or None") from None
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ArgumentError("EvaluationCallback", "async_threads", threads, "a positive integer")
+    if max_snapshot_mb is not None and (isinstance(max_snapshot_mb, bool) or not isinstance(max_snapshot_mb, (int, float))
+                                        or not max_snapshot_mb > 0 or max_snapshot_mb == float("inf")):
+        raise ArgumentError("EvaluationCallback", "max_snapshot_mb", max_snapshot_mb, "a positive number of MiB or None")
+
+
+def refuse_sharded(strategy: Any) -> None:
+    """Async evaluation copies whole weights; a strategy that shards parameters has none to copy.
+
+    Raises:
+        ValueError: for FSDP, ModelParallel and DeepSpeed strategies.
+    """
+    names = {cls.__name__ for cls in type(strategy).__mro__}
+    sharded = names.intersection(SHARDED_STRATEGIES)
+    if sharded:
+        raise ValueError(
+            f"`EvaluationCallback(mode='async')` does not support {type(strategy).__name__}: its parameters are "
+            "sharded over the ranks, and the worker needs whole weights to evaluate a snapshot. Use mode='sync' "
+            "(every rank runs the same forwards) or an unsharded strategy (ddp)."
+        )
+
+
+class AsyncEvaluator:
+    """Owns the replica and the worker process of one fit; at most one round in flight.
+
+    Args:
+        device: where the worker evaluates; None: the training device (cpu on a CPU run).
+        threads: torch intra-op threads of the worker process.
+        max_snapshot_mb: refuse to start when the replica would take more MiB; None: no bound.
+
+    Raises:
+        ArgumentError: for an unsupported argument value.
+
+    Example:
+        >>> AsyncEvaluator(device="cpu", threads=1, max_snapshot_mb=64.0).in_flight is None
+        True
+    """
+
+    def __init__(self, device: str | None = None, threads: int = DEFAULT_ASYNC_THREADS,
+                 max_snapshot_mb: float | None = DEFAULT_MAX_SNAPSHOT_MB) -> None:
+        check_async_options(device, threads, max_snapshot_mb)
+        self.device, self.threads, self.max_snapshot_mb = device, threads, max_snapshot_mb
+        self.in_flight: Snapshot | None = None
+        self._replica: nn.Module | None = None
+        self._payload: tuple[Any, ...] = ()
+        self._device = "cpu"
+        self._process: Any = None
+        self._conn: Connection | None = None
+        self._done: _Done | None = None
+        self.snapshot_mb = 0.0
+
+    # ---- lifetime ------------------------------------------------------------------------------
+
+    def start(self, module: nn.Module, eval_sets: Sequence[EvalSet], evaluate_fn: EvaluateFn, *, seed: int,
+              rank: int, world_size: int, max_table_rows: int) -> None:
+        """Builds the shared replica, checks its size and starts the worker.
+
+        Raises:
+            ValueError: the snapshot exceeds `max_snapshot_mb`, or something the worker needs does
+                not pickle (a lambda `evaluate_fn`, a module holding an open file, ...).
+        """
+        state = module.state_dict()
+        self.snapshot_mb = sum(t.numel() * t.element_size() for t in state.values()) / _MB
+        if self.max_snapshot_mb is not None and self.snapshot_mb > self.max_snapshot_mb:
+            raise ValueError(
+                f"async evaluation needs a {self.snapshot_mb:.1f} MiB snapshot of {type(module).__name__}'s weights, "
+                f"more than max_snapshot_mb={self.max_snapshot_mb:g}; raise max_snapshot_mb (evaluator.max_snapshot_mb) "
+                "if the memory is there, or use mode='sync'"
+            )
+        device = self.device or str(next(iter(state.values())).device if state else "cpu")
+        self._device = device
+        self._replica = copy.deepcopy(module).cpu().requires_grad_(False).share_memory()
+        # The worker gets this rank's deal, computed here: the eval sets' cost and key functions
+        # (often lambdas) never travel.
+        sets = [(dataclasses.replace(s, cost_fn=None, key_fn=repr),
+                 local_batches(s, resolved_seed(s, seed), rank, world_size)) for s in eval_sets]
+        options = dict(seed=seed, rank=rank, world_size=world_size, max_table_rows=max_table_rows)
+        self._payload = (self._replica, sets, evaluate_fn, options)
+        self._spawn()
+
+    def _spawn(self) -> None:
+        try:
+            # Pickled anew for each worker: a shared tensor's file descriptor is received once.
+            payload = bytes(ForkingPickler.dumps(self._payload))
+        except Exception as err:
+            raise ValueError(
+                f"mode='async' evaluates in a worker process, so the module, evaluate_fn and the eval sets' samples "
+                f"must pickle, and they do not: {type(err).__name__}: {err}. Define evaluate_fn at module level, or "
+                "use mode='sync'"
+            ) from err
+        ctx = tmp.get_context("spawn")  # fork would copy the training threads' locks mid-use
+        self._conn, child = ctx.Pipe()
+        self._process = ctx.Process(target=_worker_main, args=(child, self.threads, self._device), daemon=True,
+                                    name="areal-lightning-async-eval")
+        self._process.start()
+        child.close()
+        self._conn.send_bytes(payload)
+
+    def close(self, cancel: bool = False) -> None:
+        """Ends the worker: lets it finish its round (or terminates it with `cancel`); idempotent."""
+        self.in_flight, self._done = None, None
+        self._stop_worker(cancel)
+
+    def _stop_worker(self, cancel: bool) -> None:
+        process, conn = self._process, self._conn
+        self._process, self._conn = None, None
+        if process is None:
+            return
+        if not cancel and process.is_alive():
+            try:
+                assert conn is not None
+                conn.send(None)
+            except OSError:
+                pass
+            process.join(_STOP_SECS)
+        if process.is_alive():
+            process.terminate()
+            process.join(_STOP_SECS)
+        if process.is_alive():
+            process.kill()
+            process.join()
+        if conn is not None:
+            conn.close()
+
+    @property
+    def worker_pid(self) -> int | None:
+        """The worker process's id while it runs (tests check that none is left)."""
+        return self._process.pid if self._process is not None else None
+
+    # ---- rounds ---------------------------------------------------------------------------------
+
+    def submit(self, module: nn.Module, step: int, epoch: int, causes: Sequence[str]) -> Snapshot:
+        """Copies the module's weights into the replica and hands the round to the worker.
+
+        Call it between optimizer steps, with no round in flight.
+        """
+        assert self.in_flight is None and self._replica is not None, "one round in flight at most"
+        if self._process is None or not self._process.is_alive():
+            self._stop_worker(cancel=True)
+            self._spawn()  # the worker died with an earlier round: a fresh one takes this round
+        start = time.perf_counter()
+        with torch.no_grad():
+            target = self._replica.state_dict()
+            for name, tensor in module.state_dict().items():
+                target[name].copy_(tensor)
+        copy_secs = time.perf_counter() - start
+        self.in_flight = Snapshot(step, epoch, [str(c) for c in causes], self.snapshot_mb, copy_secs)
+        assert self._conn is not None
+        self._conn.send(_Job(step, epoch))
+        log.debug("async round for step %d submitted: %.2f MiB snapshot copied in %.4f s", step, self.snapshot_mb,
+                  copy_secs)
+        return self.in_flight
+
+    def ready(self) -> bool:
+        """The round in flight has finished on this rank (or its worker died); never blocks."""
+        if self.in_flight is None:
+            return False
+        if self._done is None:
+            self._done = self._receive(block=False)
+        return self._done is not None
+
+    def collect(self, eval_sets: Sequence[EvalSet]) -> tuple[Snapshot, list[LocalSetResult]]:
+        """Waits for the round in flight and returns it; a failed worker becomes an error result
+        per eval set (with the worker's traceback), so the reduction raises it on every rank."""
+        snapshot = self.in_flight
+        assert snapshot is not None, "no round in flight"
+        done = self._done or self._receive(block=True)
+        self.in_flight, self._done = None, None
+        assert done is not None
+        if done.results is not None:
+            return snapshot, done.results
+        message = f"async evaluation worker failed on the weights of step {snapshot.step}:\n{done.error}"
+        return snapshot, [LocalSetResult.failed(s.name, message) for s in eval_sets]
+
+    def _receive(self, block: bool) -> _Done | None:
+        if self._conn is None or self._process is None:
+            return _Done(-1, None, "the worker process was stopped before it returned a result")
+        while True:
+            closed = False
+            if self._conn.poll(_POLL_SECS if block else 0):
+                try:
+                    return self._conn.recv()
+                except (EOFError, OSError):
+                    closed = True  # the worker's end is closed: it exited
+            if closed or not self._process.is_alive():
+                self._process.join(_STOP_SECS)
+                code = self._process.exitcode
+                self._stop_worker(cancel=True)
+                return _Done(-1, None, f"the worker process exited with code {code} (killed, out of memory, or "
+                                       "os._exit) before it returned a result")
+            if not block:
+                return None

@@ -1,0 +1,113 @@
+"""How much of the evaluation cost `mode="async"` hides from training.
+
+One run trains the main job's GRPO module (no warm-up, a fixed step count) three ways on the same
+evaluation schedule: (a) no evaluation, (b) ``mode="sync"``, (c) ``mode="async"``, and reports
+the wall time of each fit and the share of the evaluation cost that async hides,
+
+    hidden = 1 - (T_async - T_none) / (T_sync - T_none).
+
+Threads are split fairly: the whole budget (``--threads``, default all cores) goes to training in
+(a) and (b) (sync evaluation runs on the training threads), and in (c) training gets
+``threads - async_threads`` and the worker ``async_threads``. The worker's start-up (a spawned
+process importing torch) and the wait for the last round at the end of training count against
+async. The three configurations take turns in a shuffled order per repeat (the box is shared and
+noisy); medians over repeats are reported. Target: >= 60 % on a 2-core CPU box, >= 90 % on a GPU.
+
+    .venv/bin/python benchmarks/async_overhead.py [--steps 45] [--every 10] [--repeats 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import time
+import warnings
+from statistics import median
+from typing import Any
+
+import lightning as L
+import torch
+
+from areal_lightning.app.builders import build_eval_sets
+from areal_lightning.app.config import load_config
+from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
+from areal_lightning.rl.grpo import GRPOModule
+
+CONFIGS = ("none", "sync", "async")
+TARGET_CPU, TARGET_GPU = 0.60, 0.90
+SEED = 1
+
+
+def _fit(kind: str, args: argparse.Namespace, tmp: str) -> float:
+    cfg = load_config(None, [f"eval_sets.easy.size={args.eval_size}", f"eval_sets.hard.size={args.eval_size}",
+                             "eval_sets.hard.digits=2", "grpo.warmup_steps=0", f"seed={SEED}",
+                             f"trainer.accelerator={args.accelerator}"])
+    train_threads = args.threads - args.async_threads if kind == "async" else args.threads
+    torch.set_num_threads(train_threads)
+    L.seed_everything(SEED, verbose=False)
+    module = GRPOModule.from_config(cfg)
+    callbacks: list[L.Callback] = []
+    if kind != "none":
+        callbacks.append(EvaluationCallback(build_eval_sets(cfg, module.task), freq_steps=args.every, eval_at_end=False,
+                                            mode=kind, on_busy="wait", async_threads=args.async_threads,
+                                            output_dir=f"{tmp}/{kind}", seed=SEED))
+    trainer = L.Trainer(max_steps=args.steps, accelerator=args.accelerator, devices=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=f"{tmp}/{kind}", callbacks=callbacks)
+    start = time.perf_counter()
+    trainer.fit(module)
+    return time.perf_counter() - start
+
+
+def hidden_share(t_none: float, t_sync: float, t_async: float) -> float:
+    """The share of sync's evaluation cost that async does not add to training time."""
+    return 1.0 - (t_async - t_none) / (t_sync - t_none)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=45, help="optimizer steps per fit")
+    parser.add_argument("--every", type=int, default=10, help="evaluate every N steps")
+    parser.add_argument("--eval-size", type=int, default=200, help="prompts per eval set (easy and hard)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="total torch thread budget")
+    parser.add_argument("--async-threads", type=int, default=1, help="of which the async worker gets")
+    parser.add_argument("--accelerator", default="cpu")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    import tempfile
+
+    times: dict[str, list[float]] = {k: [] for k in CONFIGS}
+    shares = []
+    rng = random.Random(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(args.repeats):
+            order = list(CONFIGS)
+            rng.shuffle(order)
+            this = {k: _fit(k, args, f"{tmp}/{repeat}") for k in order}
+            for k, v in this.items():
+                times[k].append(v)
+            shares.append(hidden_share(this["none"], this["sync"], this["async"]))
+            print(f"repeat {repeat}: " + ", ".join(f"{k} {this[k]:.2f} s" for k in CONFIGS)
+                  + f"; hidden {shares[-1]:.0%}", flush=True)
+    med = {k: median(v) for k, v in times.items()}
+    share = hidden_share(med["none"], med["sync"], med["async"])
+    target = TARGET_GPU if args.accelerator != "cpu" else TARGET_CPU
+    out: dict[str, Any] = {"median_secs": med, "hidden_share_of_medians": share, "hidden_share_per_repeat": shares,
+                           "target": target, "args": vars(args)}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"median wall time: none {med['none']:.2f} s, sync {med['sync']:.2f} s, async {med['async']:.2f} s")
+        print(f"evaluation cost hidden by async: {share:.0%} (target {target:.0%}); per repeat: "
+              + ", ".join(f"{s:.0%}" for s in shares))
+
+
+if __name__ == "__main__":
+    main()

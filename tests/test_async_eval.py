@@ -1,0 +1,235 @@
+"""`EvaluationCallback(mode="async")` in one process: the same results as sync, training goes on
+while a round is in flight, worker failures surface, a resume neither loses nor repeats a round.
+
+Training progress is observed through a gate file: a callback writes each finished global step
+to it, and a gated `evaluate_fn` (running in the worker process) waits until training reached a
+later step. If training waited for the round, the gate would never open and the round would
+fail after `GATE_TIMEOUT_S` instead of recording.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from callback_helpers import QUIET_WARNINGS, CountingModule, make_trainer, metric_by_step, probe_weights
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+from areal_lightning.app.builders import build_eval_sets
+from areal_lightning.app.config import ConfigError, load_config
+from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
+from areal_lightning.eval_round import EvalRoundError, EvalSet
+from areal_lightning.rl.grpo import GRPOModule
+from areal_lightning.rl.rollout_eval import rollout_evaluate
+from areal_lightning.tracking.history import eval_rows, event_rows, read_history
+
+pytestmark = [pytest.mark.filterwarnings(w) for w in QUIET_WARNINGS]
+
+GATE_TIMEOUT_S = 60.0
+PROBES = [1, 2, 3]
+
+
+class GateWriter(Callback):
+    """Writes the global step to a file after every optimizer step (the worker reads it)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self.path.write_text(str(trainer.global_step))
+
+
+def gated_probe(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
+    """`probe_weights`, but the round of `gate_step` returns only once training reached `open_at`."""
+    if ctx.global_step == ctx.options["gate_step"]:
+        gate, deadline = Path(ctx.options["gate"]), time.monotonic() + GATE_TIMEOUT_S
+        while not (gate.exists() and gate.read_text() and int(gate.read_text()) >= ctx.options["open_at"]):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"training never reached step {ctx.options['open_at']} during the round")
+            time.sleep(0.01)
+    return probe_weights(module, batches, ctx)
+
+
+def fails_at_step_4(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
+    if ctx.global_step == 4:
+        raise ValueError("broken evaluate_fn at step 4")
+    return probe_weights(module, batches, ctx)
+
+
+def worker_dies_at_step_4(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
+    if ctx.global_step == 4:
+        os._exit(7)
+    return probe_weights(module, batches, ctx)
+
+
+def _gated_set(gate: Path, gate_step: int, open_at: int) -> list[EvalSet]:
+    return [EvalSet("probe", PROBES, options={"gate": str(gate), "gate_step": gate_step, "open_at": open_at})]
+
+
+def _no_worker_left(callback: EvaluationCallback) -> None:
+    assert callback._async is not None and callback._async.worker_pid is None
+    assert [p for p in multiprocessing.active_children() if p.name == "areal-lightning-async-eval"] == []
+
+
+def rollouts_and_weights(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
+    """The default GRPO evaluation, plus a number that changes with every weight update."""
+    rollout_evaluate(module, batches, ctx)
+    return {"param_sum": float(sum(p.double().sum() for p in module.policy.parameters()))}
+
+
+def _grpo_fit(run_dir: Path, mode: str) -> None:
+    cfg = load_config(None, ["eval_sets.easy.size=12", "eval_sets.easy.batch_size=5", "grpo.warmup_steps=100",
+                             "grpo.prompts_per_step=8", "grpo.group_size=8", "task.train_size=16", "seed=3"])
+    L.seed_everything(cfg.seed, verbose=False)
+    module = GRPOModule.from_config(cfg)
+    callback = EvaluationCallback(build_eval_sets(cfg, module.task), rollouts_and_weights, freq_steps=2, eval_before_train=True, mode=mode,
+                                  on_busy="wait", seed=cfg.seed)
+    make_trainer(run_dir, [callback], 5).fit(module)
+
+
+def test_async_and_sync_record_identical_metrics_at_identical_steps(tmp_path: Path) -> None:
+    _grpo_fit(tmp_path / "sync", "sync")
+    _grpo_fit(tmp_path / "async", "async")
+    sync, asyn = eval_rows(read_history(tmp_path / "sync")), eval_rows(read_history(tmp_path / "async"))
+    assert [r["step"] for r in sync] == [0, 2, 4, 5]
+    assert [(r["step"], r["trigger"], r["metrics"]) for r in asyn] == [(r["step"], r["trigger"], r["metrics"]) for r in sync]
+    assert {r["mode"] for r in asyn} == {"async"} and {r["mode"] for r in sync} == {"sync"}
+    assert len({r["metrics"]["param_sum"] for r in sync}) == 4  # the weights changed between rounds
+    assert {"reward/mean", "accuracy", "pass@4", "maj@4"} <= set(asyn[0]["metrics"])
+    assert all(r["snapshot_mb"] > 0 and r["snapshot_secs"] >= 0 and r["lag_steps"] >= 0 for r in asyn)
+
+
+def test_training_advances_while_a_round_is_in_flight_and_a_busy_round_is_skipped(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    callback = EvaluationCallback(_gated_set(gate, gate_step=4, open_at=9), gated_probe, freq_steps=4, mode="async")
+    make_trainer(tmp_path, [GateWriter(gate), callback], 10).fit(CountingModule(epoch_len=5))
+    rows = eval_rows(read_history(tmp_path))
+    assert [(r["step"], r["trigger"]) for r in rows] == [(4, ["steps"]), (10, ["end"])]
+    assert metric_by_step(tmp_path, "w") == [(4, 4.0), (10, 10.0)]  # each round saw its snapshot's weights
+    assert rows[0]["lag_steps"] >= 5  # recorded at step 4, training had gone on to step 9 or later
+    skipped = event_rows(read_history(tmp_path), "skipped")
+    assert [(e["step"], e["running_step"], e["trigger"]) for e in skipped] == [(8, 4, ["steps"])]
+    assert callback.evaluated_steps == [4, 10]
+    _no_worker_left(callback)
+
+
+def test_on_busy_wait_evaluates_every_due_step(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    callback = EvaluationCallback(_gated_set(gate, gate_step=2, open_at=3), gated_probe, freq_steps=2, mode="async",
+                                  on_busy="wait", eval_at_end=False)
+    make_trainer(tmp_path, [GateWriter(gate), callback], 8).fit(CountingModule(epoch_len=5))
+    assert metric_by_step(tmp_path, "w") == [(2, 2.0), (4, 4.0), (6, 6.0), (8, 8.0)]
+    assert event_rows(read_history(tmp_path), "skipped") == []
+
+
+def test_a_failing_evaluate_fn_surfaces_with_its_worker_traceback(tmp_path: Path) -> None:
+    callback = EvaluationCallback({"probe": PROBES}, fails_at_step_4, freq_steps=2, mode="async", on_busy="wait",
+                                  on_error="raise")
+    with pytest.raises(EvalRoundError) as info:
+        make_trainer(tmp_path, [callback], 10).fit(CountingModule(epoch_len=5))
+    message = str(info.value)
+    assert "ValueError: broken evaluate_fn at step 4" in message
+    assert "Traceback" in message and "in fails_at_step_4" in message  # the worker's own traceback
+    _no_worker_left(callback)
+
+
+def test_a_dead_worker_is_an_error_record_and_the_next_round_gets_a_new_worker(tmp_path: Path) -> None:
+    callback = EvaluationCallback({"probe": PROBES}, worker_dies_at_step_4, freq_steps=2, mode="async", on_busy="wait")
+    make_trainer(tmp_path, [callback], 8).fit(CountingModule(epoch_len=5))
+    errors = event_rows(read_history(tmp_path), "error")
+    assert [e["step"] for e in errors] == [4]
+    assert "worker process exited with code 7" in errors[0]["message"]
+    assert metric_by_step(tmp_path, "w") == [(2, 2.0), (6, 6.0), (8, 8.0)]
+    _no_worker_left(callback)
+
+
+class Killed(RuntimeError):
+    """Stands for a crash of the training process."""
+
+
+class KillAfterStep(Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            raise Killed(f"killed after step {self.step}")
+
+
+def test_a_checkpoint_taken_with_a_round_in_flight_resumes_without_losing_or_repeating_it(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+
+    def fit(kill_after: int | None, ckpt: Path | None) -> EvaluationCallback:
+        # The round of step 4 is still running at step 5, when the checkpoint is taken.
+        callback = EvaluationCallback(_gated_set(gate, gate_step=4, open_at=5), gated_probe, freq_steps=4, mode="async")
+        callbacks: list[Callback] = [GateWriter(gate), callback,
+                                     ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="step{step}",
+                                                     auto_insert_metric_name=False, every_n_train_steps=5, save_top_k=-1)]
+        if kill_after is not None:
+            callbacks.append(KillAfterStep(kill_after))
+        make_trainer(tmp_path, callbacks, 12).fit(CountingModule(epoch_len=5), ckpt_path=ckpt)
+        return callback
+
+    with pytest.raises(Killed):  # right after the checkpoint: a round still running would be lost
+        fit(kill_after=5, ckpt=None)
+    first = eval_rows(read_history(tmp_path))
+    assert [(r["step"], r["lag_steps"]) for r in first] == [(4, 1)]  # finished for the checkpoint of step 5
+    assert [p for p in multiprocessing.active_children() if p.name == "areal-lightning-async-eval"] == []
+    resumed = fit(kill_after=None, ckpt=tmp_path / "ckpt" / "step5.ckpt")
+    assert metric_by_step(tmp_path, "w") == [(4, 4.0), (8, 8.0), (12, 12.0)]
+    assert resumed.evaluated_steps == [8, 12]
+
+
+def test_a_snapshot_over_the_memory_bound_is_refused_before_training(tmp_path: Path) -> None:
+    callback = EvaluationCallback({"probe": PROBES}, probe_weights, freq_steps=2, mode="async", max_snapshot_mb=1e-6)
+    module = CountingModule(epoch_len=5)
+    with pytest.raises(ValueError, match=r"async evaluation needs a 0\.0 MiB snapshot of CountingModule's weights, more "
+                                         r"than max_snapshot_mb=1e-06; raise max_snapshot_mb"):
+        make_trainer(tmp_path, [callback], 4).fit(module)
+    assert float(module.w.detach()) == 0.0  # not one step trained
+
+
+def test_a_lambda_evaluate_fn_is_a_clear_error_in_async_mode(tmp_path: Path) -> None:
+    callback = EvaluationCallback({"probe": PROBES}, lambda m, b, c: {}, freq_steps=2, mode="async")
+    with pytest.raises(ValueError, match="mode='async' evaluates in a worker process, so the module, evaluate_fn"):
+        make_trainer(tmp_path, [callback], 4).fit(CountingModule(epoch_len=5))
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("evaluator.on_busy=later", "evaluator.on_busy must be one of skip, wait; got 'later'"),
+    ("evaluator.async_threads=0", "evaluator.async_threads must be a positive integer, got 0"),
+    ("evaluator.max_snapshot_mb=-1", "evaluator.max_snapshot_mb must be a positive number of MiB or null, got -1.0"),
+    ("evaluator.async_device=gpu9", "evaluator.async_device must be a device string (cpu, cuda:1) or null, got 'gpu9'"),
+])
+def test_async_config_errors_name_the_key(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(None, ["eval_sets.easy.size=4", override])
+
+
+def test_async_config_builds_an_async_callback() -> None:
+    from areal_lightning.app.builders import build_callback
+
+    cfg = load_config(None, ["eval_sets.easy.size=4", "evaluator.mode=async", "evaluator.on_busy=wait",
+                             "evaluator.async_device=cpu", "evaluator.max_snapshot_mb=16"])
+    callback = build_callback(cfg)
+    assert (callback.mode.value, callback.on_busy.value) == ("async", "wait")
+    assert callback._async is not None and (callback._async.device, callback._async.max_snapshot_mb) == ("cpu", 16.0)
+    assert torch.device(callback._async.device).type == "cpu"
+
+
+def test_sharded_strategies_are_refused_with_a_clear_message() -> None:
+    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
+
+    from areal_lightning.callbacks.async_evaluator import refuse_sharded
+
+    for strategy in (FSDPStrategy(), ModelParallelStrategy()):
+        with pytest.raises(ValueError, match=rf"mode='async'\)` does not support {type(strategy).__name__}: its "
+                                             "parameters are sharded"):
+            refuse_sharded(strategy)
+    refuse_sharded(DDPStrategy())  # whole weights on every rank: accepted
