@@ -16,13 +16,10 @@ import torch
 from torch import Tensor
 from torchmetrics.utilities import rank_zero_warn
 
-from areal_lightning.metrics.options import AdvantageStd
+from areal_lightning.metrics.options import NO_ANSWER, AdvantageStd
 
 ADVANTAGE_EPS: float = 1e-6
 """Added to a group's std before dividing, so that near-constant groups do not explode."""
-
-NO_ANSWER: int = -1
-"""``answer_ids`` value of a sample without a parsable final answer; it never wins a vote."""
 
 
 # ----------------------------------------------------------------------------- validation helpers

@@ -1,8 +1,11 @@
-"""The metrics' fixed choices, as Enums (pure Python: the app's config uses them without torch)."""
+"""The metrics' fixed choices and constants (pure Python: the app's config uses them without torch)."""
 
 from __future__ import annotations
 
 from enum import Enum
+
+NO_ANSWER: int = -1
+"""``answer_ids`` value of a sample without a parsable final answer; it never wins a vote."""
 
 
 class AdvantageStd(str, Enum):
