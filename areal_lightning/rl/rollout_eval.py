@@ -17,7 +17,9 @@ Bad data, as the round sees it:
 from __future__ import annotations
 
 import logging
+import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -25,7 +27,7 @@ from torch import Tensor
 from torchmetrics import Metric, SumMetric
 
 from areal_lightning.eval_round import EvalBatch, EvalContext, SamplingParams, cut_at_stop
-from areal_lightning.metrics import AccuracyMetric, MajAtK, PassAtK, RewardMetric, Score, ScoringMetric
+from areal_lightning.metrics import AccuracyMetric, MajAtK, PassAtK, RewardMetric, Score, ScorerFailingError, ScoringMetric
 from areal_lightning.rl.policy import Policy
 from areal_lightning.rl.task import PromptTokenizer, RLTask, seeded_generators
 from areal_lightning.tasks.arithmetic import CORRECT_REWARD, NO_ANSWER_ID, WRONG_REWARD
@@ -62,19 +64,43 @@ def sampling_of(ctx: EvalContext) -> SamplingParams:
     keys = ("n_samples", "temperature", "max_new_tokens")
     return SamplingParams(**{k: ctx.options[k] for k in keys if k in ctx.options})
 
-def score_texts(task: Any, texts: Sequence[str], answers: Sequence[str]) -> list[Score]:
-    """The task's `score_many` where it has one (statuses for timeouts and parse failures), else its `reward`."""
+def _score_all(task: Any, texts: Sequence[str], answers: Sequence[str]) -> list[Score]:
     if callable(getattr(task, "score_many", None)):
         return task.score_many(list(texts), list(answers))
-    scores = []
-    for row, (text, answer) in enumerate(zip(texts, answers)):
-        try:
-            scores.append(Score(float(task.reward(text, answer))))
-        except Exception as err:  # noqa: BLE001 - reworded with the function and the completion
-            name = getattr(task.reward, "__qualname__", repr(task.reward))
-            raise RewardError(f"{name} raised {type(err).__name__}: {err} on completion {text!r} (answer {answer!r})",
-                              row) from err
-    return scores
+    return [Score(float(task.reward(t, a))) for t, a in zip(texts, answers)]
+
+
+def _where_raised(err: BaseException) -> str:
+    """The function that raised, with its file and line (the innermost frame of the traceback)."""
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f" in {frame.name} ({Path(frame.filename).name}:{frame.lineno})"
+
+
+def score_texts(task: Any, texts: Sequence[str], answers: Sequence[str]) -> list[Score]:
+    """The task's `score_many` where it has one (statuses for timeouts and parse failures), else its `reward`.
+
+    Raises:
+        RewardError: the scoring raised; it names the task, the function that raised and, found by
+            scoring the completions one at a time, the first completion it raises on (its `row`).
+        ScorerFailingError: as the task's `SafeScorer` raised it (it is not scored again sample by sample).
+    """
+    try:
+        return _score_all(task, texts, answers)
+    except ScorerFailingError:
+        raise  # a broken scorer, already worded; scoring again would wait on its time limits again
+    except Exception as err:  # noqa: BLE001 - reworded with the function and the completion
+        for row, (text, answer) in enumerate(zip(texts, answers)):  # the failure path only
+            try:
+                _score_all(task, [text], [answer])
+            except Exception as one:  # noqa: BLE001
+                raise RewardError(f"{type(task).__name__}'s scoring raised {type(one).__name__}: {one}"
+                                  f"{_where_raised(one)} on completion {text!r} (answer {answer!r})", row) from one
+        raise RewardError(f"{type(task).__name__}'s scoring raised {type(err).__name__}: {err}"
+                          f"{_where_raised(err)}") from err
+
 
 def default_metrics(n_samples: int) -> dict[str, Callable[[], Metric]]:
     """The metrics the default evaluation keeps for `n_samples` completions per prompt, by name."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,15 @@ def _eval_set(samples: list[Sample], max_new_tokens: int = 4, **kwargs: Any) -> 
 def _round(module: GRPOModule, eval_set: EvalSet, rows: int = 0) -> Any:
     (result,) = run_round(module, [eval_set], GRPOModule.evaluate, seed=7, global_step=0, epoch=0, max_table_rows=rows)
     return result
+
+
+def _always_seven(module: GRPOModule) -> None:
+    """The policy's head always prefers the digit 7 and never ends: every completion runs to max_new_tokens."""
+    tok = module.task.tokenizer
+    with torch.no_grad():
+        module.policy.head.weight.zero_()
+        module.policy.head.bias.fill_(0.0)
+        module.policy.head.bias[tok.encode(SEVEN, bos=False)[0]] = 1e4
 
 
 # ---- empty eval sets --------------------------------------------------------------------------
@@ -110,39 +120,29 @@ def test_an_empty_prompt_is_evaluated_and_counted_like_any_other() -> None:
 # ---- NaN and infinite rewards -----------------------------------------------------------------
 
 class _BrokenRewardTask(ArithmeticTask):
-    """The reward of a sample depends only on its answer: NaN, +inf, -inf or a finite value."""
+    """The reward of a sample depends only on its answer: NaN, +inf, -inf or a finite value below success."""
 
-    BY_ANSWER = {"03": math.nan, "05": math.inf, "07": -math.inf}
+    BY_ANSWER = {"03": math.nan, "05": math.inf, "07": -math.inf, "08": 0.25, "09": 0.75}
 
     def reward(self, completion: str, answer: str) -> float:
-        return self.BY_ANSWER.get(answer, 0.25 * len(completion))
+        return self.BY_ANSWER[answer]
 
 
 def test_nan_and_infinite_rewards_are_counted_reported_and_never_averaged_in(
         caplog: pytest.LogCaptureFixture) -> None:
-    samples = [Sample(0, "1+2=", "03"), Sample(1, "2+3=", "05"), Sample(2, "3+4=", "07"), Sample(3, "4+4=", "08"),
-               Sample(4, "4+5=", "09")]
+    samples = [Sample(i, f"{a}+{b}=", s) for i, (a, b, s) in enumerate([(1, 2, "03"), (2, 3, "05"), (3, 4, "07"),
+                                                                       (4, 4, "08"), (4, 5, "09")])]
     module = _module(_BrokenRewardTask(seed=3))
-    scored: list[tuple[list[str], list[str]]] = []
-    score = module.score
-
-    def recording_score(completions: Any, answers: Any) -> Any:
-        texts, rewards = score(completions, answers)
-        scored.append((texts, list(answers)))
-        return texts, rewards
-
-    module.score = recording_score  # type: ignore[method-assign]
+    _always_seven(module)  # every completion is a number: the task's reward scores each one
     with caplog.at_level(logging.WARNING, logger="areal_lightning"):
         result = _round(module, _eval_set(samples, batch_size=5))
-    # An independent recount from what was scored: only samples 3 and 4 have finite rewards.
-    ((texts, answers),) = scored
-    finite = [0.25 * len(t) for t, a in zip(texts, answers) if a not in _BrokenRewardTask.BY_ANSWER]
+    finite = [0.25] * N_SAMPLES + [0.75] * N_SAMPLES  # samples 3 and 4
     assert result.metrics[NON_FINITE_KEY] == 3 * N_SAMPLES
     assert result.metrics["reward/mean"] == pytest.approx(sum(finite) / len(finite))
-    assert result.metrics["reward/max"] == max(finite) and result.metrics["reward/min"] == min(finite)
-    assert math.isfinite(result.metrics["reward/std"])
-    # +inf is not a success: no sample is correct (finite rewards are below 1 for completions of <= 3 chars).
-    assert result.metrics["accuracy"] == pytest.approx(sum(r >= 1.0 for r in finite) / len(texts))
+    assert (result.metrics["reward/min"], result.metrics["reward/max"]) == (0.25, 0.75)
+    assert result.metrics["reward/std"] == pytest.approx(0.25)
+    # +inf is no success: no sample is correct (the finite rewards are below the 0.8 of accuracy).
+    assert result.metrics["accuracy"] == 0.0 and result.metrics["pass@1"] == 0.0
     (warning,) = [r.getMessage() for r in caplog.records if "NaN or infinite" in r.getMessage()]
     assert f"{3 * N_SAMPLES} NaN or infinite reward(s) on samples 0, 1, 2" in warning and NON_FINITE_KEY in warning
 
@@ -189,9 +189,11 @@ def test_a_reward_function_that_raises_fails_the_round_naming_the_function_and_t
 
     module = GRPOModule.from_config(cfg)
     module.task = _RaisingRewardTask(seed=cfg.seed)  # training uses one-digit operands: only the round raises
+    _always_seven(module)  # numbers only: the arithmetic task hands a completion to its reward only then
     trainer = make_trainer(tmp_path, [build_callback(cfg)], max_steps=2)
-    expected = (r"the reward of eval set 'hard' failed on sample 0 \(prompt '\d\d\+\d\d='\): "
-                r"_RaisingRewardTask.reward raised KeyError: \"no verifier for '\d{3}'\" on completion")
+    expected = (r"the reward of eval set 'hard' failed on sample 0 \(prompt '\d\d\+\d\d='\): _RaisingRewardTask's "
+                r"scoring raised KeyError: \"no verifier for '\d{3}'\" in reward \(test_bad_data.py:\d+\) on "
+                r"completion '7777' \(answer '\d{3}'\)")
     if on_error == "raise":
         with pytest.raises(EvalRoundError, match=expected):
             trainer.fit(module)
@@ -203,21 +205,10 @@ def test_a_reward_function_that_raises_fails_the_round_naming_the_function_and_t
     assert eval_rows(records) == []  # one set failed: the round is not recorded in part
     errors = event_rows(records, "error")
     assert [e["step"] for e in errors] == [1, 2]
-    import re
-
     assert re.search(expected, errors[0]["message"]), errors[0]["message"]
 
 
 # ---- completions far longer than expected -----------------------------------------------------
-
-def _always_seven(module: GRPOModule) -> None:
-    """The policy's head always prefers the digit 7 and never ends: every completion runs to max_new_tokens."""
-    tok = module.task.tokenizer
-    with torch.no_grad():
-        module.policy.head.weight.zero_()
-        module.policy.head.bias.fill_(0.0)
-        module.policy.head.bias[tok.encode(SEVEN, bos=False)[0]] = 1e4
-
 
 def test_a_completion_that_never_ends_stops_at_max_new_tokens_and_still_votes() -> None:
     module = _module()
