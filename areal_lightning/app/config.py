@@ -25,12 +25,12 @@ from omegaconf import errors as oc_errors
 
 from areal_lightning.callbacks.adaptive import AdaptiveSchedule
 from areal_lightning.callbacks.budget import EvalBudget
-from areal_lightning.callbacks.async_evaluator import DEFAULT_ASYNC_THREADS, DEFAULT_MAX_SNAPSHOT_MB, check_async_options
+from areal_lightning.callbacks.options import DEFAULT_ASYNC_THREADS, DEFAULT_MAX_SNAPSHOT_MB, check_async_options
 from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS, ErrorPolicy, EvalMode, OnBusy, ThresholdAction
 from areal_lightning.callbacks.thresholds import ThresholdMonitor
 from areal_lightning.callbacks.trigger import HybridTrigger
 from areal_lightning.errors import ArgumentError
-from areal_lightning.metrics.functional import AdvantageStd
+from areal_lightning.metrics.options import AdvantageStd
 from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.eval_round.sampling import SamplingParams
 from areal_lightning.tasks.math import AnswerFormat, PromptStyle, Verifier, read_rows, reference_answer
@@ -138,10 +138,13 @@ class TrainerConfig:
         _at_least(f"{path}.num_nodes", self.num_nodes, 1)
         _at_least(f"{path}.log_every_n_steps", self.log_every_n_steps, 1)
         _at_least(f"{path}.checkpoint_every_n_steps", self.checkpoint_every_n_steps, 1, allow_none=True)
-        self._check_lightning_names(path)
 
-    def _check_lightning_names(self, path: str) -> None:
-        """Lightning's own lists, so that a typo fails here and not as a traceback from `Trainer(...)`."""
+    def check_lightning_names(self, path: str) -> None:
+        """Lightning's own lists, so that a typo fails here and not as a traceback from `Trainer(...)`.
+
+        Separate from `check` and run after every other check of the config: it imports Lightning
+        (seconds), and a config refused for another reason should be refused at once.
+        """
         from lightning.fabric.connector import _convert_precision_to_unified_args
         from lightning.pytorch.accelerators import AcceleratorRegistry
         from lightning.pytorch.strategies import StrategyRegistry
@@ -520,6 +523,7 @@ class Config:
         self._check_kinds_agree()
         self._check_sequence_lengths()
         self._check_thresholds()
+        self.trainer.check_lightning_names("trainer")  # last: it imports Lightning
 
     def _check_sequence_lengths(self) -> None:
         """The longest prompt plus its completion must fit policy.max_len, or every round would fail."""
@@ -545,12 +549,14 @@ class Config:
 
     def _check_thresholds(self) -> None:
         """Thresholds name metrics that the default evaluation logs; known here, before any round."""
-        from areal_lightning.rl.rollout_eval import metric_names
-
         ev = self.evaluator
         if ev.threshold_action is ThresholdAction.STOP and not ev.metric_thresholds:
             raise ConfigError("evaluator.threshold_action=stop needs evaluator.metric_thresholds, which is empty; "
                               "add e.g. {accuracy: 0.7} or use threshold_action=alert")
+        if not ev.metric_thresholds:
+            return
+        from areal_lightning.rl.rollout_eval import metric_names  # torch and torchmetrics: only when needed
+
         logged = sorted({m for es in self.eval_sets.values() for m in metric_names(es.n_samples)})
         for name in ev.metric_thresholds:
             if name not in logged and f"{name}/mean" not in logged:

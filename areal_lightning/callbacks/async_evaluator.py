@@ -31,16 +31,12 @@ import torch
 import torch.multiprocessing as tmp
 from torch import nn
 
-from areal_lightning.errors import ArgumentError
+from areal_lightning.callbacks.options import DEFAULT_ASYNC_THREADS, DEFAULT_MAX_SNAPSHOT_MB, check_async_options
 from areal_lightning.eval_round import EvalBatch, EvalSet, EvaluateFn, LocalSetResult, evaluate_local, local_batches
 from areal_lightning.eval_round.round import resolved_seed
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_SNAPSHOT_MB = 4096.0
-"""Default bound of the memory the weight snapshot (the replica) may take, in MiB."""
-DEFAULT_ASYNC_THREADS = 1
-"""Default torch intra-op threads of the worker process."""
 _MB = 2**20
 _POLL_SECS = 0.05  # how often a waiting training thread checks that the worker is still alive
 _STOP_SECS = 10.0  # how long a closing worker may take to finish before it is terminated
@@ -103,27 +99,6 @@ def _worker_main(conn: Connection, threads: int, device: str) -> None:
             conn.send(_Done(job.step, results, None))
         except BaseException:  # noqa: BLE001 - reported to the training process
             conn.send(_Done(job.step, None, traceback.format_exc()))
-
-
-def check_async_options(device: Any, threads: Any, max_snapshot_mb: Any) -> None:
-    """The async arguments of `EvaluationCallback`, checked at construction (the config reuses it).
-
-    Raises:
-        ArgumentError: naming the argument, its value and what is accepted.
-    """
-    if device is not None and not isinstance(device, str):
-        raise ArgumentError("EvaluationCallback", "async_device", device, "a device string (cpu, cuda:1) or None")
-    if device is not None:
-        try:
-            torch.device(device)
-        except RuntimeError:
-            raise ArgumentError("EvaluationCallback", "async_device", device,
-                                "a device string (cpu, cuda:1) or None") from None
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ArgumentError("EvaluationCallback", "async_threads", threads, "a positive integer")
-    if max_snapshot_mb is not None and (isinstance(max_snapshot_mb, bool) or not isinstance(max_snapshot_mb, (int, float))
-                                        or not max_snapshot_mb > 0 or max_snapshot_mb == float("inf")):
-        raise ArgumentError("EvaluationCallback", "max_snapshot_mb", max_snapshot_mb, "a positive number of MiB or None")
 
 
 def refuse_sharded(strategy: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -53,3 +54,27 @@ def choice(arg: str, value: Any, enum: type[E]) -> E:
         raise ArgumentError("EvaluationCallback", arg, value, f"one of {choices}",
                             f"Unsupported parameter value `EvaluationCallback({arg}={value!r})`. "
                             f"Possible choices are: {choices}") from None
+
+
+DEFAULT_MAX_SNAPSHOT_MB = 4096.0
+"""Default bound of the memory the async weight snapshot (the replica) may take, in MiB."""
+DEFAULT_ASYNC_THREADS = 1
+"""Default torch intra-op threads of the async worker process."""
+_DEVICE = re.compile(r"(cpu|cuda|mps|xpu)(:\d+)?")
+
+
+def check_async_options(device: Any, threads: Any, max_snapshot_mb: Any) -> None:
+    """The async arguments of `EvaluationCallback`, checked at construction (the config reuses it).
+
+    Raises:
+        ArgumentError: naming the argument, its value and what is accepted.
+    """
+    if device is not None and not isinstance(device, str):
+        raise ArgumentError("EvaluationCallback", "async_device", device, "a device string (cpu, cuda:1) or None")
+    if device is not None and not _DEVICE.fullmatch(device):
+        raise ArgumentError("EvaluationCallback", "async_device", device, "a device string (cpu, cuda:1) or None")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ArgumentError("EvaluationCallback", "async_threads", threads, "a positive integer")
+    if max_snapshot_mb is not None and (isinstance(max_snapshot_mb, bool) or not isinstance(max_snapshot_mb, (int, float))
+                                        or not max_snapshot_mb > 0 or max_snapshot_mb == float("inf")):
+        raise ArgumentError("EvaluationCallback", "max_snapshot_mb", max_snapshot_mb, "a positive number of MiB or None")

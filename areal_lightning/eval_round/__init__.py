@@ -1,37 +1,46 @@
 """The evaluation round and what it stands on: eval sets, sharding, per-sample seeds, fingerprints.
 
 `run_round` is the one function that sync, async and standalone evaluation share.
+
+The names below load on first use (PEP 562): `eval_set` is pure Python, so a config that checks
+an `EvalSet`'s arguments does not pay for torch, torchmetrics and Lightning.
 """
 
-from areal_lightning.eval_round.context import EvalBatch, EvalContext, EvalRoundError, EvaluateFn, SetResult
-from areal_lightning.eval_round.eval_set import EvalSet, as_eval_sets
-from areal_lightning.eval_round.fingerprint import EvalSetMismatchError, check_eval_sets_consistent
-from areal_lightning.eval_round.round import (
-    LocalSetResult,
-    evaluate_local,
-    evaluate_set,
-    local_batches,
-    reduce_set,
-    run_round,
-)
-from areal_lightning.eval_round.sampling import SamplingParams, cut_at_stop
+from __future__ import annotations
 
-__all__ = [
-    "EvalBatch",
-    "EvalContext",
-    "EvalRoundError",
-    "EvalSet",
-    "EvalSetMismatchError",
-    "EvaluateFn",
-    "SamplingParams",
-    "SetResult",
-    "as_eval_sets",
-    "check_eval_sets_consistent",
-    "cut_at_stop",
-    "LocalSetResult",
-    "evaluate_local",
-    "evaluate_set",
-    "local_batches",
-    "reduce_set",
-    "run_round",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "EvalBatch": "areal_lightning.eval_round.context",
+    "EvalContext": "areal_lightning.eval_round.context",
+    "EvalRoundError": "areal_lightning.eval_round.context",
+    "EvaluateFn": "areal_lightning.eval_round.context",
+    "SetResult": "areal_lightning.eval_round.context",
+    "EvalSet": "areal_lightning.eval_round.eval_set",
+    "as_eval_sets": "areal_lightning.eval_round.eval_set",
+    "EvalSetMismatchError": "areal_lightning.eval_round.fingerprint",
+    "check_eval_sets_consistent": "areal_lightning.eval_round.fingerprint",
+    "LocalSetResult": "areal_lightning.eval_round.round",
+    "evaluate_local": "areal_lightning.eval_round.round",
+    "evaluate_set": "areal_lightning.eval_round.round",
+    "reduce_set": "areal_lightning.eval_round.round",
+    "local_batches": "areal_lightning.eval_round.round",
+    "run_round": "areal_lightning.eval_round.round",
+    "SamplingParams": "areal_lightning.eval_round.sampling",
+    "cut_at_stop": "areal_lightning.eval_round.sampling",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'areal_lightning.eval_round' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

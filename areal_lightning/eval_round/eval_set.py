@@ -34,8 +34,8 @@ class EvalSet:
             replaces the run seed for this set's per-sample seeds.
 
     Raises:
-        ValueError: for an empty name or samples, a batch size that is not a positive integer, or a
-            max_batch_cost that is not a positive number.
+        ValueError: for an empty name or samples, samples that cannot be indexed (a generator), a
+            batch size that is not a positive integer, or a max_batch_cost that is not a positive number.
 
     Example:
         >>> EvalSet("easy", ["1+1=", "2+3="], batch_size=1).costs
@@ -54,6 +54,10 @@ class EvalSet:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "/" in self.name:
             raise ValueError(f"`EvalSet(name=...)` must be a non-empty string without '/', got {self.name!r}")
+        if not isinstance(self.samples, Sequence) and not hasattr(self.samples, "__getitem__"):
+            # A generator or a set has no stable order or length: sharding indexes the samples.
+            raise ArgumentError("EvalSet", "samples", type(self.samples).__name__,
+                                "a sequence with a length and indexing (a list, a tuple, a Dataset ...)")
         if len(self.samples) == 0:
             raise ValueError(f"`EvalSet(name={self.name!r})` has no samples; give at least one")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from enum import Enum
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from areal_lightning.errors import ArgumentError
-from areal_lightning.eval_round.isolation import module_device
+
+if TYPE_CHECKING:  # the Enum is read by the app's config, which must load without torch
+    from torch import nn
 
 
 class EvalPrecision(Enum):
@@ -42,23 +41,26 @@ class EvalPrecision(Enum):
         raise ArgumentError("EvaluationCallback", "precision", value, f"one of {choices}")
 
 
-_DTYPES = {EvalPrecision.BF16: torch.bfloat16, EvalPrecision.FP16: torch.float16}
-
-
 @contextlib.contextmanager
 def eval_precision(module: nn.Module, precision: EvalPrecision) -> Iterator[None]:
     """`torch.autocast` on the module's device type at `precision` (nothing for ``32``).
 
     Example:
-        >>> layer = nn.Linear(2, 2)
+        >>> import torch
+        >>> layer = torch.nn.Linear(2, 2)
         >>> with eval_precision(layer, EvalPrecision.BF16):
         ...     layer(torch.ones(1, 2)).dtype
         torch.bfloat16
         >>> layer.weight.dtype
         torch.float32
     """
+    import torch
+
+    from areal_lightning.eval_round.isolation import module_device
+
     if precision is EvalPrecision.FP32:
         yield
         return
-    with torch.autocast(device_type=module_device(module).type, dtype=_DTYPES[precision]):
+    dtype = {EvalPrecision.BF16: torch.bfloat16, EvalPrecision.FP16: torch.float16}[precision]
+    with torch.autocast(device_type=module_device(module).type, dtype=dtype):
         yield

@@ -7,47 +7,42 @@ the single-process result over the union of the data, whatever the number of upd
 ``compute()`` runs the same gathers on every rank (the classes default to
 ``compute_with_cache=False``); on a rank without update torchmetrics warns "compute ... before
 update" on local rank 0 only, and the synced value is still right.
+
+The names below load on first use (PEP 562): `options` is pure Python, so the app's config reads
+`AdvantageStd` without importing torch.
 """
 
-from areal_lightning.metrics.accuracy import AccuracyMetric
-from areal_lightning.metrics.advantage import AdvantageMetric
-from areal_lightning.metrics.functional import (
-    ADVANTAGE_EPS,
-    NO_ANSWER,
-    AdvantageStd,
-    group_advantages,
-    maj_at_k,
-    maj_at_k_per_prompt,
-    mean_at_n,
-    pass_at_k,
-    pass_at_k_per_prompt,
-    wilson_interval,
-    zero_std_groups,
-)
-from areal_lightning.metrics.reward import RewardMetric
-from areal_lightning.metrics.sampling import MajAtK, PassAtK
-from areal_lightning.metrics.scoring import SafeScorer, Score, ScorerFailingError, ScoreStatus, ScoringMetric
+from __future__ import annotations
 
-__all__ = [
-    "ADVANTAGE_EPS",
-    "NO_ANSWER",
-    "AccuracyMetric",
-    "AdvantageMetric",
-    "AdvantageStd",
-    "MajAtK",
-    "PassAtK",
-    "RewardMetric",
-    "SafeScorer",
-    "Score",
-    "ScoreStatus",
-    "ScorerFailingError",
-    "ScoringMetric",
-    "group_advantages",
-    "maj_at_k",
-    "maj_at_k_per_prompt",
-    "mean_at_n",
-    "pass_at_k",
-    "pass_at_k_per_prompt",
-    "wilson_interval",
-    "zero_std_groups",
-]
+import importlib
+from typing import Any
+
+_FUNCTIONAL = "areal_lightning.metrics.functional"
+_EXPORTS = {
+    "AccuracyMetric": "areal_lightning.metrics.accuracy",
+    "AdvantageMetric": "areal_lightning.metrics.advantage",
+    "AdvantageStd": "areal_lightning.metrics.options",
+    "MajAtK": "areal_lightning.metrics.sampling",
+    "PassAtK": "areal_lightning.metrics.sampling",
+    "RewardMetric": "areal_lightning.metrics.reward",
+    "Score": "areal_lightning.metrics.score",
+    "ScoreStatus": "areal_lightning.metrics.score",
+    **{name: "areal_lightning.metrics.scoring" for name in ("SafeScorer", "ScorerFailingError", "ScoringMetric")},
+    **{name: _FUNCTIONAL for name in ("ADVANTAGE_EPS", "NO_ANSWER", "group_advantages", "maj_at_k", "maj_at_k_per_prompt",
+                                      "mean_at_n", "pass_at_k", "pass_at_k_per_prompt", "wilson_interval",
+                                      "zero_std_groups")},
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'areal_lightning.metrics' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

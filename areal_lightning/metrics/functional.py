@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import math
 import numbers
-from enum import Enum
 from typing import Literal, Union
 
 import torch
 from torch import Tensor
 from torchmetrics.utilities import rank_zero_warn
 
+from areal_lightning.metrics.options import NO_ANSWER, AdvantageStd
+
 ADVANTAGE_EPS: float = 1e-6
 """Added to a group's std before dividing, so that near-constant groups do not explode."""
-
-NO_ANSWER: int = -1
-"""``answer_ids`` value of a sample without a parsable final answer; it never wins a vote."""
 
 
 # ----------------------------------------------------------------------------- validation helpers
@@ -127,17 +125,6 @@ def _check_rewards_2d(rewards: Tensor, where: str) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- group advantages
-class AdvantageStd(str, Enum):
-    """Which std divides group advantages (``group_advantages(std=...)``); a plain string works too."""
-
-    SAMPLE = "sample"
-    """Divide the squared deviations by ``n - 1`` (``torch.std``), as TRL's ``GRPOTrainer`` and
-    verl's ``compute_grpo_outcome_advantage`` do."""
-
-    POPULATION = "population"
-    """Divide by ``n`` (``torch.std(unbiased=False)``): the spread of the group itself."""
-
-
 def _check_std(std: AdvantageStd | str, where: str) -> AdvantageStd:
     try:
         return AdvantageStd(std)

@@ -23,8 +23,6 @@ import multiprocessing as mp
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from enum import Enum
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -33,37 +31,16 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from areal_lightning.errors import ArgumentError
+from areal_lightning.metrics.score import DEFAULT_TIMEOUT_S, Score, ScoreStatus
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT_S = 5.0
-"""Per-sample time limit of a scorer call (math-verify's own default is 5 s as well)."""
 DEFAULT_MAX_CONSECUTIVE_FAILURES = 64
 """Failures in a row (timeouts or errors, not parse failures) after which the scorer counts as broken."""
 _JOIN_S = 5.0  # how long a killed or closing worker may take to exit
 START_TIMEOUT_S = 300.0
 """How long a new worker may take to start (import the scorer's module) before the scorer is broken."""
 _READY = "ready"
-
-
-class ScoreStatus(str, Enum):
-    """How a sample's score came about."""
-
-    OK = "ok"
-    TIMEOUT = "timeout"
-    """The scorer did not answer within the time limit; its worker was replaced."""
-    PARSE_FAILURE = "parse_failure"
-    """The scorer found no answer to score (it returned None)."""
-    ERROR = "error"
-    """The scorer raised."""
-
-
-@dataclass(frozen=True)
-class Score:
-    """One sample's reward and how it came about (a failed sample carries the wrong-answer reward)."""
-
-    reward: float
-    status: ScoreStatus = ScoreStatus.OK
 
 
 class ScorerFailingError(RuntimeError):

@@ -1,18 +1,50 @@
-"""The default `evaluate_fn` of `GRPOModule`: roll out each eval prompt `n_samples` times, score, update metrics."""
+"""The default `evaluate_fn` of `GRPOModule`: roll out each eval prompt `n_samples` times, score, update metrics.
+
+Bad data, as the round sees it:
+
+* a reward that is NaN or infinite is counted in ``reward/non_finite`` (every round logs it, 0
+  when all rewards are finite) and reported in a warning naming the samples; ``reward/*`` are over
+  the finite rewards only, and accuracy, pass@k and maj@k count the sample as incorrect;
+* a task's `reward` that raises fails the round (then ``on_error`` applies) with a `RewardError`
+  naming the function, the eval set, the sample, its prompt and the completion (a task scored by
+  a `SafeScorer` counts such samples in ``scoring/errors`` instead);
+* a completion is never longer than ``max_new_tokens``; a prompt plus ``max_new_tokens`` beyond
+  the policy's ``max_len`` fails the round before any generation, naming both numbers;
+* completions of any length vote in maj@k (answer ids are renumbered per prompt, so a long run
+  of digits is still one answer).
+"""
 
 from __future__ import annotations
 
+import logging
+import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from torchmetrics import Metric
+from torch import Tensor
+from torchmetrics import Metric, SumMetric
 
 from areal_lightning.eval_round import EvalBatch, EvalContext, SamplingParams, cut_at_stop
-from areal_lightning.metrics import AccuracyMetric, MajAtK, PassAtK, RewardMetric, Score, ScoringMetric
+from areal_lightning.metrics import AccuracyMetric, MajAtK, PassAtK, RewardMetric, Score, ScorerFailingError, ScoringMetric
 from areal_lightning.rl.policy import Policy
 from areal_lightning.rl.task import PromptTokenizer, RLTask, seeded_generators
-from areal_lightning.tasks.arithmetic import CORRECT_REWARD
+from areal_lightning.tasks.arithmetic import CORRECT_REWARD, NO_ANSWER_ID, WRONG_REWARD
+
+NON_FINITE_KEY = "reward/non_finite"
+"""Samples of a round whose reward was NaN or infinite (left out of ``reward/*``, counted incorrect)."""
+MAX_INDICES_SHOWN = 5
+
+log = logging.getLogger(__name__)
+
+
+class RewardError(RuntimeError):
+    """The task's reward function raised on one completion; `row` is the completion's row in the batch."""
+
+    def __init__(self, message: str, row: int | None = None) -> None:
+        super().__init__(message)
+        self.row = row
 
 class RolloutModule(Protocol):
     """What the default evaluation needs of a module; `GRPOModule` has it."""
@@ -32,11 +64,43 @@ def sampling_of(ctx: EvalContext) -> SamplingParams:
     keys = ("n_samples", "temperature", "max_new_tokens")
     return SamplingParams(**{k: ctx.options[k] for k in keys if k in ctx.options})
 
-def score_texts(task: Any, texts: Sequence[str], answers: Sequence[str]) -> list[Score]:
-    """The task's `score_many` where it has one (statuses for timeouts and parse failures), else its `reward`."""
+def _score_all(task: Any, texts: Sequence[str], answers: Sequence[str]) -> list[Score]:
     if callable(getattr(task, "score_many", None)):
         return task.score_many(list(texts), list(answers))
     return [Score(float(task.reward(t, a))) for t, a in zip(texts, answers)]
+
+
+def _where_raised(err: BaseException) -> str:
+    """The function that raised, with its file and line (the innermost frame of the traceback)."""
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f" in {frame.name} ({Path(frame.filename).name}:{frame.lineno})"
+
+
+def score_texts(task: Any, texts: Sequence[str], answers: Sequence[str]) -> list[Score]:
+    """The task's `score_many` where it has one (statuses for timeouts and parse failures), else its `reward`.
+
+    Raises:
+        RewardError: the scoring raised; it names the task, the function that raised and, found by
+            scoring the completions one at a time, the first completion it raises on (its `row`).
+        ScorerFailingError: as the task's `SafeScorer` raised it (it is not scored again sample by sample).
+    """
+    try:
+        return _score_all(task, texts, answers)
+    except ScorerFailingError:
+        raise  # a broken scorer, already worded; scoring again would wait on its time limits again
+    except Exception as err:  # noqa: BLE001 - reworded with the function and the completion
+        for row, (text, answer) in enumerate(zip(texts, answers)):  # the failure path only
+            try:
+                _score_all(task, [text], [answer])
+            except Exception as one:  # noqa: BLE001
+                raise RewardError(f"{type(task).__name__}'s scoring raised {type(one).__name__}: {one}"
+                                  f"{_where_raised(one)} on completion {text!r} (answer {answer!r})", row) from one
+        raise RewardError(f"{type(task).__name__}'s scoring raised {type(err).__name__}: {err}"
+                          f"{_where_raised(err)}") from err
+
 
 def default_metrics(n_samples: int) -> dict[str, Callable[[], Metric]]:
     """The metrics the default evaluation keeps for `n_samples` completions per prompt, by name."""
@@ -44,6 +108,7 @@ def default_metrics(n_samples: int) -> dict[str, Callable[[], Metric]]:
     for k in sorted({1, n_samples}):
         factories[f"pass@{k}"] = lambda k=k: PassAtK(k)
     factories[f"maj@{n_samples}"] = lambda: MajAtK(n_samples)
+    factories[NON_FINITE_KEY] = lambda: SumMetric(nan_strategy="disable").set_dtype(torch.float64)
     return factories
 
 def metric_names(n_samples: int) -> list[str]:
@@ -69,22 +134,83 @@ def metric_names(n_samples: int) -> list[str]:
         names += [key if key == name else f"{name}/{key}" for key in keys]
     return sorted(names)
 
+def _per_prompt_answer_ids(answer_ids: Sequence[int], n: int) -> list[int]:
+    """Each prompt's answers renumbered 0, 1, ... in order of first appearance (``NO_ANSWER_ID`` kept).
+
+    maj@k only compares answers within a prompt, and first appearance is its tie-break too, so the
+    vote is unchanged; the ids stay small whatever the completions hold (``int("7" * 30)`` does not
+    fit a tensor).
+
+    Example:
+        >>> _per_prompt_answer_ids([10**30, 5, 10**30, -1, 7, 7], n=3)
+        [0, 1, 0, -1, 0, 0]
+    """
+    out = []
+    for start in range(0, len(answer_ids), n):
+        seen: dict[int, int] = {}
+        for answer in answer_ids[start:start + n]:
+            out.append(NO_ANSWER_ID if answer == NO_ANSWER_ID else seen.setdefault(answer, len(seen)))
+    return out
+
+
+def _check_fits(module: RolloutModule, prompt_ids: Tensor, max_new_tokens: int, ctx: EvalContext) -> None:
+    """Refuses, before any forward, a prompt plus completion longer than the policy's positions."""
+    max_len = getattr(module.policy, "max_len", None)
+    needed = prompt_ids.shape[1] + max_new_tokens
+    if isinstance(max_len, int) and needed > max_len:
+        raise ValueError(
+            f"eval set {ctx.dataset!r}: its longest prompt ({prompt_ids.shape[1]} tokens) plus max_new_tokens="
+            f"{max_new_tokens} is {needed} tokens, more than the policy's max_len={max_len}; lower the eval set's "
+            "max_new_tokens or raise policy.max_len"
+        )
+
+
+def _score(task: Any, texts: list[str], answers: list[str], batch: EvalBatch, n: int, ctx: EvalContext) -> list[Score]:
+    try:
+        return score_texts(task, texts, answers)
+    except Exception as err:  # noqa: BLE001 - reworded with the sample, re-raised: the round reports it on every rank
+        row = getattr(err, "row", None)
+        if row is None:
+            where = f"one of the samples {batch.indices}"
+        else:
+            where = f"sample {batch.indices[row // n]} (prompt {batch.samples[row // n].prompt!r})"
+        raise RewardError(f"the reward of eval set {ctx.dataset!r} failed on {where}: {err}", row) from err
+
+
+def _report_non_finite(rewards: Tensor, batch: EvalBatch, ctx: EvalContext) -> Tensor:
+    """The finite mask of `rewards` [P, n]; a warning names the samples with a NaN or infinite reward."""
+    finite = torch.isfinite(rewards)
+    if not bool(finite.all()):
+        bad = [batch.indices[p] for p in (~finite).any(dim=1).nonzero().flatten().tolist()]
+        shown = ", ".join(map(str, bad[:MAX_INDICES_SHOWN])) + (" ..." if len(bad) > MAX_INDICES_SHOWN else "")
+        log.warning("eval set %r, step %d, rank %d: %d NaN or infinite reward(s) on samples %s; counted in %s, left out "
+                    "of reward/*, counted incorrect", ctx.dataset, ctx.global_step, ctx.rank, int((~finite).sum()),
+                    shown, NON_FINITE_KEY)
+    return finite
+
+
 def rollout_evaluate(module: RolloutModule, batches: Sequence[EvalBatch], ctx: EvalContext) -> dict[str, Any]:
     """Samples `n_samples` completions per prompt, each prompt from its own seed, with the eval
     set's `SamplingParams`; cuts each completion at its first stop string; updates reward,
     accuracy, pass@1, pass@n, maj@n and the scoring failures (``scoring/timeouts``,
-    ``scoring/parse_failures``, ``scoring/errors``)."""
+    ``scoring/parse_failures``, ``scoring/errors``) and the count of non-finite rewards (module docstring).
+
+    Raises:
+        RewardError: the task's reward raised; the message names the eval set, the sample and the cause.
+        ValueError: a prompt plus ``max_new_tokens`` does not fit the policy's ``max_len``.
+    """
     sp = sampling_of(ctx)
     n, temperature = sp.n_samples, sp.temperature
     max_new_tokens = sp.max_new_tokens or module.grpo.max_new_tokens
     metrics = {name: ctx.metric(name, factory) for name, factory in default_metrics(n).items()}
-    reward, accuracy, maj = metrics["reward"], metrics["accuracy"], metrics[f"maj@{n}"]
+    reward, accuracy, maj, non_finite = metrics["reward"], metrics["accuracy"], metrics[f"maj@{n}"], metrics[NON_FINITE_KEY]
     pass_at = {k: metrics[f"pass@{k}"] for k in sorted({1, n})}
     scoring = ctx.metric("scoring", ScoringMetric)
     tok = module.tokenizer
     for batch in batches:
         samples = batch.samples
         ids, mask = tok.pad_left([tok.encode(s.prompt) for s in samples])
+        _check_fits(module, ids, max_new_tokens, ctx)
         ids, mask = ids.repeat_interleave(n, 0).to(ctx.device), mask.repeat_interleave(n, 0).to(ctx.device)
         # One generator per prompt, repeated for its n rows: its completions depend on its seed only
         # (on a GPU the generator lives there, seeded alike, so the rows' noise is drawn in place).
@@ -94,19 +220,22 @@ def rollout_evaluate(module: RolloutModule, batches: Sequence[EvalBatch], ctx: E
                                              stop_at_eos=not ctx.lockstep)
         answers = [s.answer for s in samples for _ in range(n)]
         texts = [cut_at_stop(tok.decode(row), sp.stop) for row in completions.cpu()]
-        scores = score_texts(module.task, texts, answers)
+        scores = _score(module.task, texts, answers, batch, n, ctx)
         scoring.update(scores)
         rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32, device=ctx.device).view(len(samples), n)
-        correct = rewards >= CORRECT_REWARD
-        answer_ids = torch.tensor([module.task.answer_id(t) for t in texts], device=ctx.device).view(len(samples), n)
-        reward.update(rewards)
-        accuracy.update(rewards)
+        finite = _report_non_finite(rewards, batch, ctx)
+        correct = finite & (rewards >= CORRECT_REWARD)
+        answer_ids = _per_prompt_answer_ids([module.task.answer_id(t) for t in texts], n)
+        reward.update(rewards[finite])
+        accuracy.update(torch.where(finite, rewards, torch.full_like(rewards, WRONG_REWARD)))
+        non_finite.update((~finite).sum().double())
         # Per-prompt outcomes pair this round with earlier ones (eval/<set>/accuracy/delta).
         ctx.record_outcomes("accuracy", batch.indices, correct.double().mean(1))
-        ctx.record_outcomes("reward/mean", batch.indices, rewards.double().mean(1))
+        scored = torch.where(finite, rewards, torch.full_like(rewards, WRONG_REWARD))
+        ctx.record_outcomes("reward/mean", batch.indices, scored.double().mean(1))
         for metric in pass_at.values():
             metric.update(correct)
-        maj.update(answer_ids, correct)
+        maj.update(torch.tensor(answer_ids, device=ctx.device).view(len(samples), n), correct)
         ctx.num_samples += rewards.numel()
         for row, (index, sample) in enumerate(zip(batch.indices, samples)):
             ctx.record_sample(index, prompt=sample.prompt, completion=texts[row * n], answer=sample.answer,

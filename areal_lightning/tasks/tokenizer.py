@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch loads in `pad_left`: the config measures prompts without it
+    import torch
 
 PAD_TOKEN = "<pad>"
 BOS_TOKEN = "<bos>"
@@ -53,7 +55,7 @@ class CharTokenizer:
     def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
         """Text of `ids`, stopping at the first EOS; special tokens are dropped."""
         out = []
-        for i in (ids.tolist() if isinstance(ids, torch.Tensor) else ids):
+        for i in (ids.tolist() if hasattr(ids, "tolist") else ids):
             if i == self.eos_id:
                 break
             if i >= len(self.special):
@@ -62,6 +64,8 @@ class CharTokenizer:
 
     def pad_left(self, sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-pads to a [B, T] id tensor and its bool mask (True on real tokens)."""
+        import torch
+
         width = max(len(s) for s in sequences)
         ids = torch.full((len(sequences), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(sequences), width), dtype=torch.bool)

@@ -21,13 +21,12 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.patches import Patch
-from matplotlib.ticker import MaxNLocator
+
+if TYPE_CHECKING:  # matplotlib loads when a figure is drawn: `areal-lightning fit` parses its arguments without it
+    from matplotlib.figure import Figure
 
 from areal_lightning.tracking.history import HISTORY_FILENAME, drop_superseded, eval_rows, read_history, split_runs
 
@@ -160,6 +159,11 @@ def build_figure(
         available = sorted({m for records in runs.values() for m in metric_names(records)})
         raise PlotError(f"no run has metric {metric!r}; metrics in the history: "
                         f"{', '.join(available) or '(none)'}")
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI, layout="constrained")
     FigureCanvasAgg(fig)

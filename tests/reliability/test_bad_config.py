@@ -8,6 +8,7 @@ would cost seconds of imports each); a few cases also run as real subprocesses.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -105,3 +106,30 @@ def test_a_good_base_is_accepted(tmp_path: Path) -> None:
     base = tmp_path / "base.yaml"
     base.write_text(GOOD_BASE)
     assert load_config(base, []).trainer.max_steps == 2
+
+
+# Refused only once the metrics (threshold names come from the metrics themselves) or Lightning's
+# own lists (accelerator, strategy, precision) are loaded; every other file is refused before.
+NEEDS_HEAVY_IMPORTS = {"19_threshold_unknown_metric", "20_pass_at_k_above_n", "21_maj_at_k_above_n",
+                       "36_unknown_precision", "37_unknown_accelerator", "38_unknown_strategy"}
+HEAVY_MODULES = ("torch", "torchmetrics", "lightning", "matplotlib", "wandb")
+_LIGHT_PROBE = """
+import contextlib, io, json, sys
+from areal_lightning.app.cli import main
+out = []
+for path in sys.argv[1:]:
+    with contextlib.redirect_stderr(io.StringIO()):
+        status = main(["fit", "-c", path])
+    out.append([path, status, [m for m in %r if m in sys.modules]])
+print(json.dumps(out))
+""" % (HEAVY_MODULES,)
+
+
+def test_most_bad_configs_are_refused_before_torch_or_lightning_is_imported(tmp_path: Path) -> None:
+    # One fresh interpreter refuses them in turn: a heavy import by any of them stays in sys.modules.
+    light = [str(p) for p in FILES if p.stem not in NEEDS_HEAVY_IMPORTS]
+    assert len(light) >= 30
+    proc = run_in_group([sys.executable, "-c", _LIGHT_PROBE, *light], timeout=180, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for path, status, heavy in json.loads(proc.stdout):
+        assert (status, heavy) == (2, []), Path(path).name
