@@ -5,7 +5,8 @@ rounds, the standalone `evaluate` command and anything else that evaluates. It d
 the module replica, the eval sets (cut into a global list of batches that does not depend on the
 number of devices) and the run seed (from which each sample's own seed derives). Under
 `torch.distributed` each rank evaluates its deal of the batches, and every rank runs the same
-collectives in the same order: one object gather, then the metrics' own syncs.
+collectives in the same order: one object gather, which also carries the metrics' states
+(`metric_sync`), so the metrics' own syncs gather nothing more.
 
 With `lockstep=True` (sharded parameters: every forward all-gathers them) a rank dealt fewer
 batches than the busiest rank also evaluates padding batches, in a second `evaluate_fn` call on a
@@ -19,6 +20,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, NamedTuple
 
 import torch
@@ -28,6 +30,7 @@ from torchmetrics import MeanMetric, Metric
 from areal_lightning.eval_round.context import BatchList, EvalBatch, EvalContext, EvalRoundError, EvaluateFn, SetResult
 from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.eval_round.isolation import evaluation_mode, module_device
+from areal_lightning.eval_round.metric_sync import StateList, local_states, states_by_name, synced_from
 from areal_lightning.eval_round.ranks import all_gather_object, dist_info
 from areal_lightning.eval_round.sharding import sample_seeds, shard_all_ranks, shard_for_rank
 
@@ -42,6 +45,9 @@ class _RankReport(NamedTuple):
     metric_names: list[str]
     extra_names: list[str]
     table_rows: list[dict[str, Any]]
+    # The local states of ctx's metrics and of the returned values' means, when there is more than one rank.
+    metric_states: dict[str, StateList]
+    extra_states: dict[str, StateList]
 
 
 def local_batches(eval_set: EvalSet, seed: int, rank: int, world_size: int) -> list[EvalBatch]:
@@ -105,7 +111,17 @@ def _with_progress(batches: Sequence[EvalBatch], name: str, show: bool) -> Seque
     return tqdm(batches, desc=f"eval {name}", unit="batch", leave=False, dynamic_ncols=True)  # type: ignore[return-value]
 
 
-def _compute_all(metrics: Mapping[str, Metric], dataset: str) -> dict[str, float]:
+def _new_extra() -> Metric:
+    return MeanMetric(nan_strategy="disable").set_dtype(torch.float64)
+
+
+def _synced(metric: Metric, name: str, per_rank: Sequence[Mapping[str, StateList]] | None) -> AbstractContextManager:
+    """The metric's sync reads the states gathered with the rank reports (one process: nothing to sync)."""
+    return nullcontext() if per_rank is None else synced_from(metric, [states[name] for states in per_rank], name)
+
+
+def _compute_all(metrics: Mapping[str, Metric], dataset: str,
+                 per_rank: Sequence[Mapping[str, StateList]] | None) -> dict[str, float]:
     out: dict[str, float] = {}
     name = ""
     try:
@@ -113,7 +129,8 @@ def _compute_all(metrics: Mapping[str, Metric], dataset: str) -> dict[str, float
             # A rank dealt no batch never updates its metrics; its compute() still joins the sync.
             warnings.filterwarnings("ignore", message=".*compute.*before.*update.*")
             for name in sorted(metrics):
-                out.update(_flatten(name, metrics[name].compute()))
+                with _synced(metrics[name], name, per_rank):
+                    out.update(_flatten(name, metrics[name].compute()))
     except Exception as err:
         # compute() runs on values already synced, so every rank fails here alike and none waits.
         raise EvalRoundError(
@@ -153,7 +170,8 @@ def evaluate_set(
         device=module_device(module), seed=seed, options=eval_set.options, max_table_rows=max_table_rows,
         lockstep=lockstep and world > 1,
     )
-    error, updates = None, {}
+    error, updates, states, extra_states = None, {}, {}, {}
+    extras: dict[str, Metric] = {}
     with evaluation_mode(module):
         try:  # inside the block: `evaluation_mode` restores the RNG states only on a normal exit
             shown = _with_progress(BatchList(batches, ctx), eval_set.name, show_progress and rank == 0)
@@ -164,24 +182,31 @@ def evaluate_set(
                 scratch = dataclasses.replace(ctx, metrics={}, num_samples=0, max_table_rows=0, table_rows=[],
                                               loop_started=False, padding=True)
                 evaluate_fn(module, BatchList(padding, scratch), scratch)
+            # Returned values reduce through torchmetrics too: one float64 mean per name any rank returned.
+            for name, values in updates.items():
+                extras[name] = _new_extra()
+                extras[name].update(values)
+            if world > 1:
+                states, extra_states = states_by_name(ctx.metrics), states_by_name(extras)
         except Exception as err:  # noqa: BLE001 - reported on every rank below, so no rank waits forever
             error = f"rank {rank}: {type(err).__name__}: {err}\n{traceback.format_exc()}"
     # One object gather carries errors, counts, names and table rows: the same collective on every rank.
     report = _RankReport(error, num_prompts, sum(i for b in batches for i in b.indices), ctx.num_samples or num_prompts,
-                         sorted(ctx.metrics), sorted(updates), ctx.table_rows)
+                         sorted(ctx.metrics), sorted(updates), ctx.table_rows, states, extra_states)
     gathered: list[_RankReport] = all_gather_object(report)
     errors = [g.error for g in gathered if g.error]
     if errors:
         raise EvalRoundError(f"evaluation of eval set {eval_set.name!r} failed: " + "\n".join(errors))
     _check_same_metrics(gathered, eval_set.name)
-    # Returned values reduce through torchmetrics too: one float64 mean per name any rank returned.
-    extras: dict[str, Metric] = {}
-    for name in sorted(set().union(*(g.extra_names for g in gathered))):
-        extras[name] = MeanMetric(nan_strategy="disable").set_dtype(torch.float64)
-        if name in updates:
-            extras[name].update(updates[name])
-    metrics = _compute_all(ctx.metrics, eval_set.name)
-    metrics.update(_compute_all(extras, eval_set.name))
+    extra_names = sorted(set().union(*(g.extra_names for g in gathered)))
+    extras = {name: extras[name] if name in extras else _new_extra() for name in extra_names}
+    per_rank = per_rank_extras = None
+    if world > 1:  # a rank that returned no value for a name counts as an empty mean
+        unreturned = local_states(_new_extra())
+        per_rank = [g.metric_states for g in gathered]
+        per_rank_extras = [{**{name: unreturned for name in extra_names}, **g.extra_states} for g in gathered]
+    metrics = _compute_all(ctx.metrics, eval_set.name, per_rank)
+    metrics.update(_compute_all(extras, eval_set.name, per_rank_extras))
     size = len(eval_set.samples)
     total_prompts = sum(g.num_prompts for g in gathered)
     if (total_prompts, sum(g.index_sum for g in gathered)) != (size, size * (size - 1) // 2):
