@@ -1,19 +1,22 @@
-"""Sharded evaluation: wall time on 1 vs 2 CPU processes, and the cost balance of the deal.
+"""Sharded evaluation: the eval round on 1 vs 2 CPU processes, wall time and CPU seconds per rank.
 
-1. Trains a checkpoint for one step (after the default format warm-up), then runs
-   ``areal-lightning evaluate`` on the same 2-digit eval set with 1 process and with
-   ``trainer.devices=2 trainer.strategy=ddp``, each process on one thread (OMP_NUM_THREADS=1).
-   Reports the eval round's own time (``eval_secs`` of the eval history, rank 0, which waits for
-   the slowest rank at the round's reduction), the whole command's wall time (imports, launch,
-   checkpoint load included), the speed-up, and whether both runs logged the same metrics.
-   On a box shared with other jobs the wall-clock speed-up is capped by the free cores, so:
-2. The same round in-process on 1 and 2 gloo ranks (``tests/ddp_utils.run_ddp``), with each
-   rank's CPU seconds: how the work splits, and the speed-up 2 free cores would give
-   (CPU seconds on 1 rank / the largest rank's CPU seconds on 2), plus the measured balance.
+Trains a checkpoint for one step (after the default format warm-up), then, interleaved and
+repeated so that a busy spell on a shared box hits every variant alike:
+
+1. ``areal-lightning evaluate`` of that checkpoint on one 2-digit eval set: 1 process on 1 thread,
+   1 process on 2 threads (what one process makes of the second core), and
+   ``trainer.devices=2 trainer.strategy=ddp`` (1 thread per process, as Lightning sets it). The
+   eval round's wall time is ``eval_secs`` of the eval history (rank 0; it waits for the slowest
+   rank at the reduction); the whole command's wall time includes imports, launch and loading.
+2. The same round in-process on 1 and 2 gloo ranks (``tests/ddp_utils.run_ddp``), one thread per
+   rank, timed per rank: CPU seconds (``time.process_time``: user + system of that process), wall
+   seconds, the rank's own ``evaluate_fn`` and the reduction after the slowest rank's
+   ``evaluate_fn`` returned. CPU seconds do not count time spent waiting for a core, so
+   ``1-rank CPU / largest 2-rank CPU`` is the speed-up two free cores give.
 3. The cost balance (max rank cost / mean rank cost; target <= 1.05) of the deal on eval sets
    with very uneven (lognormal) prompt lengths, from ``benchmarks/shard_balance.py``.
 
-    .venv/bin/python benchmarks/sharded_eval.py [--size 5000] [--n-samples 16] [--repeats 2] [--json]
+    .venv/bin/python benchmarks/sharded_eval.py [--size 5000] [--n-samples 16] [--repeats 3] [--json]
 """
 
 from __future__ import annotations
@@ -26,13 +29,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import mean
+from typing import Any
 
 import yaml
 
-from shard_balance import TARGET, measure  # noqa: E402 - a sibling script (benchmarks/ is sys.path[0])
+# a sibling script (benchmarks/ is sys.path[0])
+from shard_balance import TARGET, measure
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from ddp_utils import run_ddp  # noqa: E402 - the tests' gloo launcher, reused
+from ddp_utils import run_ddp  # the tests' gloo launcher, reused
 
 EVAL_SET = "bench"
 BALANCE_SAMPLES = 1000
@@ -72,15 +78,19 @@ def make_checkpoint(config: Path, root: Path) -> Path:
     return path
 
 
-def evaluate(config: Path, ckpt: Path, out: Path, devices: int) -> dict[str, float | dict]:
+COMMANDS = {"1 proc, 1 thread": (1, 1), "1 proc, 2 threads": (1, 2), "2 procs (ddp), 1 thread each": (2, 1)}
+ONE, TWO = "1 proc, 1 thread", "2 procs (ddp), 1 thread each"
+
+
+def evaluate(config: Path, ckpt: Path, out: Path, devices: int, threads: int) -> dict[str, Any]:
     """Runs the evaluate command; returns its wall time and its eval-history record."""
-    command = [sys.executable, "-m", "areal_lightning", "evaluate", "-c", str(config), "--ckpt", str(ckpt), "--trust-checkpoint",
-               f"output_dir={out}"]
+    command = [sys.executable, "-m", "areal_lightning", "evaluate", "-c", str(config), "--ckpt", str(ckpt),
+               "--trust-checkpoint", f"output_dir={out}"]
     if devices > 1:
         command += [f"trainer.devices={devices}", "trainer.strategy=ddp"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # one thread per process
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S, check=False)
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"evaluate on {devices} process(es) failed:\n{done.stderr[-3000:]}")
@@ -90,16 +100,20 @@ def evaluate(config: Path, ckpt: Path, out: Path, devices: int) -> dict[str, flo
     return {"wall_secs": wall, "eval_secs": record["eval_secs"], "record": record}
 
 
-def round_cpu_secs(rank: int, world_size: int, config: str, ckpt: str) -> tuple[float, float]:
-    """(CPU seconds, wall seconds) of this rank's evaluation round, on one thread."""
+def round_on_rank(rank: int, world_size: int, config: str, ckpt: str) -> dict[str, float]:
+    """This rank's round, timed: CPU and wall seconds, its `evaluate_fn`, and when that returned."""
     import torch
 
-    from areal_lightning.app.config import load_config
-    from areal_lightning.eval_round import check_eval_sets_consistent, run_round
-    from areal_lightning.app.evaluate import STATE_DICT_KEY, load_checkpoint, load_weights
     from areal_lightning.app.builders import build_eval_sets
-    from areal_lightning.rl.rollout_eval import rollout_evaluate
+    from areal_lightning.app.config import load_config
+    from areal_lightning.app.evaluate import (
+        STATE_DICT_KEY,
+        load_checkpoint,
+        load_weights,
+    )
+    from areal_lightning.eval_round import check_eval_sets_consistent, run_round
     from areal_lightning.rl.grpo import GRPOModule
+    from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     torch.set_num_threads(1)
     cfg = load_config(config)
@@ -107,9 +121,31 @@ def round_cpu_secs(rank: int, world_size: int, config: str, ckpt: str) -> tuple[
     load_weights(module, load_checkpoint(ckpt, trust=True)[STATE_DICT_KEY], ckpt)
     eval_sets = build_eval_sets(cfg, module.task)
     check_eval_sets_consistent(eval_sets)  # also lines the ranks up before the clocks start
+    stamps: dict[str, float] = {}
+
+    def timed(module: Any, batches: Any, ctx: Any) -> Any:
+        begin = time.perf_counter()
+        out = rollout_evaluate(module, batches, ctx)
+        stamps["evaluate_fn_secs"], stamps["evaluate_fn_end"] = time.perf_counter() - begin, time.perf_counter()
+        return out
+
     cpu, wall = time.process_time(), time.perf_counter()
-    run_round(module, eval_sets, rollout_evaluate, seed=cfg.seed, global_step=0, epoch=0)
-    return time.process_time() - cpu, time.perf_counter() - wall
+    run_round(module, eval_sets, timed, seed=cfg.seed, global_step=0, epoch=0)
+    # perf_counter is CLOCK_MONOTONIC on Linux: the ranks' stamps compare across processes
+    return {"cpu_secs": time.process_time() - cpu, "wall_secs": time.perf_counter() - wall,
+            "round_end": time.perf_counter(), **stamps}
+
+
+def in_process(config: Path, ckpt: Path, world_size: int) -> dict[str, Any]:
+    ranks = run_ddp(round_on_rank, world_size, str(config), str(ckpt), timeout_s=RUN_TIMEOUT_S)
+    last_done = max(r["evaluate_fn_end"] for r in ranks)
+    return {"cpu_secs": [r["cpu_secs"] for r in ranks], "wall_secs": [r["wall_secs"] for r in ranks],
+            "evaluate_fn_secs": [r["evaluate_fn_secs"] for r in ranks],
+            "reduce_ms": [1000 * (r["round_end"] - last_done) for r in ranks]}
+
+
+def _fmt(values: list[float], digits: int = 2) -> str:
+    return ", ".join(f"{v:.{digits}f}" for v in values)
 
 
 def main() -> None:
@@ -117,57 +153,63 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=5000, help="prompts in the eval set")
     parser.add_argument("--n-samples", type=int, default=16, help="completions per prompt")
     parser.add_argument("--batch-size", type=int, default=64, help="prompts per eval batch")
-    parser.add_argument("--repeats", type=int, default=2, help="runs per process count; the fastest counts")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each variant, interleaved; the fastest counts")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
 
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="sharded_eval_") as tmp:
         root = Path(tmp)
         config = write_config(root, args.size, args.n_samples, args.batch_size)
         ckpt = make_checkpoint(config, root)
-        runs: dict[int, list[dict]] = {1: [], 2: []}
-        for repeat in range(args.repeats):  # interleaved, so a slow spell on the box hits both
-            for devices in runs:
-                runs[devices].append(evaluate(config, ckpt, root / f"p{devices}_{repeat}", devices))
-        cpu = {w: run_ddp(round_cpu_secs, w, str(config), str(ckpt), timeout_s=RUN_TIMEOUT_S) for w in (1, 2)}
-    best = {d: min(rs, key=lambda r: r["eval_secs"]) for d, rs in runs.items()}
-    metrics = [r["record"]["metrics"] for rs in runs.values() for r in rs]
-    identical = all(m == metrics[0] for m in metrics)
-    prompts = {r["record"]["num_prompts"] for rs in runs.values() for r in rs}
-    speedup_eval = best[1]["eval_secs"] / best[2]["eval_secs"]
-    speedup_wall = min(r["wall_secs"] for r in runs[1]) / min(r["wall_secs"] for r in runs[2])
+        runs: dict[str, list[dict]] = {name: [] for name in COMMANDS}
+        rounds: dict[int, list[dict]] = {1: [], 2: []}
+        for repeat in range(args.repeats):  # interleaved, so a slow spell on the box hits every variant
+            for name, (devices, threads) in COMMANDS.items():
+                runs[name].append(evaluate(config, ckpt, root / f"{devices}x{threads}_{repeat}", devices, threads))
+            for world_size, timed in rounds.items():
+                timed.append(in_process(config, ckpt, world_size))
+    best = {name: min(r["eval_secs"] for r in rs) for name, rs in runs.items()}
+    reference = runs[ONE][0]["record"]["metrics"]
+    # per variant: every run logged the numbers of the first 1-process, 1-thread run
+    same = {name: all(r["record"]["metrics"] == reference for r in rs) for name, rs in runs.items()}
+    prompts = sorted({r["record"]["num_prompts"] for rs in runs.values() for r in rs})
+    cpu_one = min(r["cpu_secs"][0] for r in rounds[1])
+    cpu_two = min(rounds[2], key=lambda r: max(r["cpu_secs"]))["cpu_secs"]
     balance = measure(BALANCE_SAMPLES, BALANCE_BATCH_SIZE, BALANCE_DATA_SEEDS)
-    rank_cpu = [c for c, _ in cpu[2]]
-    speedup_cpu = cpu[1][0][0] / max(rank_cpu)
-    cpu_balance = max(rank_cpu) / (sum(rank_cpu) / len(rank_cpu))
-
     summary = {
         "eval_set": {"digits": 2, "size": args.size, "n_samples": args.n_samples, "batch_size": args.batch_size},
-        "eval_secs": {d: [round(r["eval_secs"], 3) for r in rs] for d, rs in runs.items()},
-        "wall_secs": {d: [round(r["wall_secs"], 2) for r in rs] for d, rs in runs.items()},
-        "speedup_eval": round(speedup_eval, 3), "speedup_wall": round(speedup_wall, 3),
-        "round_cpu_secs": {w: [round(c, 3) for c, _ in r] for w, r in cpu.items()},
-        "speedup_with_free_cores": round(speedup_cpu, 3), "rank_cpu_balance": round(cpu_balance, 3),
-        "identical_metrics": identical, "num_prompts": sorted(prompts),
-        "accuracy": metrics[0].get("accuracy"), "load_average": os.getloadavg(),
-        "balance": balance,
+        "eval_round_secs": {name: [round(r["eval_secs"], 3) for r in rs] for name, rs in runs.items()},
+        "command_secs": {name: [round(r["wall_secs"], 2) for r in rs] for name, rs in runs.items()},
+        "ratio_eval_round": round(best[ONE] / best[TWO], 3),
+        "ratio_vs_two_threads": round(best["1 proc, 2 threads"] / best[TWO], 3),
+        "in_process": rounds,
+        "ratio_cpu": round(cpu_one / max(cpu_two), 3), "rank_cpu_balance": round(max(cpu_two) / mean(cpu_two), 3),
+        "same_metrics_as_1_proc_1_thread": same, "num_prompts": prompts,
+        "load_average": {"before": load_before, "after": os.getloadavg()}, "balance": balance,
     }
     if args.json:
         print(json.dumps(summary))
         return
-    print(f"eval set: 2-digit sums, {args.size} prompts x {args.n_samples} samples, batch {args.batch_size}, "
-          f"one thread per process, best of {args.repeats}")
-    for devices in runs:
-        each = ", ".join(f"{r['eval_secs']:.2f}" for r in runs[devices])
-        print(f"  {devices} process(es): eval round {best[devices]['eval_secs']:.2f} s (runs: {each}), "
-              f"whole command {min(r['wall_secs'] for r in runs[devices]):.1f} s")
-    print(f"  speed-up 2 vs 1 process: eval round {speedup_eval:.2f}x, whole command {speedup_wall:.2f}x")
-    print(f"  same metrics in every run: {identical}; num_prompts: {sorted(prompts)}; "
-          f"load average during the runs: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    print(f"in-process round, CPU seconds per rank: 1 rank {cpu[1][0][0]:.2f} s; 2 ranks "
-          f"{' + '.join(f'{c:.2f}' for c in rank_cpu)} s (max/mean {cpu_balance:.3f}); "
-          f"speed-up with 2 free cores {speedup_cpu:.2f}x")
-    print(f"cost balance (max/mean rank cost) of the deal, {BALANCE_SAMPLES} prompts of lognormal length, "
+    print(f"eval set: 2-digit sums, {args.size} prompts x {args.n_samples} samples, batch {args.batch_size}; "
+          f"{args.repeats} interleaved runs of each variant, the fastest counts; load average before "
+          f"{_fmt(list(load_before))}, after {_fmt(list(os.getloadavg()))}")
+    print("1. areal-lightning evaluate, eval-round wall time (eval_secs of the history; all runs) and whole command:")
+    for name, rs in runs.items():
+        print(f"  {name:30s} {best[name]:7.2f} s   ({_fmt([r['eval_secs'] for r in rs])})   "
+              f"command {min(r['wall_secs'] for r in rs):.1f} s")
+    print(f"  RATIO eval round 1 proc / 2 procs: {summary['ratio_eval_round']:.2f}x "
+          f"(vs 1 proc on 2 threads: {summary['ratio_vs_two_threads']:.2f}x); num_prompts {prompts}")
+    print("  same metrics as 1 proc, 1 thread in every run: " + "; ".join(f"{n}: {v}" for n, v in same.items()))
+    print("2. the same round in-process (gloo), per run: CPU seconds per rank | wall per rank | reduction after the "
+          "slowest rank's evaluate_fn, ms")
+    for world_size, rs in rounds.items():
+        for r in rs:
+            print(f"  {world_size} rank(s): CPU {_fmt(r['cpu_secs'])} | wall {_fmt(r['wall_secs'])} | "
+                  f"reduce {_fmt(r['reduce_ms'], 1)}")
+    print(f"  RATIO CPU 1 rank / busiest of 2 ranks (the speed-up 2 free cores give): {summary['ratio_cpu']:.2f}x "
+          f"({cpu_one:.2f} s vs {_fmt(cpu_two)} s; rank balance max/mean {summary['rank_cpu_balance']:.3f})")
+    print(f"3. cost balance (max/mean rank cost) of the deal, {BALANCE_SAMPLES} prompts of lognormal length, "
           f"batch {BALANCE_BATCH_SIZE}, {BALANCE_DATA_SEEDS} eval sets: mean / worst; target <= {TARGET}")
     for row in balance:
         print(f"  {row['world_size']} ranks: batches cut by count {row['lpt_count_mean']:.3f} / "
