@@ -85,7 +85,8 @@ def test_unknown_threshold_metric_raises_at_the_first_evaluation_listing_the_met
                                   metric_thresholds={"reward": THRESHOLD, "acc": 0.5})
     trainer = make_trainer(tmp_path, [callback], 6)
     message = (r"metric_thresholds names metrics that the evaluation does not produce: \['acc'\]; "
-               r"available metrics: reward/max, reward/mean, reward/min, reward/std")
+               r"available metrics: reward/max, reward/mean, reward/mean/best, reward/mean/best_step, reward/min, "
+               r"reward/std")
     with pytest.raises(ValueError, match=message):
         trainer.fit(CountingModule())
     assert trainer.global_step == 2

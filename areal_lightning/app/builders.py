@@ -109,7 +109,8 @@ def build_callback(cfg: Config, eval_sets: Mapping[str, Sequence[Any]] | Sequenc
         threshold_action=ev.threshold_action, on_error=ev.on_error, output_dir=cfg.output_dir, seed=cfg.seed,
         max_table_rows=ev.max_table_rows, mode=ev.mode, run_id=cfg.run_id,
         adaptive=ev.adaptive.build() if ev.adaptive is not None else None, budget=ev.budget, use_cache=ev.cache,
-        precision=ev.precision,
+        precision=ev.precision, best_metrics=dict(ev.best_metrics) if ev.best_metrics is not None else None,
+        reward_watch=ev.reward_watch.build() if ev.reward_watch is not None else None,
         on_busy=ev.on_busy, async_device=ev.async_device,
         async_threads=ev.async_threads, max_snapshot_mb=ev.max_snapshot_mb,
     )

@@ -24,18 +24,40 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf import errors as oc_errors
 
 from areal_lightning.callbacks.adaptive import AdaptiveSchedule
+from areal_lightning.callbacks.best import BestValues
 from areal_lightning.callbacks.budget import EvalBudget
-from areal_lightning.callbacks.options import DEFAULT_ASYNC_THREADS, DEFAULT_MAX_SNAPSHOT_MB, check_async_options
-from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS, ErrorPolicy, EvalMode, OnBusy, ThresholdAction
+from areal_lightning.callbacks.options import (
+    DEFAULT_ASYNC_THREADS,
+    DEFAULT_MAX_SNAPSHOT_MB,
+    DEFAULT_TABLE_ROWS,
+    Direction,
+    ErrorPolicy,
+    EvalMode,
+    OnBusy,
+    ThresholdAction,
+    WatchReference,
+    check_async_options,
+)
+from areal_lightning.callbacks.reward_watch import (
+    DEFAULT_MIN_TRAIN_RISE,
+    DEFAULT_TRAIN_METRIC,
+    RewardWatch,
+)
 from areal_lightning.callbacks.thresholds import ThresholdMonitor
 from areal_lightning.callbacks.trigger import HybridTrigger
 from areal_lightning.errors import ArgumentError
-from areal_lightning.metrics.options import AdvantageStd
 from areal_lightning.eval_round.eval_set import EvalSet
-from areal_lightning.eval_round.sampling import SamplingParams
-from areal_lightning.tasks.math import AnswerFormat, PromptStyle, Verifier, read_rows, reference_answer
 from areal_lightning.eval_round.precision import EvalPrecision
+from areal_lightning.eval_round.sampling import SamplingParams
 from areal_lightning.eval_round.subsample import Subsample
+from areal_lightning.metrics.options import AdvantageStd
+from areal_lightning.tasks.math import (
+    AnswerFormat,
+    PromptStyle,
+    Verifier,
+    read_rows,
+    reference_answer,
+)
 
 CONFIG_FILENAME = "config.yaml"
 LIGHTNING_PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
@@ -402,6 +424,29 @@ class AdaptiveConfig:
 
 
 @dataclass
+class RewardWatchConfig:
+    """The reward-hacking watch: alert when the training reward rises while an eval metric falls
+    beyond its noise (docs/decisions.md)."""
+
+    eval_metric: str = "accuracy"
+    """The watched eval metric (higher is better), as the evaluation logs it."""
+    train_metric: str = DEFAULT_TRAIN_METRIC
+    """The training reward's name in Lightning's callback_metrics (GRPOModule logs train/reward)."""
+    eval_set: Optional[str] = None
+    """The watched eval set; null: every eval set, each on its own."""
+    min_train_rise: float = DEFAULT_MIN_TRAIN_RISE
+    """The least rise of the training reward since the reference round that counts."""
+    tolerance: Optional[float] = None
+    """For a metric without per-prompt outcomes (no paired interval): the least fall that counts; null: never."""
+    since: WatchReference = WatchReference.PREVIOUS
+    """previous: compare with the previous round; best: with the best round of the eval metric."""
+
+    def build(self) -> RewardWatch:
+        return RewardWatch(self.eval_metric, self.train_metric, eval_set=self.eval_set,
+                           min_train_rise=self.min_train_rise, tolerance=self.tolerance, since=self.since)
+
+
+@dataclass
 class EvaluatorConfig:
     """When and how to evaluate (the seed's `evaluator` block)."""
 
@@ -442,6 +487,11 @@ class EvaluatorConfig:
     """Answer a round from <output_dir>/eval_cache when the same weights, eval set and settings were evaluated."""
     precision: EvalPrecision = EvalPrecision.FP32
     """32, bf16 or 16: autocast during evaluation only (training precision unchanged)."""
+    best_metrics: Optional[dict[str, Direction]] = None
+    """Metrics whose best value and step are kept (across a resume) and logged as eval/<set>/<metric>/best,
+    e.g. {accuracy: max}; null: accuracy and reward/mean (max); {}: none."""
+    reward_watch: Optional[RewardWatchConfig] = None
+    """The reward-hacking watch, e.g. {eval_metric: accuracy, min_train_rise: 0.1}; null: off."""
 
     def check(self, path: str) -> None:
         # The callback's own checks, at load time and with the config's key names.
@@ -457,6 +507,11 @@ class EvaluatorConfig:
         if self.budget is not None:
             with _owned_by(path):
                 EvalBudget(self.budget)
+        with _owned_by(path):
+            BestValues(self.best_metrics)
+        if self.reward_watch is not None:
+            with _owned_by(f"{path}.reward_watch"):
+                self.reward_watch.build()
 
 
 @dataclass
@@ -553,17 +608,26 @@ class Config:
         if ev.threshold_action is ThresholdAction.STOP and not ev.metric_thresholds:
             raise ConfigError("evaluator.threshold_action=stop needs evaluator.metric_thresholds, which is empty; "
                               "add e.g. {accuracy: 0.7} or use threshold_action=alert")
-        if not ev.metric_thresholds:
-            return
-        from areal_lightning.rl.rollout_eval import metric_names  # torch and torchmetrics: only when needed
+        if not (ev.metric_thresholds or ev.best_metrics or ev.reward_watch):
+            return  # nothing names a metric: the metric classes (torch) need not load
+        from areal_lightning.rl.rollout_eval import (
+            metric_names,  # torch and torchmetrics: only when needed
+        )
 
         logged = sorted({m for es in self.eval_sets.values() for m in metric_names(es.n_samples)})
-        for name in ev.metric_thresholds:
-            if name not in logged and f"{name}/mean" not in logged:
+        named = [(f"evaluator.metric_thresholds.{name}", name, True) for name in ev.metric_thresholds]
+        named += [(f"evaluator.best_metrics.{name}", name, False) for name in ev.best_metrics or {}]
+        if ev.reward_watch is not None:
+            named.append(("evaluator.reward_watch.eval_metric", ev.reward_watch.eval_metric, False))
+            if ev.reward_watch.eval_set is not None and ev.reward_watch.eval_set not in self.eval_sets:
+                raise ConfigError(f"evaluator.reward_watch.eval_set must name an eval set, got "
+                                  f"{ev.reward_watch.eval_set!r}; defined: {', '.join(self.eval_sets)}")
+        for key, name, mean_too in named:
+            if name not in logged and not (mean_too and f"{name}/mean" in logged):
                 close = difflib.get_close_matches(name, logged, n=1)
                 hint = f" Did you mean `{close[0]}`?" if close else ""
                 raise ConfigError(
-                    f"evaluator.metric_thresholds.{name} names a metric the evaluation does not log.{hint} Accepted "
+                    f"{key} names a metric the evaluation does not log.{hint} Accepted "
                     f"(with the eval sets' n_samples): {', '.join(logged)}"
                 )
 
@@ -641,9 +705,18 @@ def _enum_field(object_type: Any, name: str) -> type[Enum] | None:
     return hint if isinstance(hint, type) and issubclass(hint, Enum) else None
 
 
+def _enum_values(ref_type: Any) -> type[Enum] | None:
+    """The Enum of a ``dict[str, SomeEnum]`` field (optional or not): its values' error names the values too."""
+    args = [a for a in typing.get_args(ref_type) if a is not type(None)]
+    if len(args) == 1 and typing.get_origin(ref_type) is typing.Union:
+        args = list(typing.get_args(args[0]))
+    value = args[-1] if len(args) == 2 else None
+    return value if isinstance(value, type) and issubclass(value, Enum) else None
+
+
 def _explain(err: oc_errors.OmegaConfBaseException, source: str) -> ConfigError:
     key = err.full_key or "<root>"
-    enum = _enum_field(err.object_type, key.rsplit(".", 1)[-1])
+    enum = _enum_field(err.object_type, key.rsplit(".", 1)[-1]) or _enum_values(err.ref_type)
     if isinstance(err, oc_errors.ValidationError) and enum is not None:
         accepted = ", ".join(str(m.value) for m in enum)
         return ConfigError(f"{key} must be one of {accepted}; got {err.value!r} (from {source}).")

@@ -13,6 +13,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from areal_lightning.callbacks.adaptive import AdaptiveSchedule
 from areal_lightning.callbacks.async_evaluator import (
     DEFAULT_ASYNC_THREADS,
     DEFAULT_MAX_SNAPSHOT_MB,
@@ -21,12 +22,26 @@ from areal_lightning.callbacks.async_evaluator import (
     module_evaluate,
     refuse_sharded,
 )
-from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS, ErrorPolicy, EvalMode, OnBusy, ThresholdAction, choice
-from areal_lightning.callbacks.thresholds import Alert, ThresholdMonitor
-from areal_lightning.callbacks.adaptive import AdaptiveSchedule
+from areal_lightning.callbacks.best import DEFAULT_BEST_METRICS, BestValues
 from areal_lightning.callbacks.budget import EvalBudget
-from areal_lightning.callbacks.parallelism import forwards_in_lockstep
+from areal_lightning.callbacks.decisions import (
+    publish_round,
+    warn_early_stopping_order,
+    watch_round,
+)
 from areal_lightning.callbacks.imports import import_object
+from areal_lightning.callbacks.options import (
+    DEFAULT_TABLE_ROWS,
+    Direction,
+    ErrorPolicy,
+    EvalMode,
+    OnBusy,
+    ThresholdAction,
+    choice,
+)
+from areal_lightning.callbacks.parallelism import forwards_in_lockstep
+from areal_lightning.callbacks.reward_watch import RewardWatch, as_reward_watch
+from areal_lightning.callbacks.thresholds import Alert, ThresholdMonitor
 from areal_lightning.callbacks.trigger import Cause, HybridTrigger
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round import (
@@ -40,11 +55,22 @@ from areal_lightning.eval_round import (
     reduce_set,
     run_round,
 )
-from areal_lightning.eval_round.cache import CACHE_DIRNAME, ResultCache, function_identity, result_key, weights_digest
+from areal_lightning.eval_round.cache import (
+    CACHE_DIRNAME,
+    ResultCache,
+    function_identity,
+    result_key,
+    weights_digest,
+)
 from areal_lightning.eval_round.drift import DriftMonitor
 from areal_lightning.eval_round.precision import EvalPrecision, eval_precision
 from areal_lightning.metrics.paired import PairedRounds
-from areal_lightning.tracking.history import EvalHistory, eval_record, event_record, new_run_id
+from areal_lightning.tracking.history import (
+    EvalHistory,
+    eval_record,
+    event_record,
+    new_run_id,
+)
 from areal_lightning.tracking.loggers import log_eval_results, send_alert
 
 log = logging.getLogger(__name__)
@@ -98,7 +124,16 @@ class EvaluationCallback(Callback):
             the same eval set and settings (history ``"cached": true``, `evaluate_fn` not called).
         cache_dir: where the cache lives; None: ``<output_dir>/eval_cache``.
         precision: ``32``, ``bf16`` or ``16``: autocast during evaluation only.
+        best_metrics: ``{metric: "max" | "min"}`` whose best value and step are kept (in the
+            checkpoint) and logged as ``eval/<set>/<metric>/best`` and ``.../best_step``; None:
+            ``accuracy`` and ``reward/mean``, higher is better.
+        reward_watch: a `RewardWatch` (or its arguments as a mapping): alert when the training
+            reward rises while an eval metric falls beyond its noise (``docs/decisions.md``).
         clock: seconds source of the time trigger and the budget (tests inject one).
+
+    Every round's metrics also reach ``trainer.callback_metrics`` under their logged names, on
+    every rank, so ``ModelCheckpoint(monitor="eval/easy/accuracy", mode="max")`` and
+    ``EarlyStopping(monitor=...)`` (listed after this callback) decide on them.
 
     Every round also logs, per eval set and per metric whose per-prompt outcomes `evaluate_fn`
     recorded (``ctx.record_outcomes``), the paired change since the previous round and since the
@@ -142,6 +177,8 @@ class EvaluationCallback(Callback):
         use_cache: bool = False,
         cache_dir: str | Path | None = None,
         precision: EvalPrecision | int | str = EvalPrecision.FP32,
+        best_metrics: Mapping[str, Direction | str] | None = None,
+        reward_watch: RewardWatch | Mapping[str, Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if isinstance(eval_sets, str):  # a factory (or a value) named in a YAML file
@@ -182,6 +219,9 @@ class EvaluationCallback(Callback):
         self.precision = EvalPrecision.parse(precision)
         self.pairs = PairedRounds()
         self.drift = DriftMonitor()
+        # ---- decisions (issue 16): best values and the reward-hacking watch, in their own modules
+        self.best = BestValues(DEFAULT_BEST_METRICS if best_metrics is None else best_metrics)
+        self.reward_watch = as_reward_watch(reward_watch)
         self.deferred_steps: list[int] = []
         self._deferred_since_round = 0
         self._clock = clock
@@ -226,6 +266,7 @@ class EvaluationCallback(Callback):
             self.cache_dir = self.output_dir / CACHE_DIRNAME
         if self._async is not None:
             refuse_sharded(trainer.strategy)
+        warn_early_stopping_order(trainer.callbacks, self)  # issue 16
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -312,7 +353,10 @@ class EvaluationCallback(Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         state = {"run_id": self.run_id, "trigger": self.trigger.state_dict(),
-                 "thresholds": self.thresholds.state_dict(), "drift": self.drift.state_dict()}
+                 "thresholds": self.thresholds.state_dict(), "drift": self.drift.state_dict(),
+                 "best": self.best.state_dict()}
+        if self.reward_watch is not None:
+            state["reward_watch"] = self.reward_watch.state_dict()
         if self.adaptive is not None:
             state["adaptive"] = self.adaptive.state_dict()
         if self.budget is not None:
@@ -325,6 +369,9 @@ class EvaluationCallback(Callback):
         self.trigger.load_state_dict(state_dict.get("trigger", {}))
         self.thresholds.load_state_dict(state_dict.get("thresholds", {}))
         self.drift.load_state_dict(state_dict.get("drift", {}))
+        self.best.load_state_dict(state_dict.get("best", {}))
+        if self.reward_watch is not None:
+            self.reward_watch.load_state_dict(state_dict.get("reward_watch", {}))
         if self.adaptive is not None:
             self.adaptive.load_state_dict(state_dict.get("adaptive", {}))
         if self.budget is not None:
@@ -422,10 +469,25 @@ class EvaluationCallback(Callback):
             extras["adaptive_interval"] = float(self.adaptive.interval)
             if change.old != change.new and trainer.is_global_zero:
                 self._record_interval_change(step, change.old, change.new, change.moved)
+        self._decide(trainer, results, step)  # issue 16: every rank, before the record
         if trainer.is_global_zero:
             self._record(trainer, results, step, epoch, causes, set(cached), extras)
         self._deferred_since_round = 0
         self._check_thresholds(trainer, results, step)
+        self._watch_rewards(trainer, results, step)  # issue 16
+
+    # ---- decisions (issue 16): an async round's results must pass here too, at the snapshot's step
+
+    def _decide(self, trainer: L.Trainer, results: list[SetResult], step: int) -> None:
+        """Best values join the round's metrics (so history and loggers get them), then every metric
+        goes to ``trainer.callback_metrics`` for ModelCheckpoint and EarlyStopping."""
+        for r in results:  # reduced metrics: the same on every rank, and so the best values
+            r.metrics.update(self.best.update(r.dataset, r.metrics, step))
+        publish_round(trainer, results, step)
+
+    def _watch_rewards(self, trainer: L.Trainer, results: list[SetResult], step: int) -> None:
+        if self.reward_watch is not None:
+            watch_round(trainer, self.reward_watch, results, step, self._history, self.run_id)
 
     def _submit(self, trainer: L.Trainer, pl_module: L.LightningModule, causes: list[Cause]) -> None:
         assert self._async is not None
@@ -476,12 +538,14 @@ class EvaluationCallback(Callback):
             r.metrics.update(self.pairs.update(r.dataset, r.outcomes, r.outcome_names, r.metrics,
                                                trainer.strategy.root_device))
         self.evaluated_steps.append(snapshot.step)
+        self._decide(trainer, results, snapshot.step)  # every rank, before the record
         if trainer.is_global_zero:
             extra = {"lag_steps": trainer.global_step - snapshot.step, "snapshot_mb": snapshot.mb,
                      "snapshot_secs": snapshot.copy_secs}
             self._record(trainer, results, snapshot.step, snapshot.epoch, [Cause(c) for c in snapshot.causes],
                          fields=extra)
         self._check_thresholds(trainer, results, snapshot.step)
+        self._watch_rewards(trainer, results, snapshot.step)
 
     def _record_interval_change(self, step: int, old: int, new: int, moved: bool) -> None:
         assert self.adaptive is not None and self._history is not None

@@ -42,17 +42,32 @@ class ErrorPolicy(str, Enum):
     RAISE = "raise"
 
 
+class Direction(str, Enum):
+    """Which way a metric improves: ``max`` (accuracy, reward) or ``min`` (a loss, a length)."""
+
+    MAX = "max"
+    MIN = "min"
+
+
+class WatchReference(str, Enum):
+    """The round the reward-hacking watch compares with: the ``previous`` one or the ``best`` one
+    (the highest value of the eval metric so far, the round ``.../delta_best`` pairs with)."""
+
+    PREVIOUS = "previous"
+    BEST = "best"
+
+
 E = TypeVar("E", bound=Enum)
 
 
-def choice(arg: str, value: Any, enum: type[E]) -> E:
+def choice(arg: str, value: Any, enum: type[E], owner: str = "EvaluationCallback") -> E:
     """`value` as a member of `enum` (a member or its value), or Timer's error naming the choices."""
     try:
         return enum(value)
     except ValueError:
         choices = ", ".join(m.value for m in enum)
-        raise ArgumentError("EvaluationCallback", arg, value, f"one of {choices}",
-                            f"Unsupported parameter value `EvaluationCallback({arg}={value!r})`. "
+        raise ArgumentError(owner, arg, value, f"one of {choices}",
+                            f"Unsupported parameter value `{owner}({arg}={value!r})`. "
                             f"Possible choices are: {choices}") from None
 
 
