@@ -29,7 +29,7 @@ from shard_balance import prompt_lengths
 from areal_lightning.eval_round.sharding import batch_costs, cost_balance, deal_batches, global_batches
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from ddp_utils import run_ddp  # noqa: E402
+from ddp_utils import run_ddp
 
 WORLD_SIZES = (8, 16, 32, 64, 128, 256, 512)
 PROMPTS = 10_000
@@ -123,7 +123,7 @@ def main() -> None:
           "comm = collectives x (W-1) x latency + (W-1) x bytes / bandwidth")
     print("batch  budget  ranks  batches  balance  busiest(batches)  idle  compute_s  comm_s(gloo 10GbE)  comm_s(NCCL IB)")
     for r in out["rows"]:
-        print(f"{r['batch_size']:>5}  {str(r['budget']):>6}  {r['world_size']:>5}  {r['batches']:>7.0f}  {r['balance']:>7.3f}  "
+        print(f"{r['batch_size']:>5}  {r['budget']!s:>6}  {r['world_size']:>5}  {r['batches']:>7.0f}  {r['balance']:>7.3f}  "
               f"{r['busiest_batches']:>16.1f}  {r['idle_ranks']:>4.0f}  {r['compute_secs']:>9.3f}  "
               f"{r['comm_secs_gloo_10GbE']:>18.4f}  {r['comm_secs_nccl_IB']:>15.4f}")
 

@@ -28,11 +28,10 @@ import time
 from pathlib import Path
 
 import yaml
-
-from shard_balance import TARGET, measure  # noqa: E402 - a sibling script (benchmarks/ is sys.path[0])
+from shard_balance import TARGET, measure
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from ddp_utils import run_ddp  # noqa: E402 - the tests' gloo launcher, reused
+from ddp_utils import run_ddp
 
 EVAL_SET = "bench"
 BALANCE_SAMPLES = 1000
@@ -94,12 +93,12 @@ def round_cpu_secs(rank: int, world_size: int, config: str, ckpt: str) -> tuple[
     """(CPU seconds, wall seconds) of this rank's evaluation round, on one thread."""
     import torch
 
-    from areal_lightning.app.config import load_config
-    from areal_lightning.eval_round import check_eval_sets_consistent, run_round
-    from areal_lightning.app.evaluate import STATE_DICT_KEY, load_checkpoint, load_weights
     from areal_lightning.app.builders import build_eval_sets
-    from areal_lightning.rl.rollout_eval import rollout_evaluate
+    from areal_lightning.app.config import load_config
+    from areal_lightning.app.evaluate import STATE_DICT_KEY, load_checkpoint, load_weights
+    from areal_lightning.eval_round import check_eval_sets_consistent, run_round
     from areal_lightning.rl.grpo import GRPOModule
+    from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     torch.set_num_threads(1)
     cfg = load_config(config)

@@ -57,7 +57,7 @@ def main() -> None:
         (full_set,) = build_eval_sets(cfg, module.task)
         sub_set = subsample(full_set, Subsample(fraction=args.fraction, seed=cfg.seed))
 
-        def best(fn):  # noqa: ANN001, ANN202 - a local helper
+        def best(fn):
             runs = [fn() for _ in range(args.repeats)]
             return min(runs, key=lambda r: r[1])
 

@@ -79,8 +79,14 @@ VLM_CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}> {% for c in m['co
 
 def save_tiny_llava(path: Path, *, seed: int = 0) -> Path:
     """A random-weight LLaVA (CLIP vision tower, Llama text model) and its processor, saved to `path`."""
-    from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
-                              LlavaForConditionalGeneration, LlavaProcessor)
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
 
     tok = tiny_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": ["<image>"]})

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from callback_helpers import CountingModule, history_steps, make_trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from areal_lightning.callbacks import EvaluationCallback
@@ -15,7 +16,6 @@ from areal_lightning.callbacks.adaptive import AdaptiveSchedule, next_interval
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round import EvalBatch, EvalContext
 from areal_lightning.tracking.history import event_rows, read_history
-from callback_helpers import CountingModule, history_steps, make_trainer
 
 PROMPTS = 20
 MOVING_UNTIL = 30  # the scripted accuracy grows until this step, then stays flat

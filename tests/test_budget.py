@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from callback_helpers import CountingModule, FakeClock, make_trainer
 
 from areal_lightning.callbacks import EvaluationCallback
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round import EvalBatch, EvalContext
 from areal_lightning.tracking.history import eval_rows, read_history
-from callback_helpers import CountingModule, FakeClock, make_trainer
 
 STEP_SECS = 1.0
 EVAL_SECS = 5.0

@@ -24,11 +24,11 @@ from callback_helpers import (
 from lightning.pytorch.loggers import CSVLogger
 from torch import Tensor
 
-from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
+from areal_lightning.app.builders import build_callback, build_eval_sets
 from areal_lightning.app.config import load_config
+from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
 from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.metrics import AccuracyMetric, RewardMetric
-from areal_lightning.app.builders import build_callback, build_eval_sets
 from areal_lightning.rl.grpo import GRPOModule
 from areal_lightning.tracking.history import eval_rows, read_history
 
@@ -200,9 +200,9 @@ def test_grpo_run_with_evaluation_ends_with_the_same_weights_as_without(tmp_path
 
 
 def test_from_config_alone_builds_the_main_jobs_eval_sets_and_triggers():
+    from areal_lightning.app.builders import build_eval_sets
     from areal_lightning.app.config import load_config
     from areal_lightning.eval_round.fingerprint import fingerprint
-    from areal_lightning.app.builders import build_eval_sets
     from areal_lightning.rl.grpo import GRPOModule
 
     cfg = load_config(None, ["eval_sets.easy.size=7", "eval_sets.hard.digits=2", "eval_sets.hard.size=3",

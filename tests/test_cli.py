@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from procs import run_in_group
 
 ROOT = Path(__file__).resolve().parents[1]

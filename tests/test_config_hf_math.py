@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
+from hf_models import save_tiny_llama, write_gsm8k
 
 from areal_lightning.app.builders import build_eval_sets
 from areal_lightning.app.config import ConfigError, load_config
-from hf_models import save_tiny_llama, write_gsm8k
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from callback_helpers import CountingModule, make_trainer
 
 from areal_lightning.callbacks import EvaluationCallback
 from areal_lightning.eval_round import EvalBatch, EvalContext, EvalSet
 from areal_lightning.tracking.history import eval_rows, read_history
-from callback_helpers import CountingModule, make_trainer
 
 MAX_STEPS = 4
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from callback_helpers import CountingModule, make_trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from areal_lightning.app.config import ConfigError, load_config
@@ -15,7 +16,6 @@ from areal_lightning.callbacks import EvaluationCallback
 from areal_lightning.eval_round import EvalBatch, EvalContext, run_round
 from areal_lightning.eval_round.precision import EvalPrecision, eval_precision
 from areal_lightning.tracking.history import eval_rows, event_rows, read_history
-from callback_helpers import CountingModule, make_trainer
 
 
 class DtypeProbe(CountingModule):

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from procs import run_in_group
 
 from areal_lightning.app.cli import main
-from areal_lightning.eval_round import SetResult
 from areal_lightning.app.evaluate import format_table
+from areal_lightning.eval_round import SetResult
 from areal_lightning.tracking.history import read_history
-from procs import run_in_group
 
 ODD_SIZE = 101
 N_SAMPLES = 3

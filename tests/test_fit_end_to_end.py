@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
-from areal_lightning.tracking.history import eval_rows, read_history
+from procs import run_in_group
 from wandb_reader import (
     read_wandb_records,
     read_wandb_tables,
@@ -20,8 +19,9 @@ from wandb_reader import (
     wandb_metric_definitions,
     wandb_step_metric,
 )
+
+from areal_lightning.tracking.history import eval_rows, read_history
 from areal_lightning.viz.plot import build_figure
-from procs import run_in_group
 
 MAX_STEPS = 7
 SMALL = [

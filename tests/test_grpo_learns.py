@@ -8,11 +8,11 @@ import lightning as L
 import pytest
 import torch
 
+from areal_lightning.app.builders import build_eval_sets
 from areal_lightning.app.config import load_config
 from areal_lightning.eval_round import run_round
-from areal_lightning.app.builders import build_eval_sets
-from areal_lightning.rl.rollout_eval import rollout_evaluate
 from areal_lightning.rl.grpo import GRPOModule
+from areal_lightning.rl.rollout_eval import rollout_evaluate
 
 TRAIN_STEPS = 200
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "arithmetic" / "grpo.yaml"

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from hf_models import save_tiny_llama, write_gsm8k  # noqa: E402
+from hf_models import save_tiny_llama, write_gsm8k
 
-from areal_lightning.tracking.history import eval_rows, read_history  # noqa: E402
+from areal_lightning.tracking.history import eval_rows, read_history
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "math" / "gsm8k_grpo.yaml"
 MAX_STEPS = 3

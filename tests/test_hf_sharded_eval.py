@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 pytest.importorskip("transformers")
-from ddp_utils import run_ddp  # noqa: E402
-from hf_models import save_tiny_llama, write_gsm8k  # noqa: E402
+from ddp_utils import run_ddp
+from hf_models import save_tiny_llama, write_gsm8k
 
 PROMPTS = 7  # odd: the two ranks get different numbers of samples
 TIMEOUT_S = 300.0

@@ -16,14 +16,14 @@ import torch
 
 from areal_lightning.tracking.history import (
     HISTORY_FILENAME,
-    EvalHistory,
     DuplicateRoundWarning,
+    EvalHistory,
     TruncatedHistoryWarning,
+    drop_superseded,
     eval_record,
     eval_rows,
     event_record,
     event_rows,
-    drop_superseded,
     read_history,
     split_runs,
 )

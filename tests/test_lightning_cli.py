@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("jsonargparse")
-from lightning.pytorch.cli import LightningCLI  # noqa: E402
+from lightning.pytorch.cli import LightningCLI
 
 USER_MODULE = '''
 import lightning as L

@@ -8,16 +8,16 @@ import logging
 from argparse import Namespace
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 import wandb
 from lightning.pytorch.loggers import CSVLogger, Logger
 
+from areal_lightning.app.builders import build_loggers, build_wandb_logger
 from areal_lightning.app.config import ConfigError, load_config, to_dict
 from areal_lightning.eval_round import SetResult
 from areal_lightning.tracking.loggers import eval_metric_dict, log_eval_results, send_alert
-from areal_lightning.app.builders import build_loggers, build_wandb_logger
 from areal_lightning.tracking.wandb_logger import (
     EVAL_STEP_KEY,
     SafeWandbLogger,
@@ -36,7 +36,7 @@ class RecordingLogger(Logger):
 
     def __init__(self) -> None:
         super().__init__()
-        self.calls: list[tuple[dict[str, float], Optional[int]]] = []
+        self.calls: list[tuple[dict[str, float], int | None]] = []
 
     @property
     def name(self) -> str:
@@ -46,7 +46,7 @@ class RecordingLogger(Logger):
     def version(self) -> int:
         return 0
 
-    def log_metrics(self, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         self.calls.append((dict(metrics), step))
 
     def log_hyperparams(self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:

@@ -12,7 +12,14 @@ import pytest
 from areal_lightning.metrics.functional import NO_ANSWER
 from areal_lightning.tasks import math as math_task
 from areal_lightning.tasks.math import (
-    CHAT_TEMPLATE, CORRECT_REWARD, WRONG_REWARD, MathSample, MathTask, Verifier, extract_boxed, math_verify_equal,
+    CHAT_TEMPLATE,
+    CORRECT_REWARD,
+    WRONG_REWARD,
+    MathSample,
+    MathTask,
+    Verifier,
+    extract_boxed,
+    math_verify_equal,
 )
 
 HAS_MATH_VERIFY = importlib.util.find_spec("math_verify") is not None

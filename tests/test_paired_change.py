@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 import torch
+from callback_helpers import CountingModule, make_trainer
+from ddp_utils import run_ddp
 from scipy import stats
 
 from areal_lightning.callbacks import EvaluationCallback
 from areal_lightning.eval_round import EvalBatch, EvalContext, EvalSet, run_round
 from areal_lightning.metrics.paired import PairedChange, PairedRounds, paired_change, t_quantile
 from areal_lightning.tracking.history import eval_rows, read_history
-from callback_helpers import CountingModule, make_trainer
-from ddp_utils import run_ddp
 
 PROMPTS = 60
 ROUNDS = 3

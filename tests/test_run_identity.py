@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from wandb_reader import read_wandb_records, wandb_history, wandb_metric_definitions, wandb_step_metric
 
 from areal_lightning.tracking.history import drop_superseded, eval_rows, event_rows, read_history, split_runs
-from wandb_reader import read_wandb_records, wandb_history, wandb_metric_definitions, wandb_step_metric
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "arithmetic" / "grpo.yaml"
 SMALL = [

@@ -8,10 +8,10 @@ import threading
 import time
 
 import pytest
+from ddp_utils import run_ddp
 
 from areal_lightning.errors import ArgumentError
 from areal_lightning.metrics import SafeScorer, Score, ScorerFailingError, ScoreStatus, ScoringMetric
-from ddp_utils import run_ddp
 
 TIMEOUT_S = 1.0
 

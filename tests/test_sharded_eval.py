@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 import torch
+from ddp_utils import run_ddp
 
 from areal_lightning.app.config import load_config
+from areal_lightning.eval_round import EvalBatch, EvalContext, check_eval_sets_consistent, local_batches, run_round
 from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.eval_round.fingerprint import EvalSetMismatchError
 from areal_lightning.eval_round.sharding import sample_seed
-from areal_lightning.tasks.arithmetic import ArithmeticTask
-from areal_lightning.eval_round import EvalBatch, EvalContext, check_eval_sets_consistent, local_batches, run_round
 from areal_lightning.metrics import RewardMetric
-from ddp_utils import run_ddp
+from areal_lightning.tasks.arithmetic import ArithmeticTask
 
 SEED = 7
 TIMEOUT_S = 90.0
@@ -84,8 +84,8 @@ def test_uneven_batch_counts_complete_with_exact_totals() -> None:
 
 def _odd_set_round(rank: int, world_size: int) -> list[Any]:
     from areal_lightning.app.builders import build_eval_sets
-    from areal_lightning.rl.rollout_eval import rollout_evaluate
     from areal_lightning.rl.grpo import GRPOModule
+    from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     cfg = load_config(None, ODD_SET_OVERRIDES)
     module = GRPOModule.from_config(cfg)  # seeded: the same random weights on every rank

@@ -237,7 +237,7 @@ def test_per_sample_outcomes_and_metric_do_not_depend_on_world_size(world_size: 
 def test_fingerprint_sees_name_size_order_and_content() -> None:
     base = fingerprint("easy", ["1+1=|2", "2+2=|4"])
     assert base == fingerprint("easy", ["1+1=|2", "2+2=|4"])
-    assert base == fingerprint("easy", [b"1+1=|2", "2+2=|4".encode()])  # a str counts as its UTF-8
+    assert base == fingerprint("easy", [b"1+1=|2", b"2+2=|4"])  # a str counts as its UTF-8
     assert len(base) == 16 and int(base, 16) >= 0
     variants = [
         fingerprint("hard", ["1+1=|2", "2+2=|4"]),

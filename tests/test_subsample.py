@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from callback_helpers import CountingModule, make_trainer
+from ddp_utils import run_ddp
 
 from areal_lightning.app.builders import build_callback, build_eval_sets
 from areal_lightning.app.config import ConfigError, load_config
@@ -15,8 +17,6 @@ from areal_lightning.eval_round import EvalBatch, EvalContext, run_round
 from areal_lightning.eval_round.subsample import allocate, stratified_indices
 from areal_lightning.tasks.arithmetic import ArithmeticTask
 from areal_lightning.tracking.history import eval_rows, read_history
-from callback_helpers import CountingModule, make_trainer
-from ddp_utils import run_ddp
 
 OVERRIDES = ["eval_sets.easy.size=200", "eval_sets.easy.batch_size=7", "eval_sets.easy.subsample.max_prompts=30"]
 

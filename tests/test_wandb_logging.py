@@ -21,18 +21,6 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
-
-from areal_lightning.app.config import Config, load_config, to_dict
-from areal_lightning.eval_round import SetResult
-from areal_lightning.tracking.loggers import log_eval_results, send_alert
-from areal_lightning.app.builders import build_loggers
-from areal_lightning.tracking.wandb_logger import (
-    EVAL_STEP_KEY,
-    SafeWandbLogger,
-    finish_wandb,
-    samples_table,
-    wandb_failure,
-)
 from wandb_reader import (
     read_wandb_records,
     read_wandb_tables,
@@ -41,6 +29,18 @@ from wandb_reader import (
     wandb_history,
     wandb_metric_definitions,
     wandb_step_metric,
+)
+
+from areal_lightning.app.builders import build_loggers
+from areal_lightning.app.config import Config, load_config, to_dict
+from areal_lightning.eval_round import SetResult
+from areal_lightning.tracking.loggers import log_eval_results, send_alert
+from areal_lightning.tracking.wandb_logger import (
+    EVAL_STEP_KEY,
+    SafeWandbLogger,
+    finish_wandb,
+    samples_table,
+    wandb_failure,
 )
 
 MAX_STEPS = 6

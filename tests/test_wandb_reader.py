@@ -10,7 +10,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from wandb_reader import (
     WandbReadError,
     find_wandb_file,

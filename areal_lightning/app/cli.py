@@ -14,12 +14,11 @@ def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one sub-command per user task; heavy imports wait until a command runs."""
-    from areal_lightning.app.evaluate import add_evaluate_arguments
-    from areal_lightning.app.watch import add_watch_arguments, evaluate_command
-    from areal_lightning.app.fit import add_fit_arguments, fit_main
-    from areal_lightning.viz.plot import add_plot_arguments, plot_main
-
     from areal_lightning import __version__
+    from areal_lightning.app.evaluate import add_evaluate_arguments
+    from areal_lightning.app.fit import add_fit_arguments, fit_main
+    from areal_lightning.app.watch import add_watch_arguments, evaluate_command
+    from areal_lightning.viz.plot import add_plot_arguments, plot_main
 
     parser = argparse.ArgumentParser(prog="areal-lightning", description="RL training of language models with evaluation")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")

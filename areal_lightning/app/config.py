@@ -17,24 +17,24 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf import errors as oc_errors
 
-from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS, ErrorPolicy, EvalMode, ThresholdAction
 from areal_lightning.callbacks.adaptive import AdaptiveSchedule
 from areal_lightning.callbacks.budget import EvalBudget
+from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS, ErrorPolicy, EvalMode, ThresholdAction
 from areal_lightning.callbacks.thresholds import ThresholdMonitor
 from areal_lightning.callbacks.trigger import HybridTrigger
 from areal_lightning.errors import ArgumentError
-from areal_lightning.metrics.functional import AdvantageStd
 from areal_lightning.eval_round.eval_set import EvalSet
-from areal_lightning.eval_round.sampling import SamplingParams
-from areal_lightning.tasks.math import AnswerFormat, PromptStyle, Verifier, read_rows, reference_answer
 from areal_lightning.eval_round.precision import EvalPrecision
+from areal_lightning.eval_round.sampling import SamplingParams
 from areal_lightning.eval_round.subsample import Subsample
+from areal_lightning.metrics.functional import AdvantageStd
+from areal_lightning.tasks.math import AnswerFormat, PromptStyle, Verifier, read_rows, reference_answer
 
 CONFIG_FILENAME = "config.yaml"
 LIGHTNING_PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
@@ -111,7 +111,7 @@ class TrainerConfig:
 
     max_steps: int = 200
     """Optimizer steps to train for."""
-    max_epochs: Optional[int] = None
+    max_epochs: int | None = None
     """Epochs to train for at most; null means limited by max_steps only."""
     accelerator: str = "cpu"
     """Lightning accelerator: cpu, gpu, auto."""
@@ -127,7 +127,7 @@ class TrainerConfig:
     """How often train metrics go to the loggers."""
     enable_progress_bar: bool = True
     """Show Lightning's progress bar."""
-    checkpoint_every_n_steps: Optional[int] = None
+    checkpoint_every_n_steps: int | None = None
     """Save a checkpoint under <output_dir>/checkpoints every N steps (and the last one); null: only at the end."""
 
     def check(self, path: str) -> None:
@@ -164,15 +164,15 @@ class PolicyConfig:
 
     kind: PolicyKind = PolicyKind.TINY
     """tiny: a small transformer built from this config; hf: the `transformers` causal LM saved at `path`."""
-    path: Optional[str] = None
+    path: str | None = None
     """hf: local directory of the model and its tokenizer (`save_pretrained`); never downloaded."""
     dtype: ModelDtype = ModelDtype.FLOAT32
     """hf: weight dtype (float32, bfloat16, float16, auto)."""
-    attn_implementation: Optional[str] = None
+    attn_implementation: str | None = None
     """hf: transformers' attention kernel (eager, sdpa, flash_attention_2); null: its default."""
-    chat_template: Optional[str] = None
+    chat_template: str | None = None
     """hf: a Jinja chat template replacing the tokenizer's own (for task.prompt_style: chat); null: the tokenizer's."""
-    system_prompt: Optional[str] = None
+    system_prompt: str | None = None
     """hf: a system message before each chat prompt (task.prompt_style: chat only)."""
     stop_strings: list[str] = field(default_factory=list)
     """hf: a completion ends after the first of these strings (e.g. "\\nQuestion:" for base models)."""
@@ -219,7 +219,7 @@ class TaskConfig:
     """arithmetic: digits of the operands of training prompts."""
     train_size: int = 256
     """arithmetic: training prompts, a finite set iterated in epochs."""
-    path: Optional[str] = None
+    path: str | None = None
     """math: the training file, .jsonl, .json or .parquet (every row is a training prompt)."""
     question_field: str = "question"
     """math: the field holding the question (MATH: problem)."""
@@ -229,7 +229,7 @@ class TaskConfig:
     """math: where the answer sits in answer_field: gsm8k (after ####), boxed (last \\boxed{}), plain (all of it)."""
     prompt_style: PromptStyle = PromptStyle.PLAIN
     """math: plain ("Question: ...\\nAnswer:") or chat (a user message through the tokenizer's chat template)."""
-    prompt_template: Optional[str] = None
+    prompt_template: str | None = None
     """math: replaces the style's prompt; must contain {question}."""
     verifier: Verifier = Verifier.AUTO
     """math: auto (math-verify where installed, else numeric), math_verify or numeric."""
@@ -291,13 +291,13 @@ class SubsampleConfig:
     """A deterministic proportional stratified subset of an eval set (the same every round, on any
     number of devices). Give exactly one of max_prompts and fraction."""
 
-    max_prompts: Optional[int] = None
+    max_prompts: int | None = None
     """Prompts kept."""
-    fraction: Optional[float] = None
+    fraction: float | None = None
     """Share of the prompts kept, in (0, 1]."""
-    stratify_by: Optional[str] = "stratum"
+    stratify_by: str | None = "stratum"
     """The samples' field that names their stratum; null: no strata."""
-    seed: Optional[int] = None
+    seed: int | None = None
     """Seed of the draw within each stratum; null: the run's seed."""
 
     def build(self, seed: int) -> Subsample:
@@ -309,9 +309,9 @@ class SubsampleConfig:
 class EvalSetConfig:
     """One named evaluation set: arithmetic problems (`digits`) or the problems of a file (`path`)."""
 
-    digits: Optional[int] = None
+    digits: int | None = None
     """Arithmetic: digits of the operands; null: 1 (unless `path` is given)."""
-    path: Optional[str] = None
+    path: str | None = None
     """A local .jsonl, .json or .parquet file of math problems (task.name: math); null: an arithmetic set."""
     question_field: str = "question"
     """File sets: the field holding the question (MATH: problem)."""
@@ -319,9 +319,9 @@ class EvalSetConfig:
     """File sets: the field holding the reference answer (MATH: solution)."""
     answer_format: AnswerFormat = AnswerFormat.GSM8K
     """File sets: gsm8k (after ####), boxed (last \\boxed{}) or plain (the whole field)."""
-    stratum_field: Optional[str] = None
+    stratum_field: str | None = None
     """File sets: the field each problem's stratum comes from (e.g. level); null: the file's name."""
-    size: Optional[int] = None
+    size: int | None = None
     """Number of prompts; null: 200 for arithmetic sets, every row for file sets (else the first `size` rows)."""
     n_samples: int = 4
     """Completions sampled per prompt (pass@k and maj@k use k = 1 and k = n_samples)."""
@@ -329,20 +329,20 @@ class EvalSetConfig:
     """Sampling temperature; 0 means greedy."""
     top_p: float = 1.0
     """Nucleus sampling: keep the most likely tokens up to this probability mass (after the temperature); 1: all."""
-    top_k: Optional[int] = None
+    top_k: int | None = None
     """Keep the k most likely tokens; null: all."""
     stop: list[str] = field(default_factory=list)
     """Strings that end a completion: its text is cut where the first one begins."""
-    seed: Optional[int] = None
+    seed: int | None = None
     """Seed of this set's per-sample seeds; null: the run's seed."""
     batch_size: int = 64
     """Prompts per evaluation batch."""
-    max_new_tokens: Optional[int] = None
+    max_new_tokens: int | None = None
     """Tokens generated per completion; null: grpo.max_new_tokens."""
-    max_batch_cost: Optional[float] = None
+    max_batch_cost: float | None = None
     """Close an eval batch before its padded cost (prompts x longest prompt length) exceeds this,
     so that no single batch outweighs a rank's share; null: batches by count only."""
-    subsample: Optional[SubsampleConfig] = None
+    subsample: SubsampleConfig | None = None
     """Evaluate a stratified subset, e.g. {max_prompts: 50} or {fraction: 0.25}; null: every prompt."""
 
     @property
@@ -388,7 +388,7 @@ class AdaptiveConfig:
     """Shortest interval between adaptive rounds."""
     max_steps: int = 200
     """Longest interval between adaptive rounds."""
-    dataset: Optional[str] = None
+    dataset: str | None = None
     """The watched eval set; null: any eval set."""
     factor: float = 2.0
     """How much the interval shrinks or grows after a round, > 1."""
@@ -401,11 +401,11 @@ class AdaptiveConfig:
 class EvaluatorConfig:
     """When and how to evaluate (the seed's `evaluator` block)."""
 
-    freq_epochs: Optional[int] = None
+    freq_epochs: int | None = None
     """Evaluate at the end of every N-th epoch; null: off."""
-    freq_steps: Optional[int] = None
+    freq_steps: int | None = None
     """Evaluate after every N-th optimizer step (global step multiples); null: off."""
-    freq_secs: Optional[float] = None
+    freq_secs: float | None = None
     """Evaluate after N seconds of training since the last evaluation; null: off."""
     eval_before_train: bool = False
     """Evaluate the initial weights (step 0) before the first optimizer step."""
@@ -421,9 +421,9 @@ class EvaluatorConfig:
     """log: an exception in an evaluation is recorded and training goes on; raise: fail fast."""
     max_table_rows: int = DEFAULT_TABLE_ROWS
     """Sample generations per eval set kept for the W&B table."""
-    adaptive: Optional[AdaptiveConfig] = None
+    adaptive: AdaptiveConfig | None = None
     """Adaptive frequency, e.g. {metric: accuracy, min_steps: 10, max_steps: 200}; null: off."""
-    budget: Optional[float] = None
+    budget: float | None = None
     """Largest share of training wall time spent evaluating (e.g. 0.1); rounds are deferred to keep it."""
     cache: bool = False
     """Answer a round from <output_dir>/eval_cache when the same weights, eval set and settings were evaluated."""
@@ -453,15 +453,15 @@ class WandbConfig:
     """online, offline (writes under save_dir, sync later) or disabled."""
     project: str = "areal-lightning"
     """W&B project."""
-    entity: Optional[str] = None
+    entity: str | None = None
     """W&B entity (user or team); null: your default."""
-    name: Optional[str] = None
+    name: str | None = None
     """Run name; null: <experiment_name>/<trial_name>."""
-    group: Optional[str] = None
+    group: str | None = None
     """Run group, e.g. the experiment name."""
     tags: list[str] = field(default_factory=list)
     """Run tags."""
-    save_dir: Optional[str] = None
+    save_dir: str | None = None
     """Where W&B writes; null: <output_dir>."""
 
 
@@ -487,7 +487,7 @@ class Config:
     """Seeds the model, the data and every evaluation sample."""
     output_dir: str = "runs/${experiment_name}/${trial_name}"
     """Where the run writes config.yaml, eval_history.jsonl, checkpoints and logs."""
-    run_id: Optional[str] = None
+    run_id: str | None = None
     """The run's identity, decided by `fit` (a new id for a new run, the checkpoint's when resuming)
     and written here in config.yaml; a value given on input is replaced."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -588,7 +588,7 @@ def has_chat_template(model_dir: Path) -> bool:
 
 
 def check_math_file(path: str, file: str, question_field: str, answer_field: str, answer_format: AnswerFormat,
-                    stratum_field: Optional[str]) -> None:
+                    stratum_field: str | None) -> None:
     """Reads the rows of `file` as `MathTask` will; a `ConfigError` under key `path` for a missing
     file, an unsupported suffix, no rows, a missing field (naming the fields present) or a row
     without a reference answer."""
@@ -761,4 +761,4 @@ def to_dict(cfg: Config) -> dict[str, Any]:
     return _plain(container)
 
 
-__all__ = ["Config", "ConfigError", "load_config", "save_config", "to_yaml", "to_dict"]
+__all__ = ["Config", "ConfigError", "load_config", "save_config", "to_dict", "to_yaml"]

@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_lightning.app.console import fail, quiet_lightning
 from areal_lightning.app.config import Config, ConfigError, load_config
+from areal_lightning.app.console import fail, quiet_lightning
 
 if TYPE_CHECKING:  # heavy imports stay out of `areal-lightning --help` and `plot`
     from lightning.fabric import Fabric
@@ -170,8 +170,8 @@ def _build_fabric(cfg: Config) -> Fabric:
 
 def _evaluate_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule, step: int, epoch: int) -> list[SetResult]:
     """Every rank: check the eval sets agree, run the round on the unwrapped module."""
-    from areal_lightning.eval_round import check_eval_sets_consistent, run_round
     from areal_lightning.app.builders import build_eval_sets
+    from areal_lightning.eval_round import check_eval_sets_consistent, run_round
     from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     # No DDP wrapper: the round runs no collective inside a forward, so ranks dealt different

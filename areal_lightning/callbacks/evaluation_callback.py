@@ -15,10 +15,10 @@ from typing_extensions import override
 
 from areal_lightning.callbacks.adaptive import AdaptiveSchedule
 from areal_lightning.callbacks.budget import EvalBudget
-from areal_lightning.callbacks.thresholds import Alert, ThresholdMonitor
-from areal_lightning.callbacks.parallelism import forwards_in_lockstep
 from areal_lightning.callbacks.imports import import_object
 from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS, ErrorPolicy, EvalMode, ThresholdAction, choice
+from areal_lightning.callbacks.parallelism import forwards_in_lockstep
+from areal_lightning.callbacks.thresholds import Alert, ThresholdMonitor
 from areal_lightning.callbacks.trigger import Cause, HybridTrigger
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round import (

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import logging
 
-from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, SingleDeviceStrategy, Strategy
+from lightning.pytorch.strategies import (
+    DDPStrategy,
+    FSDPStrategy,
+    ModelParallelStrategy,
+    SingleDeviceStrategy,
+    Strategy,
+)
 from torch import nn
 from torch.distributed.tensor import DTensor
 

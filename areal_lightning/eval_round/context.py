@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, overload
 
 import torch
-
 from torchmetrics import Metric
 
 from areal_lightning.eval_round.sampling import SamplingParams

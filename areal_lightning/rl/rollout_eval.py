@@ -14,6 +14,7 @@ from areal_lightning.rl.policy import Policy
 from areal_lightning.rl.task import PromptTokenizer, RLTask, seeded_generators
 from areal_lightning.tasks.arithmetic import CORRECT_REWARD
 
+
 class RolloutModule(Protocol):
     """What the default evaluation needs of a module; `GRPOModule` has it."""
 

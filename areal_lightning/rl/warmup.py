@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from areal_lightning.tasks.arithmetic import ArithmeticTask
 from areal_lightning.rl.policy import TinyPolicy, completion_mask
+from areal_lightning.tasks.arithmetic import ArithmeticTask
 
 WARMUP_BATCH_SIZE = 64
 

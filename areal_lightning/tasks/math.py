@@ -225,7 +225,7 @@ class MathTask:
         return int.from_bytes(hashlib.blake2b(canonical.encode(), digest_size=7).digest(), "big")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _math_verify_scorer(timeout_s: float, workers: int) -> SafeScorer:
     """One pool of math-verify workers per process and setting, shared by every task (workers
     start on the first call, so building a task costs nothing)."""

@@ -38,7 +38,7 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 # Lightning's stand-in for an experiment on ranks other than 0; no public name exists for it.
 from lightning.fabric.loggers.logger import _DummyExperiment, rank_zero_experiment
@@ -64,10 +64,10 @@ SAMPLES_KEY = "samples"
 
 # The first failure of each logger, kept outside the logger so that a plain `WandbLogger` that a
 # user put in `trainer.loggers` is guarded too. Weak keys: no logger is kept alive.
-_failures: "weakref.WeakKeyDictionary[WandbLogger, str]" = weakref.WeakKeyDictionary()
+_failures: weakref.WeakKeyDictionary[WandbLogger, str] = weakref.WeakKeyDictionary()
 _failures_lock = threading.Lock()
 # Eval keys already given their x axis, per wandb run (weak keys: a finished run may go away).
-_defined_keys: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
+_defined_keys: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 _defined_lock = threading.Lock()
 
 
@@ -187,7 +187,7 @@ class SafeWandbLogger(WandbLogger):
         return self._experiment
 
     @rank_zero_only
-    def log_metrics(self, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         call_wandb(self, "logging metrics", super().log_metrics, metrics, step)
 
     @rank_zero_only
@@ -195,23 +195,23 @@ class SafeWandbLogger(WandbLogger):
         call_wandb(self, "logging hyperparameters", super().log_hyperparams, params)
 
     @rank_zero_only
-    def log_table(self, key: str, columns: Optional[list[str]] = None, data: Optional[list[list[Any]]] = None,
-                  dataframe: Any = None, step: Optional[int] = None) -> None:
+    def log_table(self, key: str, columns: list[str] | None = None, data: list[list[Any]] | None = None,
+                  dataframe: Any = None, step: int | None = None) -> None:
         call_wandb(self, f"logging the table {key!r}", super().log_table, key, columns, data, dataframe, step)
 
     @rank_zero_only
-    def log_image(self, key: str, images: list[Any], step: Optional[int] = None, **kwargs: Any) -> None:
+    def log_image(self, key: str, images: list[Any], step: int | None = None, **kwargs: Any) -> None:
         call_wandb(self, f"logging images {key!r}", super().log_image, key, images, step, **kwargs)
 
     @rank_zero_only
-    def log_audio(self, key: str, audios: list[Any], step: Optional[int] = None, **kwargs: Any) -> None:
+    def log_audio(self, key: str, audios: list[Any], step: int | None = None, **kwargs: Any) -> None:
         call_wandb(self, f"logging audio {key!r}", super().log_audio, key, audios, step, **kwargs)
 
     @rank_zero_only
-    def log_video(self, key: str, videos: list[Any], step: Optional[int] = None, **kwargs: Any) -> None:
+    def log_video(self, key: str, videos: list[Any], step: int | None = None, **kwargs: Any) -> None:
         call_wandb(self, f"logging videos {key!r}", super().log_video, key, videos, step, **kwargs)
 
-    def watch(self, model: Any, log: Optional[str] = "gradients", log_freq: int = 100, log_graph: bool = True) -> None:
+    def watch(self, model: Any, log: str | None = "gradients", log_freq: int = 100, log_graph: bool = True) -> None:
         call_wandb(self, "watching the model", super().watch, model, log, log_freq, log_graph)
 
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:

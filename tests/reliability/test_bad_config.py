@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from procs import run_in_group
 
 from areal_lightning.app.cli import main
-from procs import run_in_group
 
 CORPUS = Path(__file__).resolve().parent / "bad_configs"
 FILES = sorted(CORPUS.glob("*.yaml"))

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from procs import kill_group, run_in_group
 
 from areal_lightning.tracking.history import HISTORY_FILENAME, read_history
-from procs import kill_group, run_in_group
 
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "fit_with_faults.py"

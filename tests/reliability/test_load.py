@@ -7,8 +7,9 @@ import json
 import sys
 from pathlib import Path
 
-from areal_lightning.tracking.history import eval_rows, read_history
 from procs import run_in_group
+
+from areal_lightning.tracking.history import eval_rows, read_history
 
 BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "load_rounds.py"
 
