@@ -217,7 +217,8 @@ def main() -> None:
     for clock in CLOCKS:
         c = r[clock]
         verdict = "meets" if c["slowdown_percent"] < TARGET_PERCENT else "misses"
-        print(f"  by {clock:4s} time: {c['steps_per_sec_none']:.1f} steps/s without, {c['steps_per_sec_callback']:.1f} with"
+        print(f"  by {clock:4s} time: {c['steps_per_sec_none']:.1f} steps/s without,"
+              f" {c['steps_per_sec_callback']:.1f} with"
               f" the callback: slowdown {c['slowdown_percent']:+.2f} % (target < {TARGET_PERCENT:g} %: {verdict});"
               f" an empty Callback {c['empty_callback_percent']:+.2f} %, the callback's own work"
               f" {c['own_work_percent']:+.2f} %; A/A noise (no callback vs no callback) {c['a_a_noise_percent']:+.2f} %")

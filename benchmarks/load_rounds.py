@@ -61,7 +61,7 @@ def _evaluate(module: nn.Module, batches: Any, ctx: Any) -> dict[str, Any]:
         reward.update(scores)
         accuracy.update(scores)
         pass_at_2.update(scores > 0.5)
-        for index, value in zip(batch.indices, batch.samples):
+        for index, value in zip(batch.indices, batch.samples, strict=True):
             ctx.record_sample(index, sample=value)
     return {}
 

@@ -123,7 +123,8 @@ def main() -> None:
           "comm = collectives x (W-1) x latency + (W-1) x bytes / bandwidth")
     print("batch  budget  ranks  batches  balance  busiest(batches)  idle  compute_s  comm_s(gloo 10GbE)  comm_s(NCCL IB)")
     for r in out["rows"]:
-        print(f"{r['batch_size']:>5}  {r['budget']!s:>6}  {r['world_size']:>5}  {r['batches']:>7.0f}  {r['balance']:>7.3f}  "
+        print(f"{r['batch_size']:>5}  {r['budget']!s:>6}  {r['world_size']:>5}  "
+              f"{r['batches']:>7.0f}  {r['balance']:>7.3f}  "
               f"{r['busiest_batches']:>16.1f}  {r['idle_ranks']:>4.0f}  {r['compute_secs']:>9.3f}  "
               f"{r['comm_secs_gloo_10GbE']:>18.4f}  {r['comm_secs_nccl_IB']:>15.4f}")
 

@@ -86,11 +86,11 @@ def evaluate_translation(module: WordTranslator, batches: Sequence[EvalBatch], c
         english = [en for en, _ in batch.samples]  # 1. prepare data
         french = module.translate(english)  # 2. run inference (eval mode, no grad: the callback's)
         references = [fr for _, fr in batch.samples]
-        exact = torch.tensor([f == r for f, r in zip(french, references)], dtype=torch.float32)  # 3. compute
+        exact = torch.tensor([f == r for f, r in zip(french, references, strict=True)], dtype=torch.float32)  # 3. compute
         bleu.update(french, [[r] for r in references])  # 4. record
         accuracy.update(exact.to(ctx.device))
         ctx.num_samples += len(french)
-        for index, en, fr, ref in zip(batch.indices, english, french, references):
+        for index, en, fr, ref in zip(batch.indices, english, french, references, strict=True):
             ctx.record_sample(index, prompt=en, completion=fr, answer=ref)
     return {}
 

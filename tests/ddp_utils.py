@@ -9,6 +9,7 @@ failing rank and its traceback, instead of a hang. ``fn`` and ``args`` must be p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
@@ -67,10 +68,8 @@ def _signal_group(pid: int | None, sig: signal.Signals) -> None:
     """`sig` to the process group a rank leads (itself and anything it started)."""
     if pid is None:
         return
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _stop(context: mp.ProcessContext) -> list[int]:

@@ -3,6 +3,7 @@ deferred, the recorded share stays within the budget, the final round always run
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ def test_budget_defers_rounds_and_keeps_the_share(tmp_path: Path) -> None:
     assert sum(r["deferred"] for r in rows) == len(cb.deferred_steps)
     # A deferred round runs as soon as the budget allows, not at the next multiple of freq_steps.
     assert len(steps) > 4
-    for before, after in zip(steps[1:-2], steps[2:-1]):
+    for before, after in itertools.pairwise(steps[1:-1]):
         assert after - 1 in cb.deferred_steps and after - before > 1
 
 

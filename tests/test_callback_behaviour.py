@@ -43,7 +43,8 @@ EVAL_SET = {"probe": [1, 2, 3]}
     ("kwargs", "message"),
     [
         ({"threshold_action": "panic"},
-         "Unsupported parameter value `EvaluationCallback(threshold_action='panic')`. Possible choices are: alert, stop"),
+         "Unsupported parameter value `EvaluationCallback(threshold_action='panic')`. "
+         "Possible choices are: alert, stop"),
         ({"on_error": "ignore"},
          "Unsupported parameter value `EvaluationCallback(on_error='ignore')`. Possible choices are: log, raise"),
         ({"mode": "background"},
@@ -105,7 +106,7 @@ def test_user_module_with_metric_classes_and_plain_values(tmp_path: Path) -> Non
     assert [r["dataset"] for r in records] == ["short", "long"]
     # Without a run_id argument the callback draws one; every record carries it.
     assert len(callback.run_id) == 8 and {r["run_id"] for r in records} == {callback.run_id}
-    for record, eval_set in zip(records, eval_sets):
+    for record, eval_set in zip(records, eval_sets, strict=True):
         rewards = np.array([_reward(s) for s in eval_set.samples])
         expected = {
             "reward/mean": rewards.mean(), "reward/std": rewards.std(), "reward/min": rewards.min(),

@@ -103,7 +103,7 @@ def test_history_records_carry_the_documented_fields(tmp_path: Path) -> None:
 
     records = read_history(tmp_path)
     assert [(r["step"], r["dataset"]) for r in records] == [(3, "small"), (3, "large")]
-    for record, samples in zip(records, eval_sets.values()):
+    for record, samples in zip(records, eval_sets.values(), strict=True):
         assert record["trigger"] == ["steps"]
         assert (record["num_prompts"], record["num_samples"]) == (len(samples), len(samples))
         assert (record["mode"], record["world_size"], record["epoch"]) == ("sync", 1, 0)

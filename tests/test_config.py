@@ -36,7 +36,8 @@ def test_saved_config_loads_back_to_the_same_config(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
-        (["evaluator.freq_stpes=5"], r"unknown config key `evaluator.freq_stpes`.*Did you mean `freq_steps`\?.*freq_epochs, freq_steps, freq_secs"),
+        (["evaluator.freq_stpes=5"], r"unknown config key `evaluator.freq_stpes`.*Did you mean `freq_steps`\?"
+         r".*freq_epochs, freq_steps, freq_secs"),
         (["trainer.max_steps=abc"], r"`trainer.max_steps`.*wrong type.*'abc'.*Integer"),
         (["trainer.max_steps=2.5"], r"`trainer.max_steps`.*wrong type.*'2.5'"),
         (["evaluator.freq_steps=-5"], r"evaluator.freq_steps must be a positive integer or null, got -5"),

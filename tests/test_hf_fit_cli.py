@@ -74,7 +74,7 @@ def test_fit_trains_the_hf_model_and_evaluates_it_on_the_gsm8k_file(run) -> None
 
 @pytest.mark.slow
 def test_evaluate_of_the_checkpoint_gives_the_metrics_of_the_last_training_round(run) -> None:
-    tmp, overrides = run
+    tmp, _ = run
     saved = tmp / "run" / "config.yaml"  # the run's resolved config, as a user would reuse it
     proc = _cli(tmp, "evaluate", "-c", str(saved), "--ckpt", str(tmp / "run" / "checkpoints" / "last.ckpt"))
     assert proc.returncode == 0, proc.stderr[-3000:]

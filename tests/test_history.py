@@ -94,7 +94,7 @@ def test_nan_tensors_and_numpy_scalars_are_written_as_plain_json(tmp_path: Path)
     history.append(_record(**metrics))
     history.append(event_record("alert", 3, message="m", time=0.0, value=torch.tensor(float("nan")),
                                 count=np.int64(7), flags=np.array([True, False])))
-    line_one, line_two = history.path.read_text().splitlines()
+    line_one, _ = history.path.read_text().splitlines()
     assert "NaN" not in line_one and '"reward/mean": null' in line_one and '"inf": null' in line_one
     round_, alert = read_history(history.path)
     assert round_["metrics"] == {"accuracy": 0.25, "pass@4": 0.5, "reward/mean": None, "inf": None,
@@ -124,7 +124,7 @@ def test_malformed_middle_line_names_file_and_line(tmp_path: Path) -> None:
 
 
 def test_missing_history_says_what_is_accepted(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="no eval history at .*pass an eval_history.jsonl"):
+    with pytest.raises(FileNotFoundError, match=r"no eval history at .*pass an eval_history\.jsonl"):
         read_history(tmp_path)
     with pytest.raises(FileNotFoundError, match="no eval history at"):
         read_history(tmp_path / "missing.jsonl")

@@ -44,7 +44,7 @@ def test_interval_matches_scipy_paired_t_and_is_narrower_than_the_unpaired_one()
     metric.update(torch.tensor(after, dtype=torch.float64), torch.tensor(before, dtype=torch.float64))
     change = metric.compute()
     reference = stats.ttest_rel(after, before).confidence_interval(0.95)
-    assert math.isclose(change.delta, sum(a - b for a, b in zip(after, before)) / PROMPTS, abs_tol=1e-12)
+    assert math.isclose(change.delta, sum(a - b for a, b in zip(after, before, strict=True)) / PROMPTS, abs_tol=1e-12)
     assert math.isclose(change.low, reference.low, abs_tol=1e-9)
     assert math.isclose(change.high, reference.high, abs_tol=1e-9)
     assert change.n == PROMPTS

@@ -97,11 +97,11 @@ def test_one_run_draws_a_line_and_a_wilson_band_per_eval_set(runs: dict[str, Pat
     (ax,) = fig.axes
     lines = ax.get_lines()
     assert [line.get_label() for line in lines] == ["easy", "hard"]
-    for line, dataset in zip(lines, EVAL_SETS):
+    for line, dataset in zip(lines, EVAL_SETS, strict=True):
         np.testing.assert_array_equal(line.get_xdata(), STEPS)
         np.testing.assert_allclose(line.get_ydata(), [_accuracy(0.7, dataset, i) for i in range(5)])
     assert len(ax.collections) == 2
-    for band, line, dataset in zip(ax.collections, lines, EVAL_SETS):
+    for band, line, dataset in zip(ax.collections, lines, EVAL_SETS, strict=True):
         expected = [_wilson(_accuracy(0.7, dataset, i), PROMPTS) for i in range(5)]
         lows, highs = _band_bounds(band)
         np.testing.assert_allclose(lows, [lo for lo, _ in expected])

@@ -32,7 +32,7 @@ def _draw_fn(module: torch.nn.Module, batches: list[EvalBatch], ctx: EvalContext
     stats = ctx.metric("draw", RewardMetric)
     draws = []
     for batch in batches:
-        for index, seed in zip(batch.indices, batch.seeds):
+        for index, seed in zip(batch.indices, batch.seeds, strict=True):
             draws.append(_draw(seed))
             stats.update(torch.tensor(draws[-1:], dtype=torch.float64))
             ctx.record_sample(index, draw=draws[-1])

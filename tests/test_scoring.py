@@ -59,7 +59,7 @@ def test_the_time_limit_works_off_the_main_thread():
 def test_a_scorer_that_keeps_failing_is_reported_not_silent():
     with SafeScorer(exact, timeout_s=TIMEOUT_S, max_consecutive_failures=3) as scorer:
         scorer.score_many(["raise", "raise", "1"], ["1"] * 3)  # a success in between resets the count
-        with pytest.raises(ScorerFailingError, match="failed 3 times in a row .*error"):
+        with pytest.raises(ScorerFailingError, match=r"failed 3 times in a row .*error"):
             scorer.score_many(["raise", "raise", "raise"], ["1"] * 3)
 
 

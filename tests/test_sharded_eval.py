@@ -40,7 +40,7 @@ def _draw_evaluate_fn(module: torch.nn.Module, batches: list[EvalBatch], ctx: Ev
     stats = ctx.metric("draw", RewardMetric)  # created on every rank, whether it was dealt batches or not
     draws = []
     for batch in batches:
-        for index, seed in zip(batch.indices, batch.seeds):
+        for index, seed in zip(batch.indices, batch.seeds, strict=True):
             value = _draw(seed)
             stats.update(torch.tensor([value], dtype=torch.float64))
             ctx.record_sample(index, draw=value, rank=ctx.rank)
@@ -66,10 +66,10 @@ def _uneven_round(rank: int, world_size: int) -> tuple[list[Any], list[int]]:
 @pytest.mark.ddp
 def test_uneven_batch_counts_complete_with_exact_totals() -> None:
     (results0, dealt0), (results1, dealt1) = run_ddp(_uneven_round, 2, timeout_s=TIMEOUT_S)
-    assert [a + b for a, b in zip(dealt0, dealt1)] == [3, 1]
+    assert [a + b for a, b in zip(dealt0, dealt1, strict=True)] == [3, 1]
     assert dealt1[1] == 0 or dealt0[1] == 0  # one rank had no batch of the one-batch set
     assert sorted(dealt0[:1] + dealt1[:1]) == [1, 2]
-    for (name, size, _), r0, r1 in zip(UNEVEN_SETS, results0, results1):
+    for (name, size, _), r0, r1 in zip(UNEVEN_SETS, results0, results1, strict=True):
         draws = [_draw(sample_seed(SEED, name, i)) for i in range(size)]  # the single-process reference
         assert r0.metrics == r1.metrics  # every rank gets the same reduced result
         assert r0.num_prompts == size and r0.num_samples == size

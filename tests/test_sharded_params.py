@@ -146,7 +146,7 @@ def test_padding_brings_every_rank_to_the_busiest_ranks_batch_count(world_size: 
     dealt = [local_batches(eval_set, 0, rank, world_size) for rank in range(world_size)]
     padded = [padding_batches(eval_set, 0, rank, world_size) for rank in range(world_size)]
     busiest = max(len(d) for d in dealt)
-    assert [len(d) + len(p) for d, p in zip(dealt, padded)] == [busiest] * world_size
+    assert [len(d) + len(p) for d, p in zip(dealt, padded, strict=True)] == [busiest] * world_size
     assert any(padded)  # the case under test: some rank pads
     cheapest = min(range(9), key=lambda i: (1.0 + (i * 7) % 4, i))
     assert {tuple(b.indices) for p in padded for b in p} == {(cheapest,)}

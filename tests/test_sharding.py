@@ -124,7 +124,7 @@ def test_deal_is_within_the_lpt_bound_of_the_brute_force_optimum() -> None:
         world_size = rng.randint(2, 3)
         costs = [float(rng.randint(1, 50)) for _ in range(rng.randint(1, 8))]
         optimum = min(
-            max(sum(c for c, r in zip(costs, owners) if r == rank) for rank in range(world_size))
+            max(sum(c for c, r in zip(costs, owners, strict=True) if r == rank) for rank in range(world_size))
             for owners in itertools.product(range(world_size), repeat=len(costs))
         )
         dealt = deal_batches(costs, world_size)
@@ -218,7 +218,7 @@ def test_per_sample_outcomes_and_metric_do_not_depend_on_world_size(world_size: 
     def evaluate(batch: list[int]) -> dict[int, bool]:
         # A stand-in for sampled generation: each sample's outcome comes from its own seed only.
         seeds = sample_seeds(7, "easy", batch)
-        return {i: random.Random(s).random() < 0.5 for i, s in zip(batch, seeds)}
+        return {i: random.Random(s).random() < 0.5 for i, s in zip(batch, seeds, strict=True)}
 
     single = {i: ok for b in shard_for_rank(lengths, 8, 0, 1) for i, ok in evaluate(b).items()}
     merged: dict[int, bool] = {}

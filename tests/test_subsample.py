@@ -59,7 +59,7 @@ def test_arithmetic_eval_set_keeps_the_share_of_two_digit_sums() -> None:
 
 def _record_prompts(module: Any, batches: list[EvalBatch], ctx: EvalContext) -> dict[str, float]:
     for batch in batches:
-        for index, sample in zip(batch.indices, batch.samples):
+        for index, sample in zip(batch.indices, batch.samples, strict=True):
             ctx.record_sample(index, prompt=sample.prompt, rank=ctx.rank)
     return {}
 
@@ -82,14 +82,14 @@ def test_the_same_subset_is_evaluated_on_one_and_two_ranks() -> None:
 
 
 def test_history_counts_the_subset_every_round(tmp_path: Path) -> None:
-    cfg = load_config(None, OVERRIDES + ["evaluator.freq_steps=2", f"output_dir={tmp_path}"])
+    cfg = load_config(None, [*OVERRIDES, "evaluator.freq_steps=2", f"output_dir={tmp_path}"])
     cb = build_callback(cfg, evaluate_fn=_record_prompts)
     make_trainer(tmp_path, [cb], 4).fit(CountingModule())
     assert [r["num_prompts"] for r in eval_rows(read_history(tmp_path))] == [30, 30]
 
 
 def test_config_needs_exactly_one_size() -> None:
-    with pytest.raises(ConfigError, match="eval_sets.easy.subsample needs exactly one of max_prompts and fraction"):
+    with pytest.raises(ConfigError, match=r"eval_sets\.easy\.subsample needs exactly one of max_prompts and fraction"):
         load_config(None, ["eval_sets.easy.subsample.max_prompts=3", "eval_sets.easy.subsample.fraction=0.5"])
     with pytest.raises(ConfigError, match=r"eval_sets.easy.subsample.fraction must be a number in \(0, 1\]"):
         load_config(None, ["eval_sets.easy.subsample.fraction=1.5"])

@@ -6,6 +6,7 @@ Every process runs in its own session and is killed with its whole process group
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -40,10 +41,8 @@ def _start(*args: str, cwd: Path) -> subprocess.Popen:
 
 
 def _kill(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _wait_for(condition, what: str, deadline: float, procs: list[subprocess.Popen]) -> None:

@@ -65,7 +65,7 @@ class WandbTable:
 
     def rows(self) -> list[dict[str, Any]]:
         """The table as a list of ``{column: value}`` dicts."""
-        return [dict(zip(self.columns, row)) for row in self.data]
+        return [dict(zip(self.columns, row, strict=True)) for row in self.data]
 
 
 def _run_dir_sort_key(run_dir: Path) -> tuple[str, float]:

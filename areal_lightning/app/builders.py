@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_lightning.app.config import Config, to_dict
+from areal_lightning.app.config import Config, lightning_precision, to_dict
 from areal_lightning.app.model_builders import build_policy, build_task  # noqa: F401 - re-exported: one place for builders
 from areal_lightning.app.runs import CHECKPOINT_DIRNAME, CSV_DIRNAME, RunIdentity
 from areal_lightning.eval_round import EvalSet, EvaluateFn
@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # Lightning and W&B load only when a builder that needs them 
 
     from areal_lightning.callbacks import EvaluationCallback
     from areal_lightning.rl.grpo import GRPOModule
-    from areal_lightning.tasks.arithmetic import ArithmeticTask
+    from areal_lightning.rl.task import RLTask
     from areal_lightning.tracking.wandb_logger import SafeWandbLogger
 
 
@@ -46,10 +46,10 @@ def build_module(cfg: Config) -> GRPOModule:
     return GRPOModule.from_config(cfg)
 
 
-def build_eval_sets(cfg: Config, task: ArithmeticTask | None = None) -> list[EvalSet]:
-    """The config's eval sets, in config order: arithmetic sets made by `task` (default: the
-    config's arithmetic task), file sets read from their ``path`` with the task's prompt style
-    (the first ``size`` rows, or all). A sample's cost is its prompt length.
+def build_eval_sets(cfg: Config, task: RLTask | None = None) -> list[EvalSet]:
+    """The config's eval sets, in config order: arithmetic sets made by `task` when it is an
+    `ArithmeticTask` (else by the config's arithmetic task), file sets read from their ``path``
+    with the task's prompt style (the first ``size`` rows, or all). A sample's cost is its prompt length.
 
     Example:
         >>> from areal_lightning.app.config import load_config
@@ -71,9 +71,9 @@ def build_eval_sets(cfg: Config, task: ArithmeticTask | None = None) -> list[Eva
                               verifier="numeric")
             samples: list[Any] = reader.samples()[: es.size]
         else:
-            if task is None:
-                from areal_lightning.tasks.arithmetic import ArithmeticTask
+            from areal_lightning.tasks.arithmetic import ArithmeticTask
 
+            if not isinstance(task, ArithmeticTask):
                 task = ArithmeticTask(cfg.task.train_digits, cfg.task.train_size, cfg.seed)
             samples = task.make_samples(name, es.digits or DEFAULT_DIGITS, es.size or ARITHMETIC_EVAL_SIZE)
         eval_set = EvalSet(name=name, samples=samples, batch_size=es.batch_size,
@@ -195,7 +195,8 @@ def build_trainer(cfg: Config, callbacks: list[Callback], **logger_options: Any)
                                   save_top_k=-1, save_last=True)
     return L.Trainer(
         max_steps=t.max_steps, max_epochs=t.max_epochs if t.max_epochs is not None else -1,
-        accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy, precision=t.precision,
+        accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
+        precision=lightning_precision(t.precision),
         log_every_n_steps=t.log_every_n_steps, enable_progress_bar=t.enable_progress_bar,
         default_root_dir=str(output_dir), logger=build_loggers(cfg, output_dir, **logger_options) or False,
         callbacks=[*callbacks, *([RunIdentity(cfg.run_id)] if cfg.run_id else []), checkpoints],

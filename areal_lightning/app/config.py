@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -36,8 +36,16 @@ from areal_lightning.eval_round.subsample import Subsample
 from areal_lightning.metrics.functional import AdvantageStd
 from areal_lightning.tasks.math import AnswerFormat, PromptStyle, Verifier, read_rows, reference_answer
 
+if TYPE_CHECKING:
+    from lightning.fabric.connector import _PRECISION_INPUT
+
 CONFIG_FILENAME = "config.yaml"
 LIGHTNING_PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
+
+
+def lightning_precision(precision: str) -> _PRECISION_INPUT:
+    """`precision` typed as the Trainer and Fabric take it; `TrainerConfig.check` has run Lightning's parser on it."""
+    return cast("_PRECISION_INPUT", precision)
 """The precisions a message suggests (Lightning also takes its aliases, such as ``32``)."""
 
 
@@ -152,7 +160,7 @@ class TrainerConfig:
         if self.strategy.lower() not in strategies:
             raise ConfigError(f"{path}.strategy must be one of {', '.join(strategies)}; got {self.strategy!r}")
         try:
-            _convert_precision_to_unified_args(self.precision)
+            _convert_precision_to_unified_args(lightning_precision(self.precision))
         except ValueError:
             raise ConfigError(f"{path}.precision must be one of {', '.join(LIGHTNING_PRECISIONS)} (Lightning's "
                               f"names); got {self.precision!r}") from None
@@ -632,13 +640,13 @@ def _explain(err: oc_errors.OmegaConfBaseException, source: str) -> ConfigError:
         return ConfigError(f"{key} must be one of {accepted}; got {err.value!r} (from {source}).")
     detail = str(err.msg).splitlines()[0] if err.msg else type(err).__name__
     if isinstance(err, (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError)):
-        accepted = _accepted_keys(err.object_type)
+        keys = _accepted_keys(err.object_type)
         leaf = key.rsplit(".", 1)[-1]
-        close = difflib.get_close_matches(leaf, accepted, n=1)
+        close = difflib.get_close_matches(leaf, keys, n=1)
         hint = f" Did you mean `{close[0]}`?" if close else ""
         parent = key.rsplit(".", 1)[0] if "." in key else "the top level"
         return ConfigError(
-            f"unknown config key `{key}` (from {source}).{hint} Keys accepted at {parent}: {', '.join(accepted)}."
+            f"unknown config key `{key}` (from {source}).{hint} Keys accepted at {parent}: {', '.join(keys)}."
         )
     if isinstance(err, oc_errors.ValidationError):
         return ConfigError(f"config key `{key}` (from {source}) has a value of the wrong type: {detail}.")
@@ -652,7 +660,7 @@ def _as_plain(value: Any) -> Any:
 def _shape_mismatch(schema: Any, layer: Any, source: str, prefix: str = "") -> str:
     """The message for the first key of `layer` whose value is a list where `schema` has a mapping, or the reverse."""
     for key, value in layer.items_ex(resolve=False) if isinstance(layer, DictConfig) else []:
-        path = f"{prefix}{key}"
+        path = prefix + str(key)
         expected = schema.get(key) if isinstance(schema, DictConfig) and key in schema else None
         if isinstance(expected, DictConfig) and not isinstance(value, DictConfig):
             return f"config key `{path}` (from {source}) must be a mapping of keys to values, got {_as_plain(value)!r}"

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_lightning.app.config import Config, ConfigError, load_config
+from areal_lightning.app.config import Config, ConfigError, lightning_precision, load_config
 from areal_lightning.app.console import fail, quiet_lightning
 
 if TYPE_CHECKING:  # heavy imports stay out of `areal-lightning --help` and `plot`
@@ -155,7 +155,7 @@ def format_table(results: Sequence[SetResult]) -> str:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     # Names left-aligned, numbers right-aligned, so that decimal points line up.
     return "\n".join(
-        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
         for row in [header, *rows]
     )
 
@@ -165,7 +165,8 @@ def _build_fabric(cfg: Config) -> Fabric:
 
     t = cfg.trainer
     # "auto" lets Fabric choose as the Trainer does: one device, or DDP over several.
-    return Fabric(accelerator=t.accelerator, devices=t.devices, strategy=t.strategy, precision=t.precision)
+    return Fabric(accelerator=t.accelerator, devices=t.devices, strategy=t.strategy,
+                  precision=lightning_precision(t.precision))
 
 
 def _evaluate_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule, step: int, epoch: int) -> list[SetResult]:
@@ -176,7 +177,9 @@ def _evaluate_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule, step: int
 
     # No DDP wrapper: the round runs no collective inside a forward, so ranks dealt different
     # numbers of batches never wait on each other mid-round.
-    module = fabric.strategy.precision.convert_module(module).to(fabric.device)
+    converted = fabric.strategy.precision.convert_module(module)
+    assert isinstance(converted, GRPOModule)  # precision plugins convert in place, they do not wrap
+    module = converted.to(fabric.device)
     eval_sets = build_eval_sets(cfg, module.task)
     check_eval_sets_consistent(eval_sets)  # every rank raises together on a mismatch
     with fabric.autocast():
@@ -235,7 +238,8 @@ def evaluate_main(args: argparse.Namespace) -> int:
         return fail(f"trainer settings (accelerator={cfg.trainer.accelerator!r}, devices={cfg.trainer.devices}, "
                      f"strategy={cfg.trainer.strategy!r}, precision={cfg.trainer.precision!r}) are not usable: {err}")
     try:
-        results = fabric.launch(_evaluate_on_rank, cfg, module, step, epoch)
+        # Fabric.launch passes its *args after the Fabric; its annotation says Callable[[Fabric], Any].
+        results = fabric.launch(_evaluate_on_rank, cfg, module, step, epoch)  # type: ignore[arg-type]
     except EvalSetMismatchError as err:
         return fail(str(err)) if fabric.global_rank == 0 else 0
     except EvalRoundError as err:

@@ -42,7 +42,7 @@ def _is_launching_process() -> bool:
     device, which must not re-decide the run (rank 0 may already have written into output_dir)."""
     from lightning.pytorch.utilities import rank_zero_only
 
-    return rank_zero_only.rank == 0 and int(os.environ.get("NODE_RANK", "0")) == 0
+    return getattr(rank_zero_only, "rank", 0) == 0 and int(os.environ.get("NODE_RANK", "0")) == 0
 
 
 def _decide_run(args: argparse.Namespace, cfg: Config) -> _Run | str:

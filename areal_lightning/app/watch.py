@@ -79,7 +79,9 @@ class DirectoryState:
 
     def poll(self, directory: Path) -> tuple[list[Path], list[Path]]:
         """(stable, unstable) checkpoint files of `directory` now."""
-        stable, unstable, now = [], [], {}
+        stable: list[Path] = []
+        unstable: list[Path] = []
+        now: dict[Path, tuple[int, int]] = {}
         for path in sorted(directory.glob(f"*{CHECKPOINT_SUFFIX}")):
             try:
                 st = path.stat()
@@ -285,11 +287,14 @@ def _watch_on_rank(fabric: Fabric, watch: _Watch) -> int:
     from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.rl.rollout_eval import rollout_evaluate
     from areal_lightning.tracking.history import EvalHistory, eval_record, event_record
-    from areal_lightning.tracking.loggers import finish_wandb, log_eval_results
+    from areal_lightning.tracking.loggers import log_eval_results
+    from areal_lightning.tracking.wandb_logger import finish_wandb
 
     cfg = watch.cfg
     module = GRPOModule.from_config(cfg)
-    module = fabric.strategy.precision.convert_module(module).to(fabric.device)
+    converted = fabric.strategy.precision.convert_module(module)
+    assert isinstance(converted, GRPOModule)  # precision plugins convert in place, they do not wrap
+    module = converted.to(fabric.device)
     eval_sets = build_eval_sets(cfg, module.task)
     check_eval_sets_consistent(eval_sets)
     loggers: list[Logger] | None = None
@@ -301,8 +306,9 @@ def _watch_on_rank(fabric: Fabric, watch: _Watch) -> int:
                   f"{watch.directory / STOP_FILENAME}", flush=True)
         try:
             while True:
-                decision = watch.decide(stop) if fabric.global_rank == 0 else None
-                decision = fabric.broadcast(decision, src=0)  # one decision for every rank
+                mine = watch.decide(stop) if fabric.global_rank == 0 else None
+                decision = fabric.broadcast(mine, src=0)  # one decision for every rank
+                assert decision is not None  # rank 0 always decides
                 if decision.action == "stop":
                     if fabric.global_rank == 0:
                         print(f"watch stopped: {decision.reason}; {evaluated} checkpoint(s) evaluated", flush=True)
@@ -389,4 +395,5 @@ def watch_main(args: argparse.Namespace) -> int:
     history_file = Path(args.history) if args.history else Path(cfg.output_dir) / HISTORY_FILENAME
     watch = _Watch(cfg, directory, history_file, args.poll_secs, args.idle_timeout, args.trust_checkpoint)
     fabric = _build_fabric(cfg)
-    return int(fabric.launch(_watch_on_rank, watch))
+    # Fabric.launch passes its *args after the Fabric; its annotation says Callable[[Fabric], Any].
+    return int(fabric.launch(_watch_on_rank, watch))  # type: ignore[arg-type]

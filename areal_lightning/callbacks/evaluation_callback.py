@@ -126,8 +126,9 @@ class EvaluationCallback(Callback):
     ) -> None:
         if isinstance(eval_sets, str):  # a factory (or a value) named in a YAML file
             found = import_object(eval_sets, "EvaluationCallback", "eval_sets")
-            eval_sets = found() if callable(found) else found
-        self.eval_sets = as_eval_sets(eval_sets)
+            self.eval_sets = as_eval_sets(found() if callable(found) else found)
+        else:
+            self.eval_sets = as_eval_sets(eval_sets)
         if isinstance(evaluate_fn, str):  # e.g. LightningCLI's init_args: evaluate_fn: my_project.evals.evaluate
             evaluate_fn = import_object(evaluate_fn, "EvaluationCallback", "evaluate_fn")
         if evaluate_fn is not None and not callable(evaluate_fn):
@@ -340,6 +341,7 @@ class EvaluationCallback(Callback):
             self._record_error(trainer, step, err)
             return
         if keys:
+            assert self.cache_dir is not None  # keys exist only with the cache on, and then it has a directory
             for r in fresh:
                 ResultCache(self.cache_dir).put(keys[r.dataset], r)  # rank 0 only: `keys` is empty elsewhere
         for r in fresh:  # every rank, the same sets: one reduction per metric and reference

@@ -48,7 +48,7 @@ def weights_digest(module: nn.Module) -> str:
         t = tensor.detach().cpu().contiguous()
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         digest.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return digest.hexdigest()
+    return str(digest.hexdigest())
 
 
 def function_identity(fn: Callable[..., Any]) -> str:
@@ -79,7 +79,7 @@ def cache_key(parts: Mapping[str, Any]) -> str:
     """
     digest = _digest()
     digest.update(json.dumps(parts, sort_keys=True, default=repr).encode())
-    return digest.hexdigest()
+    return str(digest.hexdigest())
 
 
 def result_key(weights: str, eval_set: EvalSet, **settings: Any) -> str:

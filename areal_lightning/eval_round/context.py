@@ -92,7 +92,7 @@ class EvalContext:
         flat = values.detach().double().flatten().tolist() if isinstance(values, torch.Tensor) else [float(v) for v in values]
         if len(flat) != len(indices):
             raise ValueError(f"`record_outcomes({name!r}, ...)` got {len(indices)} indices and {len(flat)} values")
-        self.outcomes.setdefault(name, {}).update(zip((int(i) for i in indices), flat))
+        self.outcomes.setdefault(name, {}).update(zip((int(i) for i in indices), flat, strict=True))
 
     def record_sample(self, index: int, **row: Any) -> None:
         """Keeps `row` (any JSON-like columns) for the samples table when `index < max_table_rows`."""

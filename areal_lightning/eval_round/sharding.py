@@ -26,6 +26,7 @@ import json
 import math
 import operator
 from collections.abc import Sequence
+from typing import SupportsIndex
 
 __all__ = [
     "batch_cost",
@@ -53,10 +54,10 @@ def _as_int(value: object, call: str, arg: str, minimum: int | None, shown: str 
     accepted = "an integer" if minimum is None else f"an integer >= {minimum}"
     message = f"{call}({arg}=...) must be {accepted}, got {shown or arg}={value!r}"
     # bool is an int subclass, but batch_size=True is a bug, not a request for 1.
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
         raise TypeError(message)
     try:
-        as_int = operator.index(value)  # accepts numpy integers, rejects floats like 2.0
+        as_int = operator.index(value)  # accepts numpy integers, rejects floats like 2.0 and float tensors
     except TypeError:
         raise TypeError(message) from None
     if minimum is not None and as_int < minimum:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 from enum import Enum
-from typing import Literal, Union
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -64,7 +64,7 @@ def _check_confidence(confidence: float, where: str) -> float:
     return float(confidence)
 
 
-NanStrategy = Union[Literal["error", "warn", "ignore", "disable"], float]
+NanStrategy = Literal["error", "warn", "ignore", "disable"] | float
 """torchmetrics' ``nan_strategy`` vocabulary (``torchmetrics.aggregation``): what a NaN reward means."""
 
 _NAN_STRATEGY_NAMES: tuple[str, ...] = ("error", "warn", "ignore", "disable")
@@ -102,7 +102,7 @@ def _apply_nan_strategy(values: Tensor, nan_strategy: NanStrategy, where: str) -
         if nan_strategy == "warn":
             rank_zero_warn(f"{seen}; dropped them (nan_strategy='warn')", UserWarning)
         return values[~nan]
-    return torch.where(nan, torch.full_like(values, nan_strategy), values)
+    return torch.where(nan, torch.full_like(values, float(nan_strategy)), values)
 
 
 def _mean_std(count: Tensor, total: Tensor, sq_total: Tensor) -> tuple[Tensor, Tensor]:
@@ -417,7 +417,7 @@ def wilson_interval(
     confidence = _check_confidence(confidence, "wilson_interval")
     s = torch.as_tensor(successes, dtype=torch.float64)
     t = torch.as_tensor(total, dtype=torch.float64, device=s.device)
-    s, t = torch.broadcast_tensors(s, t)
+    s, t = torch.broadcast_tensors(s, t)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
     bad_t = ~(torch.isfinite(t) & (t >= 0) & (t == t.floor()))
     if bad_t.any():  # report the first offending value, not a whole tensor
         raise ValueError(

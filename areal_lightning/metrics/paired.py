@@ -143,7 +143,7 @@ def paired_change(n: float, sum_d: float, sum_d2: float, confidence: float = DEF
     confidence = _check_confidence(confidence, "paired_change")
     if n < 0:
         raise ValueError(f"`paired_change(n=...)` must be a count >= 0, got {n!r}")
-    count = int(round(n))
+    count = round(n)
     if count == 0:
         return Change(math.nan, math.nan, math.nan, 0)
     mean = sum_d / count
@@ -175,12 +175,12 @@ class PairedChange(Metric):
         self.confidence = _check_confidence(confidence, "PairedChange")
         self.add_state("sums", torch.zeros(3, dtype=torch.float64), dist_reduce_fx="sum")
 
-    def update(self, current: Tensor, reference: Tensor) -> None:  # type: ignore[override]
+    def update(self, current: Tensor, reference: Tensor) -> None:
         """Adds the pairs ``current[i] - reference[i]``."""
         d = current.detach().double().flatten() - reference.detach().double().flatten().to(current.device)
         self.sums += torch.stack([d.new_tensor(float(d.numel())), d.sum(), (d * d).sum()]).to(self.sums.device)
 
-    def compute(self) -> Change:  # type: ignore[override]
+    def compute(self) -> Change:
         n, s, s2 = (float(v) for v in self.sums.tolist())
         return paired_change(n, s, s2, self.confidence)
 

@@ -17,6 +17,7 @@ the round, never a silent reward and never a hang.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import multiprocessing as mp
@@ -125,10 +126,8 @@ class _Worker:
         self.conn.close()
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(BrokenPipeError, OSError):
             self.conn.send(None)
-        except (BrokenPipeError, OSError):
-            pass
         self.process.join(_JOIN_S)
         if self.process.is_alive():
             self.process.kill()
@@ -187,10 +186,8 @@ class SafeScorer:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown: the daemon workers die with us
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown: the daemon workers die with us
-            pass
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy (a spawned rank, a deepcopy of the task) starts its own workers.
@@ -223,7 +220,7 @@ class SafeScorer:
         if len(completions) != len(answers):
             raise ValueError(f"SafeScorer.score_many got {len(completions)} completions for {len(answers)} answers")
         with self._lock:
-            scores = self._run(list(zip(completions, answers)))
+            scores = self._run(list(zip(completions, answers, strict=True)))
         for score in scores:
             failed = score.status in (ScoreStatus.TIMEOUT, ScoreStatus.ERROR)
             self.consecutive_failures = self.consecutive_failures + 1 if failed else 0
@@ -253,13 +250,14 @@ class SafeScorer:
                 worker = self._pool[slot]
                 index, deadline = busy[slot]
                 if worker.conn in ready:
-                    out[index] = self._receive(worker, tasks[index])
+                    score = self._receive(worker, tasks[index])
                 elif time.monotonic() >= deadline:
-                    out[index] = Score(self.wrong_reward, ScoreStatus.TIMEOUT)
+                    score = Score(self.wrong_reward, ScoreStatus.TIMEOUT)
                 else:
                     continue
+                out[index] = score
                 del busy[slot]
-                if out[index].status is ScoreStatus.TIMEOUT or worker.dead:
+                if score.status is ScoreStatus.TIMEOUT or worker.dead:
                     worker.kill()  # a hung worker cannot be interrupted, a dead one cannot answer: replace it
                     self._pool[slot] = _Worker(self._ctx, self.fn)
         return [s for s in out if s is not None]

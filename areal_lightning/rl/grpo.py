@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from areal_lightning.app.config import Config, GRPOConfig
+from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round.sharding import sample_seed
 from areal_lightning.metrics import AdvantageMetric, RewardMetric
 from areal_lightning.metrics.functional import group_advantages
@@ -60,6 +61,9 @@ class GRPOModule(L.LightningModule):
     def __init__(self, policy: Policy, task: RLTask, grpo: GRPOConfig | None = None, seed: int = 0,
                  tokenizer: PromptTokenizer | None = None) -> None:
         super().__init__()
+        # A policy is also an nn.Module: its parameters are trained, a frozen copy is the KL reference.
+        if not isinstance(policy, torch.nn.Module):
+            raise ArgumentError("GRPOModule", "policy", policy, "a torch.nn.Module that implements Policy")
         self.policy = policy
         self.task = task
         # The policy's own tokenizer (an HFPolicy's) wins over the task's (the arithmetic task's).
@@ -111,7 +115,8 @@ class GRPOModule(L.LightningModule):
     def train_dataloader(self) -> DataLoader:
         generator = torch.Generator().manual_seed(self.seed)
         return DataLoader(
-            self.task.train_samples(), batch_size=self.grpo.prompts_per_step, shuffle=True, generator=generator,
+            self.task.train_samples(),  # type: ignore[arg-type]  # any Sequence indexes; torch says Dataset
+            batch_size=self.grpo.prompts_per_step, shuffle=True, generator=generator,
             collate_fn=lambda samples: collate_prompts(samples, self.tokenizer),
         )
 
@@ -126,7 +131,7 @@ class GRPOModule(L.LightningModule):
     def score(self, completions: Tensor, answers: Sequence[str]) -> tuple[list[str], Tensor]:
         """Decoded completions and their rewards (float32, one per row)."""
         texts = [self.tokenizer.decode(row) for row in completions.cpu()]
-        rewards = torch.tensor([self.task.reward(t, a) for t, a in zip(texts, answers)], dtype=torch.float32)
+        rewards = torch.tensor([self.task.reward(t, a) for t, a in zip(texts, answers, strict=True)], dtype=torch.float32)
         return texts, rewards.to(completions.device)
 
     def evaluate(self, batches: Sequence[Any], ctx: Any) -> dict[str, Any]:

@@ -62,7 +62,8 @@ def disable_dropout(model: nn.Module) -> None:
             module.p = 0.0
         # Llama-style attention passes this float to its attention function in training mode.
         if isinstance(getattr(module, "attention_dropout", None), float):
-            module.attention_dropout = 0.0
+            # A plain float attribute; nn.Module types attribute assignment as Tensor | Module only.
+            module.attention_dropout = 0.0  # type: ignore[assignment]
 
 
 class HFPolicy(nn.Module):
@@ -89,9 +90,13 @@ class HFPolicy(nn.Module):
         ValueError: for a wrapper option given together with an `HFTokenizer` (it has its own).
 
     Example:
-        >>> policy = HFPolicy.from_pretrained("/models/qwen2.5-0.5b-instruct", dtype="bfloat16", chat=True)  # doctest: +SKIP
+        >>> policy = HFPolicy.from_pretrained(  # doctest: +SKIP
+        ...     "/models/qwen2.5-0.5b-instruct", dtype="bfloat16", chat=True
+        ... )
         >>> ids, mask = policy.encode_prompts(["What is 2+3?"])  # doctest: +SKIP
-        >>> out = policy.generate(ids, mask, max_new_tokens=64, temperature=0.0, generators=torch.Generator())  # doctest: +SKIP
+        >>> out = policy.generate(  # doctest: +SKIP
+        ...     ids, mask, max_new_tokens=64, temperature=0.0, generators=torch.Generator()
+        ... )
         >>> policy.decode_completions(out)  # doctest: +SKIP
         ['2 + 3 = 5']
     """

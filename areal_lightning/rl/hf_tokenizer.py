@@ -30,7 +30,8 @@ class HFTokenizer:
             True but the tokenizer has no chat template, or a system prompt comes without `chat`.
 
     Example:
-        >>> tok = HFTokenizer(AutoTokenizer.from_pretrained("/models/qwen", local_files_only=True), chat=True)  # doctest: +SKIP
+        >>> hf_tok = AutoTokenizer.from_pretrained("/models/qwen", local_files_only=True)  # doctest: +SKIP
+        >>> tok = HFTokenizer(hf_tok, chat=True)  # doctest: +SKIP
         >>> ids, mask = tok.encode_batch(["What is 2+3?", "And 7*6?"])  # doctest: +SKIP
         >>> tok.decode_batch(policy.generate(ids, mask, ...))  # doctest: +SKIP
     """

@@ -26,7 +26,6 @@ class Policy(Protocol):
 
     eos_id: int
     pad_id: int
-
     def generate(
         self, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int, temperature: float,
         generators: Generators, top_p: float = 1.0, top_k: int | None = None, stop_at_eos: bool = True,

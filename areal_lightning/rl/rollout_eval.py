@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -18,9 +19,16 @@ from areal_lightning.tasks.arithmetic import CORRECT_REWARD
 class RolloutModule(Protocol):
     """What the default evaluation needs of a module; `GRPOModule` has it."""
 
-    policy: Policy
-    task: RLTask
-    tokenizer: PromptTokenizer
+    # Read-only members (properties): the evaluation only reads them, so a module may hold a
+    # narrower type (GRPOModule's policy is a Policy that is also an nn.Module).
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def task(self) -> RLTask: ...
+
+    @property
+    def tokenizer(self) -> PromptTokenizer: ...
 
     @property
     def grpo(self) -> Any: ...
@@ -37,13 +45,13 @@ def score_texts(task: Any, texts: Sequence[str], answers: Sequence[str]) -> list
     """The task's `score_many` where it has one (statuses for timeouts and parse failures), else its `reward`."""
     if callable(getattr(task, "score_many", None)):
         return task.score_many(list(texts), list(answers))
-    return [Score(float(task.reward(t, a))) for t, a in zip(texts, answers)]
+    return [Score(float(task.reward(t, a))) for t, a in zip(texts, answers, strict=True)]
 
 def default_metrics(n_samples: int) -> dict[str, Callable[[], Metric]]:
     """The metrics the default evaluation keeps for `n_samples` completions per prompt, by name."""
     factories: dict[str, Callable[[], Metric]] = {"reward": RewardMetric, "accuracy": AccuracyMetric}
     for k in sorted({1, n_samples}):
-        factories[f"pass@{k}"] = lambda k=k: PassAtK(k)
+        factories[f"pass@{k}"] = functools.partial(PassAtK, k)
     factories[f"maj@{n_samples}"] = lambda: MajAtK(n_samples)
     return factories
 
@@ -109,7 +117,7 @@ def rollout_evaluate(module: RolloutModule, batches: Sequence[EvalBatch], ctx: E
             metric.update(correct)
         maj.update(answer_ids, correct)
         ctx.num_samples += rewards.numel()
-        for row, (index, sample) in enumerate(zip(batch.indices, samples)):
+        for row, (index, sample) in enumerate(zip(batch.indices, samples, strict=True)):
             ctx.record_sample(index, prompt=sample.prompt, completion=texts[row * n], answer=sample.answer,
                               reward=float(rewards[row, 0]), correct=bool(correct[row, 0]))
     return {}

@@ -379,7 +379,7 @@ def numeric_equal(completion: str, reference: str) -> bool:
     got, want = normalize_answer(answer), normalize_answer(reference)
     got_value, want_value = parse_number(got), parse_number(want)
     if got_value is not None and want_value is not None:
-        return abs(got_value - want_value) <= NUMERIC_REL_TOL * max(1, abs(want_value))
+        return abs(got_value - want_value) <= NUMERIC_REL_TOL * max(Fraction(1), abs(want_value))
     return bool(want) and got == want
 
 

@@ -464,7 +464,7 @@ def split_runs(records: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str,
         {'legacy-1': [0, 5], 'legacy-2': [0, 5]}
     """
     runs: dict[str, list[dict[str, Any]]] = {}
-    legacy_count, legacy_seen = 0, set()
+    legacy_count, legacy_seen = 0, set[tuple[Any, Any]]()
     for record in records:
         run_id = record.get("run_id")
         if run_id is None:

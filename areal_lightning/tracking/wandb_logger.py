@@ -49,7 +49,7 @@ from areal_lightning.eval_round import SetResult
 from areal_lightning.tracking.history import HISTORY_FILENAME
 
 if TYPE_CHECKING:
-    import wandb
+    from wandb.sdk.wandb_alerts import AlertLevel
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +249,8 @@ def samples_table(rows: Sequence[Mapping[str, Any]]) -> Any:
     columns = list(dict.fromkeys(key for row in rows for key in row))
     data = [[_cell(row.get(c)) for c in columns] for row in rows]
     # A reward that is an int in one row and a float in the next is not worth losing W&B over.
-    return wandb.Table(columns=columns, data=data, allow_mixed_types=True)
+    # (wandb annotates `columns` as list[str | int]; a list[str] is not one, lists being invariant.)
+    return wandb.Table(columns=[*columns], data=data, allow_mixed_types=True)
 
 
 def _define_eval_axis(run: Any, keys: Sequence[str]) -> None:
@@ -300,7 +301,7 @@ def log_eval_round(logger: WandbLogger, metrics: Mapping[str, float], results: S
 
 # ---- alerts and the end of a run ---------------------------------------------------------------
 
-def alert_level(level: str | wandb.AlertLevel) -> wandb.AlertLevel:
+def alert_level(level: str | AlertLevel) -> AlertLevel:
     """`level` as a ``wandb.AlertLevel`` (names in any case).
 
     Raises:
@@ -310,16 +311,16 @@ def alert_level(level: str | wandb.AlertLevel) -> wandb.AlertLevel:
         >>> alert_level("warn")
         <AlertLevel.WARN: 'WARN'>
     """
-    import wandb
+    from wandb.sdk.wandb_alerts import AlertLevel
 
     try:
-        return wandb.AlertLevel(str(getattr(level, "value", level)).upper())
+        return AlertLevel(str(getattr(level, "value", level)).upper())
     except ValueError:
-        accepted = ", ".join(m.value for m in wandb.AlertLevel)
+        accepted = ", ".join(m.value for m in AlertLevel)
         raise ValueError(f"send_alert(level=...) must be one of {accepted}, got {level!r}") from None
 
 
-def _alert_run(logger: WandbLogger, title: str, text: str, level: wandb.AlertLevel) -> None:
+def _alert_run(logger: WandbLogger, title: str, text: str, level: AlertLevel) -> None:
     import wandb
 
     run = logger.experiment
@@ -334,7 +335,7 @@ def _alert_run(logger: WandbLogger, title: str, text: str, level: wandb.AlertLev
 
 
 @rank_zero_only
-def send_wandb_alert(logger: WandbLogger, title: str, text: str, level: wandb.AlertLevel) -> None:
+def send_wandb_alert(logger: WandbLogger, title: str, text: str, level: AlertLevel) -> None:
     """``run.alert(...)`` if `logger`'s run is live and online; W&B failures never raise."""
     call_wandb(logger, f"sending the alert {title!r}", _alert_run, logger, title, text, level)
 

@@ -211,8 +211,8 @@ def run_names(run_dirs: Sequence[Path]) -> list[str]:
     """A name per run dir: its name, or ``parent/name`` where names collide (else the path)."""
     names = [d.name for d in run_dirs]
     names = [f"{d.parent.name}/{d.name}" if names.count(n) > 1 else n
-             for d, n in zip(run_dirs, names)]
-    return [str(d) if names.count(n) > 1 else n for d, n in zip(run_dirs, names)]
+             for d, n in zip(run_dirs, names, strict=True)]
+    return [str(d) if names.count(n) > 1 else n for d, n in zip(run_dirs, names, strict=True)]
 
 
 def _metric_file_part(metric: str) -> str:
@@ -277,7 +277,7 @@ def load_runs(run_dirs: Sequence[Path]) -> dict[str, list[dict[str, Any]]]:
         PlotError: a directory is missing or has no eval records.
     """
     runs: dict[str, list[dict[str, Any]]] = {}
-    for name, d in zip(run_names([d.resolve() for d in run_dirs]), run_dirs):
+    for name, d in zip(run_names([d.resolve() for d in run_dirs]), run_dirs, strict=True):
         found = runs_in_history(name, _load_run(d))
         if len(found) > 1:
             warnings.warn(f"{str(d)!r} holds {len(found)} runs ({', '.join(found)}); each is drawn as its own line",

@@ -52,14 +52,14 @@ def evaluate_gsm8k(module: GRPOModule, batches: Sequence[EvalBatch], ctx: EvalCo
         # 3. compute rewards
         texts = [tok.decode(row) for row in completions.cpu()]
         answers = [s.answer for s in batch.samples for _ in range(n)]
-        rewards = torch.tensor([module.task.reward(t, a) for t, a in zip(texts, answers)], device=ctx.device)
+        rewards = torch.tensor([module.task.reward(t, a) for t, a in zip(texts, answers, strict=True)], device=ctx.device)
         # 4. record metrics
         reward.update(rewards)
         accuracy.update(rewards)  # correct: reward above the metric's threshold
         tokens.update(completion_mask(completions, module.policy.eos_id).sum(dim=1).float())
         no_answer.update(torch.tensor([final_answer(t) is None for t in texts], dtype=torch.float32, device=ctx.device))
         ctx.num_samples += len(texts)
-        for row, (index, sample) in enumerate(zip(batch.indices, batch.samples)):
+        for row, (index, sample) in enumerate(zip(batch.indices, batch.samples, strict=True)):
             ctx.record_sample(index, prompt=sample.prompt, completion=texts[row * n], answer=sample.answer,
                               reward=float(rewards[row * n]))
     return {}

@@ -123,7 +123,7 @@ class VisionGRPOModule(L.LightningModule):
         with torch.no_grad():
             completions = self.sample(inputs, temperature=self.temperature, max_new_tokens=self.max_new_tokens)
         rewards = torch.tensor([geometric_reward(t, r["answer"]) for t, r in
-                                zip(self.decode(completions), [r for r in rows for _ in range(g)])], device=self.device)
+                                zip(self.decode(completions), [r for r in rows for _ in range(g)], strict=True)], device=self.device)
         advantages = group_advantages(rewards.view(-1, g)).reshape(-1, 1)
         eos = self.processor.tokenizer.eos_token_id
         is_eos = completions == eos
@@ -153,13 +153,13 @@ def evaluate_fn(module: VisionGRPOModule, batches: Sequence[EvalBatch], ctx: Eva
         torch.manual_seed(batch.seeds[0])
         texts = module.decode(module.sample(inputs, temperature=temperature, max_new_tokens=max_new_tokens))
         # 3. compute rewards
-        rewards = torch.tensor([geometric_reward(t, s["answer"]) for t, s in zip(texts, batch.samples)],
+        rewards = torch.tensor([geometric_reward(t, s["answer"]) for t, s in zip(texts, batch.samples, strict=True)],
                                device=ctx.device)
         # 4. record metrics (reduced across ranks once per round by the callback)
         reward.update(rewards)
         accuracy.update(rewards)
         ctx.num_samples += len(texts)
-        for index, sample, text, r in zip(batch.indices, batch.samples, texts, rewards.tolist()):
+        for index, sample, text, r in zip(batch.indices, batch.samples, texts, rewards.tolist(), strict=True):
             ctx.record_sample(index, prompt=sample["problem"], completion=text, answer=sample["answer"],
                               extracted=final_answer(text), reward=r)
     return {}

@@ -34,7 +34,7 @@ class _AnsweringPolicy(nn.Module):
     def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int, temperature: float,
                  generators, **_: object) -> Tensor:
         out = torch.full((len(prompt_ids), max_new_tokens), self.pad_id, dtype=torch.long)
-        for row, (ids, mask, gen) in enumerate(zip(prompt_ids, prompt_mask, generators)):
+        for row, (ids, mask, gen) in enumerate(zip(prompt_ids, prompt_mask, generators, strict=True)):
             a, b = self.tok.decode(ids[mask].tolist()).rstrip("=").split("+")
             u = float(torch.rand(1, generator=gen))
             if u < 0.40:
@@ -45,7 +45,7 @@ class _AnsweringPolicy(nn.Module):
                 text = str(int(torch.randint(10, 99, (1,), generator=gen)))
             else:
                 text = ""
-            out[row, : len(text) + 1] = torch.tensor(self.tok.encode(text, bos=False) + [self.eos_id])
+            out[row, : len(text) + 1] = torch.tensor([*self.tok.encode(text, bos=False), self.eos_id])
         return out
 
 
