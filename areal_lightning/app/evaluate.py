@@ -173,6 +173,7 @@ def _evaluate_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule, step: int
     """Every rank: check the eval sets agree, run the round on the unwrapped module."""
     from areal_lightning.app.builders import build_eval_sets
     from areal_lightning.eval_round import check_eval_sets_consistent, run_round
+    from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     # No DDP wrapper: the round runs no collective inside a forward, so ranks dealt different

@@ -1,5 +1,7 @@
 """Where evaluation results go: the eval history file, every Trainer logger, and Weights & Biases."""
 
+from typing import TYPE_CHECKING
+
 from areal_lightning.tracking.history import (
     EVAL_MODES,
     EVENT_KINDS,
@@ -35,6 +37,10 @@ __all__ = [
     "read_history",
     "split_runs",
 ]
+
+if TYPE_CHECKING:  # type checkers see these; at run time `__getattr__` loads them on first use
+    from areal_lightning.tracking.loggers import eval_metric_dict, log_eval_results, send_alert
+    from areal_lightning.tracking.wandb_logger import EVAL_STEP_KEY, SafeWandbLogger, finish_wandb
 
 # The logger fan-out and the W&B logger import Lightning: loaded on first use (PEP 562), so
 # reading a history does not pay for it.
