@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -119,7 +119,7 @@ class TrainerConfig:
 
     max_steps: int = 200
     """Optimizer steps to train for."""
-    max_epochs: int | None = None
+    max_epochs: Optional[int] = None
     """Epochs to train for at most; null means limited by max_steps only."""
     accelerator: str = "cpu"
     """Lightning accelerator: cpu, gpu, auto."""
@@ -135,7 +135,7 @@ class TrainerConfig:
     """How often train metrics go to the loggers."""
     enable_progress_bar: bool = True
     """Show Lightning's progress bar."""
-    checkpoint_every_n_steps: int | None = None
+    checkpoint_every_n_steps: Optional[int] = None
     """Save a checkpoint under <output_dir>/checkpoints every N steps (and the last one); null: only at the end."""
 
     def check(self, path: str) -> None:
@@ -172,15 +172,15 @@ class PolicyConfig:
 
     kind: PolicyKind = PolicyKind.TINY
     """tiny: a small transformer built from this config; hf: the `transformers` causal LM saved at `path`."""
-    path: str | None = None
+    path: Optional[str] = None
     """hf: local directory of the model and its tokenizer (`save_pretrained`); never downloaded."""
     dtype: ModelDtype = ModelDtype.FLOAT32
     """hf: weight dtype (float32, bfloat16, float16, auto)."""
-    attn_implementation: str | None = None
+    attn_implementation: Optional[str] = None
     """hf: transformers' attention kernel (eager, sdpa, flash_attention_2); null: its default."""
-    chat_template: str | None = None
+    chat_template: Optional[str] = None
     """hf: a Jinja chat template replacing the tokenizer's own (for task.prompt_style: chat); null: the tokenizer's."""
-    system_prompt: str | None = None
+    system_prompt: Optional[str] = None
     """hf: a system message before each chat prompt (task.prompt_style: chat only)."""
     stop_strings: list[str] = field(default_factory=list)
     """hf: a completion ends after the first of these strings (e.g. "\\nQuestion:" for base models)."""
@@ -227,7 +227,7 @@ class TaskConfig:
     """arithmetic: digits of the operands of training prompts."""
     train_size: int = 256
     """arithmetic: training prompts, a finite set iterated in epochs."""
-    path: str | None = None
+    path: Optional[str] = None
     """math: the training file, .jsonl, .json or .parquet (every row is a training prompt)."""
     question_field: str = "question"
     """math: the field holding the question (MATH: problem)."""
@@ -237,7 +237,7 @@ class TaskConfig:
     """math: where the answer sits in answer_field: gsm8k (after ####), boxed (last \\boxed{}), plain (all of it)."""
     prompt_style: PromptStyle = PromptStyle.PLAIN
     """math: plain ("Question: ...\\nAnswer:") or chat (a user message through the tokenizer's chat template)."""
-    prompt_template: str | None = None
+    prompt_template: Optional[str] = None
     """math: replaces the style's prompt; must contain {question}."""
     verifier: Verifier = Verifier.AUTO
     """math: auto (math-verify where installed, else numeric), math_verify or numeric."""
@@ -299,13 +299,13 @@ class SubsampleConfig:
     """A deterministic proportional stratified subset of an eval set (the same every round, on any
     number of devices). Give exactly one of max_prompts and fraction."""
 
-    max_prompts: int | None = None
+    max_prompts: Optional[int] = None
     """Prompts kept."""
-    fraction: float | None = None
+    fraction: Optional[float] = None
     """Share of the prompts kept, in (0, 1]."""
-    stratify_by: str | None = "stratum"
+    stratify_by: Optional[str] = "stratum"
     """The samples' field that names their stratum; null: no strata."""
-    seed: int | None = None
+    seed: Optional[int] = None
     """Seed of the draw within each stratum; null: the run's seed."""
 
     def build(self, seed: int) -> Subsample:
@@ -317,9 +317,9 @@ class SubsampleConfig:
 class EvalSetConfig:
     """One named evaluation set: arithmetic problems (`digits`) or the problems of a file (`path`)."""
 
-    digits: int | None = None
+    digits: Optional[int] = None
     """Arithmetic: digits of the operands; null: 1 (unless `path` is given)."""
-    path: str | None = None
+    path: Optional[str] = None
     """A local .jsonl, .json or .parquet file of math problems (task.name: math); null: an arithmetic set."""
     question_field: str = "question"
     """File sets: the field holding the question (MATH: problem)."""
@@ -327,9 +327,9 @@ class EvalSetConfig:
     """File sets: the field holding the reference answer (MATH: solution)."""
     answer_format: AnswerFormat = AnswerFormat.GSM8K
     """File sets: gsm8k (after ####), boxed (last \\boxed{}) or plain (the whole field)."""
-    stratum_field: str | None = None
+    stratum_field: Optional[str] = None
     """File sets: the field each problem's stratum comes from (e.g. level); null: the file's name."""
-    size: int | None = None
+    size: Optional[int] = None
     """Number of prompts; null: 200 for arithmetic sets, every row for file sets (else the first `size` rows)."""
     n_samples: int = 4
     """Completions sampled per prompt (pass@k and maj@k use k = 1 and k = n_samples)."""
@@ -337,20 +337,20 @@ class EvalSetConfig:
     """Sampling temperature; 0 means greedy."""
     top_p: float = 1.0
     """Nucleus sampling: keep the most likely tokens up to this probability mass (after the temperature); 1: all."""
-    top_k: int | None = None
+    top_k: Optional[int] = None
     """Keep the k most likely tokens; null: all."""
     stop: list[str] = field(default_factory=list)
     """Strings that end a completion: its text is cut where the first one begins."""
-    seed: int | None = None
+    seed: Optional[int] = None
     """Seed of this set's per-sample seeds; null: the run's seed."""
     batch_size: int = 64
     """Prompts per evaluation batch."""
-    max_new_tokens: int | None = None
+    max_new_tokens: Optional[int] = None
     """Tokens generated per completion; null: grpo.max_new_tokens."""
-    max_batch_cost: float | None = None
+    max_batch_cost: Optional[float] = None
     """Close an eval batch before its padded cost (prompts x longest prompt length) exceeds this,
     so that no single batch outweighs a rank's share; null: batches by count only."""
-    subsample: SubsampleConfig | None = None
+    subsample: Optional[SubsampleConfig] = None
     """Evaluate a stratified subset, e.g. {max_prompts: 50} or {fraction: 0.25}; null: every prompt."""
 
     @property
@@ -396,7 +396,7 @@ class AdaptiveConfig:
     """Shortest interval between adaptive rounds."""
     max_steps: int = 200
     """Longest interval between adaptive rounds."""
-    dataset: str | None = None
+    dataset: Optional[str] = None
     """The watched eval set; null: any eval set."""
     factor: float = 2.0
     """How much the interval shrinks or grows after a round, > 1."""
@@ -409,11 +409,11 @@ class AdaptiveConfig:
 class EvaluatorConfig:
     """When and how to evaluate (the seed's `evaluator` block)."""
 
-    freq_epochs: int | None = None
+    freq_epochs: Optional[int] = None
     """Evaluate at the end of every N-th epoch; null: off."""
-    freq_steps: int | None = None
+    freq_steps: Optional[int] = None
     """Evaluate after every N-th optimizer step (global step multiples); null: off."""
-    freq_secs: float | None = None
+    freq_secs: Optional[float] = None
     """Evaluate after N seconds of training since the last evaluation; null: off."""
     eval_before_train: bool = False
     """Evaluate the initial weights (step 0) before the first optimizer step."""
@@ -429,9 +429,9 @@ class EvaluatorConfig:
     """log: an exception in an evaluation is recorded and training goes on; raise: fail fast."""
     max_table_rows: int = DEFAULT_TABLE_ROWS
     """Sample generations per eval set kept for the W&B table."""
-    adaptive: AdaptiveConfig | None = None
+    adaptive: Optional[AdaptiveConfig] = None
     """Adaptive frequency, e.g. {metric: accuracy, min_steps: 10, max_steps: 200}; null: off."""
-    budget: float | None = None
+    budget: Optional[float] = None
     """Largest share of training wall time spent evaluating (e.g. 0.1); rounds are deferred to keep it."""
     cache: bool = False
     """Answer a round from <output_dir>/eval_cache when the same weights, eval set and settings were evaluated."""
@@ -461,15 +461,15 @@ class WandbConfig:
     """online, offline (writes under save_dir, sync later) or disabled."""
     project: str = "areal-lightning"
     """W&B project."""
-    entity: str | None = None
+    entity: Optional[str] = None
     """W&B entity (user or team); null: your default."""
-    name: str | None = None
+    name: Optional[str] = None
     """Run name; null: <experiment_name>/<trial_name>."""
-    group: str | None = None
+    group: Optional[str] = None
     """Run group, e.g. the experiment name."""
     tags: list[str] = field(default_factory=list)
     """Run tags."""
-    save_dir: str | None = None
+    save_dir: Optional[str] = None
     """Where W&B writes; null: <output_dir>."""
 
 
@@ -495,7 +495,7 @@ class Config:
     """Seeds the model, the data and every evaluation sample."""
     output_dir: str = "runs/${experiment_name}/${trial_name}"
     """Where the run writes config.yaml, eval_history.jsonl, checkpoints and logs."""
-    run_id: str | None = None
+    run_id: Optional[str] = None
     """The run's identity, decided by `fit` (a new id for a new run, the checkpoint's when resuming)
     and written here in config.yaml; a value given on input is replaced."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
