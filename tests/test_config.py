@@ -8,7 +8,7 @@ import pytest
 
 from areal_lightning.app.config import Config, ConfigError, load_config, save_config
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "arithmetic" / "grpo.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "areal_lightning" / "app" / "configs" / "arithmetic_grpo.yaml"
 MINIMAL = ["eval_sets.easy.size=4"]
 
 

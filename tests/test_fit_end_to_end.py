@@ -30,7 +30,7 @@ SMALL = [
     "eval_sets.easy.size=12", "eval_sets.easy.n_samples=2", "eval_sets.hard.size=6", "eval_sets.hard.n_samples=2",
     "evaluator.freq_steps=3", "evaluator.freq_epochs=null", "evaluator.freq_secs=null", "logger.wandb.mode=offline",
 ]
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "arithmetic" / "grpo.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "areal_lightning" / "app" / "configs" / "arithmetic_grpo.yaml"
 
 
 def _fit(tmp_path: Path, trial: str, *extra: str) -> Path:

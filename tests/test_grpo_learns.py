@@ -15,7 +15,7 @@ from areal_lightning.rl.grpo import GRPOModule
 from areal_lightning.rl.rollout_eval import rollout_evaluate
 
 TRAIN_STEPS = 200
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "arithmetic" / "grpo.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "areal_lightning" / "app" / "configs" / "arithmetic_grpo.yaml"
 
 
 def _accuracy(module: GRPOModule, eval_sets, step: int) -> dict[str, float]:
@@ -25,7 +25,7 @@ def _accuracy(module: GRPOModule, eval_sets, step: int) -> dict[str, float]:
 
 @pytest.mark.slow
 def test_grpo_raises_eval_accuracy_far_beyond_chance(tmp_path):
-    # The main job's settings (examples/arithmetic/grpo.yaml), stopped early.
+    # The main job's settings (areal_lightning/app/configs/arithmetic_grpo.yaml), stopped early.
     cfg = load_config(EXAMPLE, [f"trainer.max_steps={TRAIN_STEPS}", f"output_dir={tmp_path}"])
     L.seed_everything(cfg.seed, verbose=False)
     module = GRPOModule.from_config(cfg)

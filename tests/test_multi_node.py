@@ -22,7 +22,7 @@ from areal_lightning.tracking.history import eval_rows, read_history
 TIMEOUT_S = 240.0
 MAX_STEPS = 4
 FREQ_STEPS = 2
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "arithmetic" / "grpo.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "areal_lightning" / "app" / "configs" / "arithmetic_grpo.yaml"
 OVERRIDES = [
     f"trainer.max_steps={MAX_STEPS}", "trainer.num_nodes=2", "trainer.devices=1", "trainer.strategy=ddp",
     "trainer.enable_progress_bar=false", "trainer.checkpoint_every_n_steps=null", "logger.wandb.mode=disabled",

@@ -19,7 +19,7 @@ from wandb_reader import read_wandb_records, wandb_history, wandb_metric_definit
 
 from areal_lightning.tracking.history import drop_superseded, eval_rows, event_rows, read_history, split_runs
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "arithmetic" / "grpo.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "areal_lightning" / "app" / "configs" / "arithmetic_grpo.yaml"
 SMALL = [
     "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false", "policy.d_model=32", "policy.n_heads=2",
     "grpo.warmup_steps=30", "grpo.prompts_per_step=4", "task.train_size=16", "eval_sets.easy.size=6",

@@ -1,4 +1,4 @@
-"""`areal-lightning fit | evaluate | plot` (also `python -m areal_lightning`)."""
+"""`areal-lightning fit | evaluate | plot | example` (also `python -m areal_lightning`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-c", "--config", required=True, help="YAML config file (e.g. examples/arithmetic/grpo.yaml)")
+    parser.add_argument("-c", "--config", required=True, help="YAML config file (`areal-lightning example` writes one)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. trainer.max_steps=50")
 
 
@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line: one sub-command per user task; heavy imports wait until a command runs."""
     from areal_lightning import __version__
     from areal_lightning.app.evaluate import add_evaluate_arguments
+    from areal_lightning.app.example_configs import add_example_arguments, example_main
     from areal_lightning.app.fit import add_fit_arguments, fit_main
     from areal_lightning.app.watch import add_watch_arguments, evaluate_command
     from areal_lightning.viz.plot import add_plot_arguments, plot_main
@@ -34,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="draw eval curves from run directories")
     add_plot_arguments(plot)
     plot.set_defaults(main=plot_main)
+    example = sub.add_parser("example", help="print or write a packaged example config")
+    add_example_arguments(example)
+    example.set_defaults(main=example_main)
     return parser
 
 

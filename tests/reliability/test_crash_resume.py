@@ -21,7 +21,7 @@ from areal_lightning.tracking.history import HISTORY_FILENAME, read_history
 
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "fit_with_faults.py"
-EXAMPLE = HERE.parents[1] / "examples" / "arithmetic" / "grpo.yaml"
+EXAMPLE = HERE.parents[1] / "areal_lightning" / "app" / "configs" / "arithmetic_grpo.yaml"
 RUN_TIMEOUT_S = 300
 SMALL = [
     "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=1", "trainer.enable_progress_bar=false",
