@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo lint test wheel bench clean
 
 # torch==2.13.0 (CPU build) goes first and is pinned by constraints.txt, so the project's
 # `torch>=2.3` range never replaces it with a multi-GB CUDA build.
@@ -16,10 +16,20 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/areal-lightning fit -c examples/arithmetic/grpo.yaml
+	$(VENV)/bin/areal-lightning fit -c areal_lightning/app/configs/arithmetic_grpo.yaml
 
-test: $(STAMP)
+# ruff (lint and format) and mypy, configured in pyproject.toml; `make test` (and so CI) runs it first.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: lint
 	$(PY) -m pytest -q
+
+# The wheel and sdist in dist/ (tests/test_wheel.py installs the wheel into a fresh environment).
+wheel: $(STAMP)
+	$(PY) -m build
 
 bench: $(STAMP)
 	$(PY) benchmarks/callback_overhead.py
@@ -29,4 +39,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/async_overhead.py
 
 clean:
-	rm -rf $(VENV) runs wandb lightning_logs
+	rm -rf $(VENV) runs wandb lightning_logs dist build .mypy_cache .ruff_cache

@@ -42,21 +42,46 @@ SEED = 1
 
 
 def _fit(kind: str, args: argparse.Namespace, tmp: str) -> float:
-    cfg = load_config(None, [f"eval_sets.easy.size={args.eval_size}", f"eval_sets.hard.size={args.eval_size}",
-                             "eval_sets.hard.digits=2", "grpo.warmup_steps=0", f"seed={SEED}",
-                             f"trainer.accelerator={args.accelerator}"])
+    cfg = load_config(
+        None,
+        [
+            f"eval_sets.easy.size={args.eval_size}",
+            f"eval_sets.hard.size={args.eval_size}",
+            "eval_sets.hard.digits=2",
+            "grpo.warmup_steps=0",
+            f"seed={SEED}",
+            f"trainer.accelerator={args.accelerator}",
+        ],
+    )
     train_threads = args.threads - args.async_threads if kind == "async" else args.threads
     torch.set_num_threads(train_threads)
     L.seed_everything(SEED, verbose=False)
     module = GRPOModule.from_config(cfg)
     callbacks: list[L.Callback] = []
     if kind != "none":
-        callbacks.append(EvaluationCallback(build_eval_sets(cfg, module.task), freq_steps=args.every, eval_at_end=False,
-                                            mode=kind, on_busy="wait", async_threads=args.async_threads,
-                                            output_dir=f"{tmp}/{kind}", seed=SEED))
-    trainer = L.Trainer(max_steps=args.steps, accelerator=args.accelerator, devices=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        default_root_dir=f"{tmp}/{kind}", callbacks=callbacks)
+        callbacks.append(
+            EvaluationCallback(
+                build_eval_sets(cfg, module.task),
+                freq_steps=args.every,
+                eval_at_end=False,
+                mode=kind,
+                on_busy="wait",
+                async_threads=args.async_threads,
+                output_dir=f"{tmp}/{kind}",
+                seed=SEED,
+            )
+        )
+    trainer = L.Trainer(
+        max_steps=args.steps,
+        accelerator=args.accelerator,
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=f"{tmp}/{kind}",
+        callbacks=callbacks,
+    )
     start = time.perf_counter()
     trainer.fit(module)
     return time.perf_counter() - start
@@ -94,19 +119,30 @@ def main() -> None:
             for k, v in this.items():
                 times[k].append(v)
             shares.append(hidden_share(this["none"], this["sync"], this["async"]))
-            print(f"repeat {repeat}: " + ", ".join(f"{k} {this[k]:.2f} s" for k in CONFIGS)
-                  + f"; hidden {shares[-1]:.0%}", flush=True)
+            print(
+                f"repeat {repeat}: "
+                + ", ".join(f"{k} {this[k]:.2f} s" for k in CONFIGS)
+                + f"; hidden {shares[-1]:.0%}",
+                flush=True,
+            )
     med = {k: median(v) for k, v in times.items()}
     share = hidden_share(med["none"], med["sync"], med["async"])
     target = TARGET_GPU if args.accelerator != "cpu" else TARGET_CPU
-    out: dict[str, Any] = {"median_secs": med, "hidden_share_of_medians": share, "hidden_share_per_repeat": shares,
-                           "target": target, "args": vars(args)}
+    out: dict[str, Any] = {
+        "median_secs": med,
+        "hidden_share_of_medians": share,
+        "hidden_share_per_repeat": shares,
+        "target": target,
+        "args": vars(args),
+    }
     if args.json:
         print(json.dumps(out))
     else:
         print(f"median wall time: none {med['none']:.2f} s, sync {med['sync']:.2f} s, async {med['async']:.2f} s")
-        print(f"evaluation cost hidden by async: {share:.0%} (target {target:.0%}); per repeat: "
-              + ", ".join(f"{s:.0%}" for s in shares))
+        print(
+            f"evaluation cost hidden by async: {share:.0%} (target {target:.0%}); per repeat: "
+            + ", ".join(f"{s:.0%}" for s in shares)
+        )
 
 
 if __name__ == "__main__":

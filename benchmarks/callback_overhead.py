@@ -58,12 +58,14 @@ class MLP(L.LightningModule):
 
     def __init__(self, steps: int, width: int) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(IN_FEATURES, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-                                 nn.Linear(width, 1))
+        self.net = nn.Sequential(
+            nn.Linear(IN_FEATURES, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1)
+        )
         generator = torch.Generator().manual_seed(SEED)
         samples = steps * BATCH_SIZE
-        self.data = TensorDataset(torch.randn(samples, IN_FEATURES, generator=generator),
-                                  torch.randn(samples, 1, generator=generator))
+        self.data = TensorDataset(
+            torch.randn(samples, IN_FEATURES, generator=generator), torch.randn(samples, 1, generator=generator)
+        )
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
@@ -128,14 +130,28 @@ def _timed_hook(callback: EvaluationCallback) -> list[float]:
 
 
 def _make_callback(steps: int) -> EvaluationCallback:
-    return EvaluationCallback({"unused": [0]}, _no_evaluation, freq_steps=steps + 1, freq_secs=NEVER_SECS,
-                              eval_before_train=False, eval_at_end=False)
+    return EvaluationCallback(
+        {"unused": [0]},
+        _no_evaluation,
+        freq_steps=steps + 1,
+        freq_secs=NEVER_SECS,
+        eval_before_train=False,
+        eval_at_end=False,
+    )
 
 
 def _trainer(steps: int, callbacks: list[L.Callback]) -> L.Trainer:
     torch.manual_seed(SEED)
-    return L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                     enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
+    return L.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+    )
 
 
 def _module(model: str, steps: int, width: int) -> L.LightningModule:
@@ -151,7 +167,12 @@ def _module(model: str, steps: int, width: int) -> L.LightningModule:
 def run_fit(steps: int, width: int, model: str = "mlp") -> dict[str, dict[str, float]]:
     """One fit of `steps` steps, the configurations taking turns; median step time of each."""
     callback = _make_callback(steps)
-    extras: dict[str, list[L.Callback]] = {"none": [], "none_again": [], "empty": [L.Callback()], "callback": [callback]}
+    extras: dict[str, list[L.Callback]] = {
+        "none": [],
+        "none_again": [],
+        "empty": [L.Callback()],
+        "callback": [callback],
+    }
     interleave = Interleave(extras, steps)
     # The callback is installed from the start, so that its setup / on_train_start hooks run.
     _trainer(steps, [interleave, callback]).fit(_module(model, steps, width))
@@ -191,11 +212,17 @@ def measure(steps: int, repeats: int, width: int, model: str = "mlp") -> dict[st
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=8000, help="optimizer steps per fit, all configurations (default 8000)")
+    parser.add_argument(
+        "--steps", type=int, default=8000, help="optimizer steps per fit, all configurations (default 8000)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="fits (default 3)")
     parser.add_argument("--width", type=int, default=DEFAULT_WIDTH, help=f"MLP hidden width (default {DEFAULT_WIDTH})")
-    parser.add_argument("--model", choices=("mlp", "grpo"), default="mlp",
-                        help="mlp: a ~2 ms step (the worst case); grpo: the main job's GRPOModule step")
+    parser.add_argument(
+        "--model",
+        choices=("mlp", "grpo"),
+        default="mlp",
+        help="mlp: a ~2 ms step (the worst case); grpo: the main job's GRPOModule step",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     least = WARMUP_STEPS + 2 * BLOCK_STEPS * len(CONFIGS)
@@ -211,18 +238,30 @@ def main() -> None:
     if args.json:
         print(json.dumps(r))
         return
-    print(f"EvaluationCallback overhead: {r['repeats']} fits x {r['steps']} steps, configurations interleaved in blocks"
-          f" of {BLOCK_STEPS} step(s); " + (f"MLP {IN_FEATURES}-{r['width']}-{r['width']}-1, batch {BATCH_SIZE}"
-          if r["model"] == "mlp" else "GRPOModule (TinyPolicy, 32 prompts x 16 samples)") + ", CPU, 1 thread; median step times")
+    print(
+        f"EvaluationCallback overhead: {r['repeats']} fits x {r['steps']} steps, configurations interleaved in blocks"
+        f" of {BLOCK_STEPS} step(s); "
+        + (
+            f"MLP {IN_FEATURES}-{r['width']}-{r['width']}-1, batch {BATCH_SIZE}"
+            if r["model"] == "mlp"
+            else "GRPOModule (TinyPolicy, 32 prompts x 16 samples)"
+        )
+        + ", CPU, 1 thread; median step times"
+    )
     for clock in CLOCKS:
         c = r[clock]
         verdict = "meets" if c["slowdown_percent"] < TARGET_PERCENT else "misses"
-        print(f"  by {clock:4s} time: {c['steps_per_sec_none']:.1f} steps/s without, {c['steps_per_sec_callback']:.1f} with"
-              f" the callback: slowdown {c['slowdown_percent']:+.2f} % (target < {TARGET_PERCENT:g} %: {verdict});"
-              f" an empty Callback {c['empty_callback_percent']:+.2f} %, the callback's own work"
-              f" {c['own_work_percent']:+.2f} %; A/A noise (no callback vs no callback) {c['a_a_noise_percent']:+.2f} %")
-    print(f"  per-step hook, measured inside the run: {r['hook_us_per_step']:.1f} us/step ="
-          f" {r['hook_percent_of_step']:.2f} % of a step")
+        print(
+            f"  by {clock:4s} time: {c['steps_per_sec_none']:.1f} steps/s without,"
+            f" {c['steps_per_sec_callback']:.1f} with"
+            f" the callback: slowdown {c['slowdown_percent']:+.2f} % (target < {TARGET_PERCENT:g} %: {verdict});"
+            f" an empty Callback {c['empty_callback_percent']:+.2f} %, the callback's own work"
+            f" {c['own_work_percent']:+.2f} %; A/A noise (no callback vs no callback) {c['a_a_noise_percent']:+.2f} %"
+        )
+    print(
+        f"  per-step hook, measured inside the run: {r['hook_us_per_step']:.1f} us/step ="
+        f" {r['hook_percent_of_step']:.2f} % of a step"
+    )
 
 
 if __name__ == "__main__":

@@ -25,8 +25,12 @@ HEAVY = "37_unknown_accelerator"
 
 def _refusal_secs(name: str) -> float:
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "areal_lightning", "fit", "-c", str(CORPUS / f"{name}.yaml")],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "areal_lightning", "fit", "-c", str(CORPUS / f"{name}.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     secs = time.perf_counter() - start
     if proc.returncode != 2:
         raise SystemExit(f"{name}: expected exit status 2, got {proc.returncode}: {proc.stderr[-500:]}")
@@ -43,8 +47,12 @@ def main() -> None:
         for name in times:
             times[name].append(_refusal_secs(name))
     medians = {name: statistics.median(values) for name, values in times.items()}
-    result = {"light_s": medians[LIGHT], "heavy_s": medians[HEAVY], "ratio_heavy_over_light": medians[HEAVY] / medians[LIGHT],
-              "repeats": args.repeats}
+    result = {
+        "light_s": medians[LIGHT],
+        "heavy_s": medians[HEAVY],
+        "ratio_heavy_over_light": medians[HEAVY] / medians[LIGHT],
+        "repeats": args.repeats,
+    }
     if args.json:
         print(json.dumps(result))
         return

@@ -31,8 +31,9 @@ def _tokenizer(vocab: int) -> Any:
     names += [f"w{i}" for i in range(vocab - len(names))]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(names)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
-                                   unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
 
 
 def _save_model(path: Path, sizes: dict[str, int]) -> None:
@@ -40,15 +41,28 @@ def _save_model(path: Path, sizes: dict[str, int]) -> None:
 
     tok = _tokenizer(sizes["vocab"])
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=sizes["vocab"], n_embd=sizes["width"], n_layer=sizes["layers"], n_head=sizes["heads"],
-                        n_positions=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    config = GPT2Config(
+        vocab_size=sizes["vocab"],
+        n_embd=sizes["width"],
+        n_layer=sizes["layers"],
+        n_head=sizes["heads"],
+        n_positions=1024,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     GPT2LMHeadModel(config).save_pretrained(path)
     tok.save_pretrained(path)
 
 
 def _write_gsm8k(path: Path, n: int) -> None:
-    rows = [{"question": f"Tom has {i % 50} apples and buys {i % 7} more. How many apples ?",
-             "answer": f"#### {i % 50 + i % 7}"} for i in range(n)]
+    rows = [
+        {
+            "question": f"Tom has {i % 50} apples and buys {i % 7} more. How many apples ?",
+            "answer": f"#### {i % 50 + i % 7}",
+        }
+        for i in range(n)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -75,9 +89,11 @@ def main() -> int:
     smoke = args.cpu_smoke
     if not smoke and not torch.cuda.is_available():
         raise SystemExit("gpu_check: no CUDA device; use --cpu-smoke to check the script on the CPU")
-    sizes = (dict(vocab=512, width=64, layers=2, heads=4, batch=4, new=8, prompts=8, group=2, per_step=2)
-             if smoke else dict(vocab=50257, width=768, layers=12, heads=12, batch=64, new=128, prompts=128, group=8,
-                                per_step=8))
+    sizes = (
+        dict(vocab=512, width=64, layers=2, heads=4, batch=4, new=8, prompts=8, group=2, per_step=2)
+        if smoke
+        else dict(vocab=50257, width=768, layers=12, heads=12, batch=64, new=128, prompts=128, group=8, per_step=8)
+    )
     steps = args.steps or (3 if smoke else 8)
     device = torch.device("cpu" if smoke else "cuda")
     import lightning as L
@@ -91,15 +107,28 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="gpu_check_"))
     _save_model(tmp / "model", sizes)
     _write_gsm8k(tmp / "gsm8k.jsonl", max(sizes["prompts"], sizes["per_step"] * steps))
-    cfg = load_config(None, [
-        "policy.kind=hf", f"policy.path={tmp / 'model'}", f"policy.dtype={'float32' if smoke else 'bfloat16'}",
-        "task.name=math", f"task.path={tmp / 'gsm8k.jsonl'}", "task.verifier=numeric",
-        f"eval_sets.gsm8k.path={tmp / 'gsm8k.jsonl'}", f"eval_sets.gsm8k.size={sizes['prompts']}",
-        "eval_sets.gsm8k.n_samples=1", "eval_sets.gsm8k.temperature=1.0", f"eval_sets.gsm8k.batch_size={sizes['batch']}",
-        f"eval_sets.gsm8k.max_new_tokens={sizes['new']}", f"grpo.group_size={sizes['group']}",
-        f"grpo.prompts_per_step={sizes['per_step']}", f"grpo.max_new_tokens={sizes['new']}", "grpo.lr=1e-5",
-        f"output_dir={tmp / 'run'}",
-    ])
+    cfg = load_config(
+        None,
+        [
+            "policy.kind=hf",
+            f"policy.path={tmp / 'model'}",
+            f"policy.dtype={'float32' if smoke else 'bfloat16'}",
+            "task.name=math",
+            f"task.path={tmp / 'gsm8k.jsonl'}",
+            "task.verifier=numeric",
+            f"eval_sets.gsm8k.path={tmp / 'gsm8k.jsonl'}",
+            f"eval_sets.gsm8k.size={sizes['prompts']}",
+            "eval_sets.gsm8k.n_samples=1",
+            "eval_sets.gsm8k.temperature=1.0",
+            f"eval_sets.gsm8k.batch_size={sizes['batch']}",
+            f"eval_sets.gsm8k.max_new_tokens={sizes['new']}",
+            f"grpo.group_size={sizes['group']}",
+            f"grpo.prompts_per_step={sizes['per_step']}",
+            f"grpo.max_new_tokens={sizes['new']}",
+            "grpo.lr=1e-5",
+            f"output_dir={tmp / 'run'}",
+        ],
+    )
     module = build_module(cfg)
     policy = module.policy.to(device)
     model, tok = policy.model, policy.tokenizer
@@ -111,21 +140,35 @@ def main() -> int:
         torch.cuda.reset_peak_memory_stats(device)
 
     def ours() -> int:
-        out = policy.generate(ids, mask, max_new_tokens=new, temperature=1.0,
-                              generators=seeded_generators(range(len(prompts)), device))
+        out = policy.generate(
+            ids, mask, max_new_tokens=new, temperature=1.0, generators=seeded_generators(range(len(prompts)), device)
+        )
         return int((out != policy.pad_id).sum())
 
     def hf(cache: str | None) -> Any:
         def run() -> int:
             kwargs = {"cache_implementation": cache} if cache else {}
-            out = model.generate(input_ids=ids, attention_mask=mask.long(), max_new_tokens=new, min_new_tokens=new,
-                                 do_sample=True, top_k=0, top_p=1.0, pad_token_id=policy.pad_id, **kwargs)
-            return int(out[:, ids.shape[1]:].numel())
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask.long(),
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=True,
+                top_k=0,
+                top_p=1.0,
+                pad_token_id=policy.pad_id,
+                **kwargs,
+            )
+            return int(out[:, ids.shape[1] :].numel())
+
         return run
 
-    results: dict[str, Any] = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (smoke)",
-                               "params_M": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
-                               "batch": len(prompts), "max_new_tokens": new}
+    results: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (smoke)",
+        "params_M": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
+        "batch": len(prompts),
+        "max_new_tokens": new,
+    }
     with torch.no_grad():
         model.eval()
         results["eval_tok_s_hfpolicy"], _ = _tokens_per_s(ours, device)
@@ -147,9 +190,17 @@ def main() -> int:
             self.times.append(time.perf_counter())
 
     clock = StepClock()
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu" if smoke else "gpu", devices=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[clock], default_root_dir=str(tmp / "run"))
+    trainer = L.Trainer(
+        max_steps=steps,
+        accelerator="cpu" if smoke else "gpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[clock],
+        default_root_dir=str(tmp / "run"),
+    )
     trainer.fit(module)
     timed = clock.times[1:]  # the first step pays for kernel selection and the optimizer's state
     results["train_steps_s"] = (len(timed) - 1) / (timed[-1] - timed[0]) if len(timed) > 1 else float("nan")

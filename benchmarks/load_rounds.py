@@ -61,7 +61,7 @@ def _evaluate(module: nn.Module, batches: Any, ctx: Any) -> dict[str, Any]:
         reward.update(scores)
         accuracy.update(scores)
         pass_at_2.update(scores > 0.5)
-        for index, value in zip(batch.indices, batch.samples):
+        for index, value in zip(batch.indices, batch.samples, strict=True):
             ctx.record_sample(index, sample=value)
     return {}
 
@@ -89,21 +89,35 @@ def run(steps: int, every: int, out_dir: Path) -> dict[str, Any]:
     """Trains, evaluating every `every` steps; returns the counts, RSS and timing of the run."""
     last_round = steps // every
     probe = _RssAfterRounds(every, {EARLY_ROUND, last_round})
-    callback = EvaluationCallback(EVAL_SETS, _evaluate, freq_steps=every, eval_at_end=False, output_dir=out_dir,
-                                  max_table_rows=4)
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(out_dir),
-                        callbacks=[callback, probe])  # the probe runs after the round of the same step
+    callback = EvaluationCallback(
+        EVAL_SETS, _evaluate, freq_steps=every, eval_at_end=False, output_dir=out_dir, max_table_rows=4
+    )
+    trainer = L.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(out_dir),
+        callbacks=[callback, probe],
+    )  # the probe runs after the round of the same step
     start = time.perf_counter()
     trainer.fit(_Regression())
     secs = time.perf_counter() - start
     rows = eval_rows(read_history(out_dir))
     expected = [(step, name) for step in range(every, steps + 1, every) for name in EVAL_SETS]
     return {
-        "steps": steps, "every": every, "records": len(rows), "expected_records": len(expected),
+        "steps": steps,
+        "every": every,
+        "records": len(rows),
+        "expected_records": len(expected),
         "exact": [(r["step"], r["dataset"]) for r in rows] == expected,
         "rss_mib": {str(k): round(v, 1) for k, v in sorted(probe.rss.items())},
-        "rss_ratio_last_to_early": round(probe.rss.get(last_round, float("nan")) / probe.rss.get(EARLY_ROUND, float("nan")), 4),
+        "rss_ratio_last_to_early": round(
+            probe.rss.get(last_round, float("nan")) / probe.rss.get(EARLY_ROUND, float("nan")), 4
+        ),
         "secs": round(secs, 1),
     }
 
@@ -124,10 +138,14 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
         return
-    print(f"{result['steps']} steps, a round every {result['every']}: {result['records']} records "
-          f"(expected {result['expected_records']}, exact order: {result['exact']}) in {result['secs']} s")
-    print(f"RSS after rounds {', '.join(result['rss_mib'])}: {', '.join(map(str, result['rss_mib'].values()))} MiB; "
-          f"ratio {result['rss_ratio_last_to_early']}")
+    print(
+        f"{result['steps']} steps, a round every {result['every']}: {result['records']} records "
+        f"(expected {result['expected_records']}, exact order: {result['exact']}) in {result['secs']} s"
+    )
+    print(
+        f"RSS after rounds {', '.join(result['rss_mib'])}: {', '.join(map(str, result['rss_mib'].values()))} MiB; "
+        f"ratio {result['rss_ratio_last_to_early']}"
+    )
 
 
 if __name__ == "__main__":

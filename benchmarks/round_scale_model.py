@@ -29,7 +29,7 @@ from shard_balance import prompt_lengths
 from areal_lightning.eval_round.sharding import batch_costs, cost_balance, deal_batches, global_batches
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from ddp_utils import run_ddp  # noqa: E402
+from ddp_utils import run_ddp
 
 WORLD_SIZES = (8, 16, 32, 64, 128, 256, 512)
 PROMPTS = 10_000
@@ -51,8 +51,17 @@ def _count_round(rank: int, world_size: int) -> dict[str, Any]:
 
     calls: Counter[str] = Counter()
     payload: Counter[str] = Counter()
-    originals = {name: getattr(dist, name) for name in ("all_gather", "all_gather_object", "all_reduce", "broadcast",
-                                                         "broadcast_object_list", "all_gather_into_tensor")}
+    originals = {
+        name: getattr(dist, name)
+        for name in (
+            "all_gather",
+            "all_gather_object",
+            "all_reduce",
+            "broadcast",
+            "broadcast_object_list",
+            "all_gather_into_tensor",
+        )
+    }
 
     def wrap(name: str, fn: Any) -> Any:
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -64,6 +73,7 @@ def _count_round(rank: int, world_size: int) -> dict[str, Any]:
             elif isinstance(args[0], torch.Tensor):
                 payload[name] += args[0].numel() * args[0].element_size()
             return fn(*args, **kwargs)
+
         return counted
 
     cfg = load_config(None, ["eval_sets.easy.size=64", "eval_sets.easy.n_samples=4", "grpo.warmup_steps=0"])
@@ -87,18 +97,26 @@ def deal_model(world_size: int, batch_size: int, budget: float | None, seeds: in
         batches = global_batches(lengths, batch_size, max_batch_cost=cap)
         costs = batch_costs(lengths, batches)
         dealt = deal_batches(costs, world_size)
-        rows.append({
-            "batches": len(batches), "balance": cost_balance(dealt, costs),
-            "busiest_batches": max(len(d) for d in dealt), "idle_ranks": sum(1 for d in dealt if not d),
-            "max_rank_cost_share": max(sum(costs[b] for b in d) for d in dealt) / sum(costs),
-        })
+        rows.append(
+            {
+                "batches": len(batches),
+                "balance": cost_balance(dealt, costs),
+                "busiest_batches": max(len(d) for d in dealt),
+                "idle_ranks": sum(1 for d in dealt if not d),
+                "max_rank_cost_share": max(sum(costs[b] for b in d) for d in dealt) / sum(costs),
+            }
+        )
     return {key: mean(r[key] for r in rows) for key in rows[0]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--secs-per-prompt", type=float, default=9.95 / 5000,
-                        help="1-process round seconds per prompt (RESULTS.md: 9.95 s for 5000 prompts x 16 samples)")
+    parser.add_argument(
+        "--secs-per-prompt",
+        type=float,
+        default=9.95 / 5000,
+        help="1-process round seconds per prompt (RESULTS.md: 9.95 s for 5000 prompts x 16 samples)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     counted = run_ddp(_count_round, 2, timeout_s=300)[0]
@@ -109,23 +127,41 @@ def main() -> None:
         for w in WORLD_SIZES:
             deal = deal_model(w, batch_size, budget)
             compute = args.secs_per_prompt * PROMPTS * deal["max_rank_cost_share"]
-            comm = {net: collectives * (w - 1) * lat + (w - 1) * bytes_per_rank / bw
-                    for net, (lat, bw) in NETWORKS.items()}
-            out["rows"].append({"world_size": w, "batch_size": batch_size, "budget": budget, **deal, "compute_secs": compute,
-                                **{f"comm_secs_{k}": v for k, v in comm.items()},
-                                "gather_bytes_at_rank": (w - 1) * bytes_per_rank})
+            comm = {
+                net: collectives * (w - 1) * lat + (w - 1) * bytes_per_rank / bw for net, (lat, bw) in NETWORKS.items()
+            }
+            out["rows"].append(
+                {
+                    "world_size": w,
+                    "batch_size": batch_size,
+                    "budget": budget,
+                    **deal,
+                    "compute_secs": compute,
+                    **{f"comm_secs_{k}": v for k, v in comm.items()},
+                    "gather_bytes_at_rank": (w - 1) * bytes_per_rank,
+                }
+            )
     if args.json:
         print(json.dumps(out))
         return
-    print(f"one eval set, default rollout_evaluate, counted on 2 gloo ranks: {counted['calls']} "
-          f"({collectives} collectives), bytes sent per rank {counted['bytes_per_rank']}")
-    print(f"{PROMPTS} prompts, lognormal lengths, 1-process cost {args.secs_per_prompt * PROMPTS:.1f} s; "
-          "comm = collectives x (W-1) x latency + (W-1) x bytes / bandwidth")
-    print("batch  budget  ranks  batches  balance  busiest(batches)  idle  compute_s  comm_s(gloo 10GbE)  comm_s(NCCL IB)")
+    print(
+        f"one eval set, default rollout_evaluate, counted on 2 gloo ranks: {counted['calls']} "
+        f"({collectives} collectives), bytes sent per rank {counted['bytes_per_rank']}"
+    )
+    print(
+        f"{PROMPTS} prompts, lognormal lengths, 1-process cost {args.secs_per_prompt * PROMPTS:.1f} s; "
+        "comm = collectives x (W-1) x latency + (W-1) x bytes / bandwidth"
+    )
+    print(
+        "batch  budget  ranks  batches  balance  busiest(batches)  idle  compute_s  comm_s(gloo 10GbE)  comm_s(NCCL IB)"
+    )
     for r in out["rows"]:
-        print(f"{r['batch_size']:>5}  {str(r['budget']):>6}  {r['world_size']:>5}  {r['batches']:>7.0f}  {r['balance']:>7.3f}  "
-              f"{r['busiest_batches']:>16.1f}  {r['idle_ranks']:>4.0f}  {r['compute_secs']:>9.3f}  "
-              f"{r['comm_secs_gloo_10GbE']:>18.4f}  {r['comm_secs_nccl_IB']:>15.4f}")
+        print(
+            f"{r['batch_size']:>5}  {r['budget']!s:>6}  {r['world_size']:>5}  "
+            f"{r['batches']:>7.0f}  {r['balance']:>7.3f}  "
+            f"{r['busiest_batches']:>16.1f}  {r['idle_ranks']:>4.0f}  {r['compute_secs']:>9.3f}  "
+            f"{r['comm_secs_gloo_10GbE']:>18.4f}  {r['comm_secs_nccl_IB']:>15.4f}"
+        )
 
 
 if __name__ == "__main__":

@@ -101,5 +101,6 @@ def main() -> None:
         f"count only, that bound is at worst: {bounds}; max_batch_cost (+budget) lowers it"
     )
 
+
 if __name__ == "__main__":
     main()

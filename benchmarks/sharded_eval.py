@@ -51,8 +51,9 @@ def write_config(root: Path, size: int, n_samples: int, batch_size: int) -> Path
     config = {
         "seed": 1,
         "trainer": {"enable_progress_bar": False},
-        "eval_sets": {EVAL_SET: {"digits": 2, "size": size, "n_samples": n_samples, "batch_size": batch_size,
-                                 "temperature": 1.0}},
+        "eval_sets": {
+            EVAL_SET: {"digits": 2, "size": size, "n_samples": n_samples, "batch_size": batch_size, "temperature": 1.0}
+        },
     }
     path = root / "bench.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -70,8 +71,15 @@ def make_checkpoint(config: Path, root: Path) -> Path:
 
     torch.set_num_threads(1)
     module = GRPOModule.from_config(load_config(config))
-    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_progress_bar=False,
-                        enable_checkpointing=False, enable_model_summary=False, default_root_dir=root)
+    trainer = L.Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+    )
     trainer.fit(module)
     path = root / "bench.ckpt"
     trainer.save_checkpoint(path)
@@ -84,8 +92,18 @@ ONE, TWO = "1 proc, 1 thread", "2 procs (ddp), 1 thread each"
 
 def evaluate(config: Path, ckpt: Path, out: Path, devices: int, threads: int) -> dict[str, Any]:
     """Runs the evaluate command; returns its wall time and its eval-history record."""
-    command = [sys.executable, "-m", "areal_lightning", "evaluate", "-c", str(config), "--ckpt", str(ckpt),
-               "--trust-checkpoint", f"output_dir={out}"]
+    command = [
+        sys.executable,
+        "-m",
+        "areal_lightning",
+        "evaluate",
+        "-c",
+        str(config),
+        "--ckpt",
+        str(ckpt),
+        "--trust-checkpoint",
+        f"output_dir={out}",
+    ]
     if devices > 1:
         command += [f"trainer.devices={devices}", "trainer.strategy=ddp"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
@@ -132,16 +150,23 @@ def round_on_rank(rank: int, world_size: int, config: str, ckpt: str) -> dict[st
     cpu, wall = time.process_time(), time.perf_counter()
     run_round(module, eval_sets, timed, seed=cfg.seed, global_step=0, epoch=0)
     # perf_counter is CLOCK_MONOTONIC on Linux: the ranks' stamps compare across processes
-    return {"cpu_secs": time.process_time() - cpu, "wall_secs": time.perf_counter() - wall,
-            "round_end": time.perf_counter(), **stamps}
+    return {
+        "cpu_secs": time.process_time() - cpu,
+        "wall_secs": time.perf_counter() - wall,
+        "round_end": time.perf_counter(),
+        **stamps,
+    }
 
 
 def in_process(config: Path, ckpt: Path, world_size: int) -> dict[str, Any]:
     ranks = run_ddp(round_on_rank, world_size, str(config), str(ckpt), timeout_s=RUN_TIMEOUT_S)
     last_done = max(r["evaluate_fn_end"] for r in ranks)
-    return {"cpu_secs": [r["cpu_secs"] for r in ranks], "wall_secs": [r["wall_secs"] for r in ranks],
-            "evaluate_fn_secs": [r["evaluate_fn_secs"] for r in ranks],
-            "reduce_ms": [1000 * (r["round_end"] - last_done) for r in ranks]}
+    return {
+        "cpu_secs": [r["cpu_secs"] for r in ranks],
+        "wall_secs": [r["wall_secs"] for r in ranks],
+        "evaluate_fn_secs": [r["evaluate_fn_secs"] for r in ranks],
+        "reduce_ms": [1000 * (r["round_end"] - last_done) for r in ranks],
+    }
 
 
 def _fmt(values: list[float], digits: int = 2) -> str:
@@ -184,38 +209,57 @@ def main() -> None:
         "ratio_eval_round": round(best[ONE] / best[TWO], 3),
         "ratio_vs_two_threads": round(best["1 proc, 2 threads"] / best[TWO], 3),
         "in_process": rounds,
-        "ratio_cpu": round(cpu_one / max(cpu_two), 3), "rank_cpu_balance": round(max(cpu_two) / mean(cpu_two), 3),
-        "same_metrics_as_1_proc_1_thread": same, "num_prompts": prompts,
-        "load_average": {"before": load_before, "after": os.getloadavg()}, "balance": balance,
+        "ratio_cpu": round(cpu_one / max(cpu_two), 3),
+        "rank_cpu_balance": round(max(cpu_two) / mean(cpu_two), 3),
+        "same_metrics_as_1_proc_1_thread": same,
+        "num_prompts": prompts,
+        "load_average": {"before": load_before, "after": os.getloadavg()},
+        "balance": balance,
     }
     if args.json:
         print(json.dumps(summary))
         return
-    print(f"eval set: 2-digit sums, {args.size} prompts x {args.n_samples} samples, batch {args.batch_size}; "
-          f"{args.repeats} interleaved runs of each variant, the fastest counts; load average before "
-          f"{_fmt(list(load_before))}, after {_fmt(list(os.getloadavg()))}")
+    print(
+        f"eval set: 2-digit sums, {args.size} prompts x {args.n_samples} samples, batch {args.batch_size}; "
+        f"{args.repeats} interleaved runs of each variant, the fastest counts; load average before "
+        f"{_fmt(list(load_before))}, after {_fmt(list(os.getloadavg()))}"
+    )
     print("1. areal-lightning evaluate, eval-round wall time (eval_secs of the history; all runs) and whole command:")
     for name, rs in runs.items():
-        print(f"  {name:30s} {best[name]:7.2f} s   ({_fmt([r['eval_secs'] for r in rs])})   "
-              f"command {min(r['wall_secs'] for r in rs):.1f} s")
-    print(f"  RATIO eval round 1 proc / 2 procs: {summary['ratio_eval_round']:.2f}x "
-          f"(vs 1 proc on 2 threads: {summary['ratio_vs_two_threads']:.2f}x); num_prompts {prompts}")
+        print(
+            f"  {name:30s} {best[name]:7.2f} s   ({_fmt([r['eval_secs'] for r in rs])})   "
+            f"command {min(r['wall_secs'] for r in rs):.1f} s"
+        )
+    print(
+        f"  RATIO eval round 1 proc / 2 procs: {summary['ratio_eval_round']:.2f}x "
+        f"(vs 1 proc on 2 threads: {summary['ratio_vs_two_threads']:.2f}x); num_prompts {prompts}"
+    )
     print("  same metrics as 1 proc, 1 thread in every run: " + "; ".join(f"{n}: {v}" for n, v in same.items()))
-    print("2. the same round in-process (gloo), per run: CPU seconds per rank | wall per rank | reduction after the "
-          "slowest rank's evaluate_fn, ms")
+    print(
+        "2. the same round in-process (gloo), per run: CPU seconds per rank | wall per rank | reduction after the "
+        "slowest rank's evaluate_fn, ms"
+    )
     for world_size, rs in rounds.items():
         for r in rs:
-            print(f"  {world_size} rank(s): CPU {_fmt(r['cpu_secs'])} | wall {_fmt(r['wall_secs'])} | "
-                  f"reduce {_fmt(r['reduce_ms'], 1)}")
-    print(f"  RATIO CPU 1 rank / busiest of 2 ranks (the speed-up 2 free cores give): {summary['ratio_cpu']:.2f}x "
-          f"({cpu_one:.2f} s vs {_fmt(cpu_two)} s; rank balance max/mean {summary['rank_cpu_balance']:.3f})")
-    print(f"3. cost balance (max/mean rank cost) of the deal, {BALANCE_SAMPLES} prompts of lognormal length, "
-          f"batch {BALANCE_BATCH_SIZE}, {BALANCE_DATA_SEEDS} eval sets: mean / worst; target <= {TARGET}")
+            print(
+                f"  {world_size} rank(s): CPU {_fmt(r['cpu_secs'])} | wall {_fmt(r['wall_secs'])} | "
+                f"reduce {_fmt(r['reduce_ms'], 1)}"
+            )
+    print(
+        f"  RATIO CPU 1 rank / busiest of 2 ranks (the speed-up 2 free cores give): {summary['ratio_cpu']:.2f}x "
+        f"({cpu_one:.2f} s vs {_fmt(cpu_two)} s; rank balance max/mean {summary['rank_cpu_balance']:.3f})"
+    )
+    print(
+        f"3. cost balance (max/mean rank cost) of the deal, {BALANCE_SAMPLES} prompts of lognormal length, "
+        f"batch {BALANCE_BATCH_SIZE}, {BALANCE_DATA_SEEDS} eval sets: mean / worst; target <= {TARGET}"
+    )
     for row in balance:
-        print(f"  {row['world_size']} ranks: batches cut by count {row['lpt_count_mean']:.3f} / "
-              f"{row['lpt_count_worst']:.3f}, with max_batch_cost {row['lpt_budget_mean']:.3f} / "
-              f"{row['lpt_budget_worst']:.3f} (round-robin by count: {row['rr_count_mean']:.3f} / "
-              f"{row['rr_count_worst']:.3f})")
+        print(
+            f"  {row['world_size']} ranks: batches cut by count {row['lpt_count_mean']:.3f} / "
+            f"{row['lpt_count_worst']:.3f}, with max_batch_cost {row['lpt_budget_mean']:.3f} / "
+            f"{row['lpt_budget_worst']:.3f} (round-robin by count: {row['rr_count_mean']:.3f} / "
+            f"{row['rr_count_worst']:.3f})"
+        )
 
 
 if __name__ == "__main__":

@@ -52,12 +52,19 @@ def main() -> None:
     cfg = load_config(None, [f"eval_sets.easy.size={args.size}", "eval_sets.easy.n_samples=4"])
     module = GRPOModule.from_config(cfg)
     with tempfile.TemporaryDirectory() as root:
-        L.Trainer(max_steps=args.train_steps, accelerator="cpu", logger=False, enable_progress_bar=False,
-                  enable_checkpointing=False, enable_model_summary=False, default_root_dir=root).fit(module)
+        L.Trainer(
+            max_steps=args.train_steps,
+            accelerator="cpu",
+            logger=False,
+            enable_progress_bar=False,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            default_root_dir=root,
+        ).fit(module)
         (full_set,) = build_eval_sets(cfg, module.task)
         sub_set = subsample(full_set, Subsample(fraction=args.fraction, seed=cfg.seed))
 
-        def best(fn):  # noqa: ANN001, ANN202 - a local helper
+        def best(fn):
             runs = [fn() for _ in range(args.repeats)]
             return min(runs, key=lambda r: r[1])
 
@@ -92,8 +99,10 @@ def main() -> None:
 
         paired = PairedChange()
         common = sorted(full.outcomes["accuracy"])
-        paired.update(torch.tensor([half.outcomes["accuracy"][i] for i in common], dtype=torch.float64),
-                      torch.tensor([full.outcomes["accuracy"][i] for i in common], dtype=torch.float64))
+        paired.update(
+            torch.tensor([half.outcomes["accuracy"][i] for i in common], dtype=torch.float64),
+            torch.tensor([full.outcomes["accuracy"][i] for i in common], dtype=torch.float64),
+        )
         change = paired.compute()
 
     print(f"policy: tiny, format warm-up + {args.train_steps} GRPO steps; eval set: {n} one-digit sums x 4 samples")
@@ -103,12 +112,16 @@ def main() -> None:
     print(f"{'full set, bf16 autocast':34}{half_secs:8.2f}{half.metrics['accuracy']:10.4f}")
     print(f"{'full set, cache miss (eval+store)':34}{miss_secs:8.2f}")
     print(f"{'full set, cache hit':34}{hit_secs:8.4f}")
-    print(f"subset: time saved {1 - sub_secs / full_secs:.1%}; deviation {acc_sub - acc_full:+.4f}; "
-          f"95% interval of the estimate [{acc_sub - half_width:.4f}, {acc_sub + half_width:.4f}] "
-          f"{'contains' if abs(acc_sub - acc_full) <= half_width else 'MISSES'} the full value")
+    print(
+        f"subset: time saved {1 - sub_secs / full_secs:.1%}; deviation {acc_sub - acc_full:+.4f}; "
+        f"95% interval of the estimate [{acc_sub - half_width:.4f}, {acc_sub + half_width:.4f}] "
+        f"{'contains' if abs(acc_sub - acc_full) <= half_width else 'MISSES'} the full value"
+    )
     print(f"cache: hit {miss_secs / hit_secs:.0f}x faster than a miss")
-    print(f"bf16: time ratio bf16/fp32 {half_secs / full_secs:.2f}; accuracy change {change.delta:+.4f}, "
-          f"paired 95% interval [{change.low:+.4f}, {change.high:+.4f}] over {change.n} prompts")
+    print(
+        f"bf16: time ratio bf16/fp32 {half_secs / full_secs:.2f}; accuracy change {change.delta:+.4f}, "
+        f"paired 95% interval [{change.low:+.4f}, {change.high:+.4f}] over {change.n} prompts"
+    )
 
 
 if __name__ == "__main__":

@@ -29,8 +29,20 @@ from torchmetrics.text import BLEUScore
 from areal_lightning.callbacks import EvaluationCallback
 from areal_lightning.eval_round import EvalBatch, EvalContext
 
-DICTIONARY = {"one": "un", "two": "deux", "three": "trois", "cat": "chat", "dog": "chien", "red": "rouge",
-              "big": "grand", "small": "petit", "house": "maison", "car": "voiture", "green": "vert", "sees": "voit"}
+DICTIONARY = {
+    "one": "un",
+    "two": "deux",
+    "three": "trois",
+    "cat": "chat",
+    "dog": "chien",
+    "red": "rouge",
+    "big": "grand",
+    "small": "petit",
+    "house": "maison",
+    "car": "voiture",
+    "green": "vert",
+    "sees": "voit",
+}
 SOURCE = sorted(DICTIONARY)
 TARGET = sorted(set(DICTIONARY.values()))
 
@@ -86,11 +98,13 @@ def evaluate_translation(module: WordTranslator, batches: Sequence[EvalBatch], c
         english = [en for en, _ in batch.samples]  # 1. prepare data
         french = module.translate(english)  # 2. run inference (eval mode, no grad: the callback's)
         references = [fr for _, fr in batch.samples]
-        exact = torch.tensor([f == r for f, r in zip(french, references)], dtype=torch.float32)  # 3. compute
+        exact = torch.tensor(
+            [f == r for f, r in zip(french, references, strict=True)], dtype=torch.float32
+        )  # 3. compute
         bleu.update(french, [[r] for r in references])  # 4. record
         accuracy.update(exact.to(ctx.device))
         ctx.num_samples += len(french)
-        for index, en, fr, ref in zip(batch.indices, english, french, references):
+        for index, en, fr, ref in zip(batch.indices, english, french, references, strict=True):
             ctx.record_sample(index, prompt=en, completion=fr, answer=ref)
     return {}
 
@@ -104,11 +118,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     L.seed_everything(0, verbose=False)
-    callback = EvaluationCallback({"dev": sentences(args.eval_size, seed=1)}, evaluate_translation,
-                                  freq_steps=args.eval_every, eval_before_train=True,
-                                  metric_thresholds={"bleu": 0.5, "accuracy": 0.7}, output_dir=args.output_dir)
-    trainer = L.Trainer(max_steps=args.steps, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, callbacks=[callback], default_root_dir=args.output_dir)
+    callback = EvaluationCallback(
+        {"dev": sentences(args.eval_size, seed=1)},
+        evaluate_translation,
+        freq_steps=args.eval_every,
+        eval_before_train=True,
+        metric_thresholds={"bleu": 0.5, "accuracy": 0.7},
+        output_dir=args.output_dir,
+    )
+    trainer = L.Trainer(
+        max_steps=args.steps,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[callback],
+        default_root_dir=args.output_dir,
+    )
     trainer.fit(WordTranslator())
     print(f"eval history: {Path(args.output_dir) / 'eval_history.jsonl'}")
     return 0

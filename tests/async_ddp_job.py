@@ -30,7 +30,11 @@ TIMEOUT_S = 400.0
 def stop_script(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
     reward = ctx.metric("reward", RewardMetric)
     for batch in batches:
-        reward.update(torch.full((len(batch.samples),), STOP_SCRIPT[min(ctx.global_step // 2, len(STOP_SCRIPT)) - 1], dtype=torch.float64))
+        reward.update(
+            torch.full(
+                (len(batch.samples),), STOP_SCRIPT[min(ctx.global_step // 2, len(STOP_SCRIPT)) - 1], dtype=torch.float64
+            )
+        )
     return {}
 
 
@@ -49,11 +53,20 @@ def _fit(root: Path, name: str, evaluate_fn: Any, max_steps: int, **kwargs: Any)
 
 def _fits(rank: int, world_size: int, root: str) -> dict[str, Any]:
     quiet()
-    out = {"every_round": _fit(Path(root), "every_round", probe_weights, 9, on_busy="wait"),
-           "skip": _fit(Path(root), "skip", probe_weights, 9),
-           "stop": _fit(Path(root), "stop", stop_script, 20, on_busy="wait", metric_thresholds={"reward": THRESHOLD},
-                        threshold_action="stop"),
-           "error": _fit(Path(root), "error", fails_on_rank_1, 6, on_busy="wait")}
+    out = {
+        "every_round": _fit(Path(root), "every_round", probe_weights, 9, on_busy="wait"),
+        "skip": _fit(Path(root), "skip", probe_weights, 9),
+        "stop": _fit(
+            Path(root),
+            "stop",
+            stop_script,
+            20,
+            on_busy="wait",
+            metric_thresholds={"reward": THRESHOLD},
+            threshold_action="stop",
+        ),
+        "error": _fit(Path(root), "error", fails_on_rank_1, 6, on_busy="wait"),
+    }
     return out
 
 

@@ -103,8 +103,15 @@ def make_trainer(root: str | Path, callbacks: list[L.Callback], max_steps: int, 
     """A quiet single-process CPU Trainer; `kwargs` override the defaults."""
     checkpointing = any(isinstance(c, ModelCheckpoint) for c in callbacks)  # only where a test asks for it
     options: dict[str, Any] = dict(
-        max_steps=max_steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=checkpointing,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(root), callbacks=callbacks,
+        max_steps=max_steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=checkpointing,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(root),
+        callbacks=callbacks,
     )
     options.update(kwargs)
     return L.Trainer(**options)

@@ -9,6 +9,7 @@ failing rank and its traceback, instead of a hang. ``fn`` and ``args`` must be p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
@@ -67,10 +68,8 @@ def _signal_group(pid: int | None, sig: signal.Signals) -> None:
     """`sig` to the process group a rank leads (itself and anything it started)."""
     if pid is None:
         return
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _stop(context: mp.ProcessContext) -> list[int]:
@@ -99,9 +98,7 @@ def _tracebacks(out_dir: str, fallback: str) -> str:
     return "\n".join(text for _, text in sorted(stamped)) or fallback
 
 
-def run_ddp(
-    fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout_s: float = DEFAULT_TIMEOUT_S
-) -> list[Any]:
+def run_ddp(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Any]:
     """Call ``fn(rank, world_size, *args)`` on ``world_size`` gloo CPU processes.
 
     Args:

@@ -15,8 +15,10 @@ TEXTS = [
     "0123456789 + - * / = $ , . ? ! dollars cents",
 ]
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
-CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
-                 "{% if add_generation_prompt %}<assistant> {% endif %}")
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}<assistant> {% endif %}"
+)
 PROBLEMS = [(a, b) for a in range(1, 6) for b in range(1, 5)]  # one-digit sums: a random model hits some
 
 
@@ -28,11 +30,13 @@ def tiny_tokenizer(vocab_size: int = 80):
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator(TEXTS, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
-                                                       show_progress=False))
+    tok.train_from_iterator(
+        TEXTS, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False)
+    )
     tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
-                                   unk_token="<unk>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
@@ -47,10 +51,19 @@ def save_tiny_llama(path: Path, *, seed: int = 0, hidden: int = 32, layers: int 
 
     tok = tiny_tokenizer()
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                         initializer_range=0.1)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        initializer_range=0.1,
+    )
     model = LlamaForCausalLM(config)
     with torch.no_grad():  # EOS likely enough that some completions end early, not all
         model.lm_head.weight[2] *= 2
@@ -66,35 +79,75 @@ def write_gsm8k(path: Path, n: int, *, offset: int = 0) -> Path:
     rows = []
     for i in range(offset, offset + n):
         a, b = PROBLEMS[i % len(PROBLEMS)]
-        rows.append({"question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
-                     "answer": f"{a} + {b} = {a + b}\n#### {a + b}", "level": f"L{i % 2}"})
+        rows.append(
+            {
+                "question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
+                "answer": f"{a} + {b} = {a + b}\n#### {a + b}",
+                "level": f"L{i % 2}",
+            }
+        )
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
-VLM_CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}> {% for c in m['content'] %}{% if c['type'] == 'image' %}"
-                     "<image>{% else %}{{ c['text'] }}{% endif %}{% endfor %} {% endfor %}"
-                     "{% if add_generation_prompt %}<assistant> {% endif %}")
+VLM_CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}> {% for c in m['content'] %}{% if c['type'] == 'image' %}"
+    "<image>{% else %}{{ c['text'] }}{% endif %}{% endfor %} {% endfor %}"
+    "{% if add_generation_prompt %}<assistant> {% endif %}"
+)
 
 
 def save_tiny_llava(path: Path, *, seed: int = 0) -> Path:
     """A random-weight LLaVA (CLIP vision tower, Llama text model) and its processor, saved to `path`."""
-    from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
-                              LlavaForConditionalGeneration, LlavaProcessor)
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
 
     tok = tiny_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
-    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                              image_size=32, patch_size=8, projection_dim=32)
-    text = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=tok.convert_tokens_to_ids("<image>"),
-                         vision_feature_select_strategy="default", vision_feature_layer=-1)
+    vision = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=32,
+        patch_size=8,
+        projection_dim=32,
+    )
+    text = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=tok.convert_tokens_to_ids("<image>"),
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-1,
+    )
     torch.manual_seed(seed)
     LlavaForConditionalGeneration(config).save_pretrained(path)
     image_processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-    LlavaProcessor(image_processor=image_processor, tokenizer=tok, patch_size=8, vision_feature_select_strategy="default",
-                   num_additional_image_tokens=1, chat_template=VLM_CHAT_TEMPLATE).save_pretrained(path)
+    LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tok,
+        patch_size=8,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        chat_template=VLM_CHAT_TEMPLATE,
+    ).save_pretrained(path)
     return path
 
 

@@ -8,6 +8,7 @@ sends SIGTERM, then SIGKILL, to that group.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -35,10 +36,8 @@ def kill_group(proc: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
             continue
         except ProcessLookupError:
             break
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 def run_in_group(cmd: Sequence[str], timeout: float, **kwargs: Any) -> subprocess.CompletedProcess:
@@ -67,10 +66,8 @@ def run_in_group(cmd: Sequence[str], timeout: float, **kwargs: Any) -> subproces
         raise
     finally:
         # A leader that exited normally may still have left ranks in its group.
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
     done = subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
     if check:
         done.check_returncode()

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from callback_helpers import CountingModule, history_steps, make_trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from areal_lightning.callbacks import EvaluationCallback
@@ -15,7 +16,6 @@ from areal_lightning.callbacks.adaptive import AdaptiveSchedule, next_interval
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round import EvalBatch, EvalContext
 from areal_lightning.tracking.history import event_rows, read_history
-from callback_helpers import CountingModule, history_steps, make_trainer
 
 PROMPTS = 20
 MOVING_UNTIL = 30  # the scripted accuracy grows until this step, then stays flat
@@ -65,9 +65,11 @@ def _reference(max_steps: int) -> tuple[list[int], list[tuple[int, int, int]]]:
 
 
 def _callback() -> EvaluationCallback:
-    return EvaluationCallback({"easy": list(range(PROMPTS))}, _scripted,
-                              adaptive={"metric": "accuracy", "min_steps": MIN_STEPS, "max_steps": MAX_STEPS,
-                                        "start_steps": START})
+    return EvaluationCallback(
+        {"easy": list(range(PROMPTS))},
+        _scripted,
+        adaptive={"metric": "accuracy", "min_steps": MIN_STEPS, "max_steps": MAX_STEPS, "start_steps": START},
+    )
 
 
 def test_interval_shortens_while_the_metric_moves_and_lengthens_when_flat(tmp_path: Path) -> None:
@@ -82,8 +84,13 @@ def test_interval_shortens_while_the_metric_moves_and_lengthens_when_flat(tmp_pa
 
 
 def test_adaptive_composes_with_freq_steps(tmp_path: Path) -> None:
-    cb = EvaluationCallback({"easy": list(range(PROMPTS))}, _scripted, freq_steps=5, eval_at_end=False,
-                            adaptive={"metric": "accuracy", "min_steps": 3, "max_steps": 3})
+    cb = EvaluationCallback(
+        {"easy": list(range(PROMPTS))},
+        _scripted,
+        freq_steps=5,
+        eval_at_end=False,
+        adaptive={"metric": "accuracy", "min_steps": 3, "max_steps": 3},
+    )
     make_trainer(tmp_path, [cb], 12).fit(CountingModule(epoch_len=100))
     # Either fires (OR); the adaptive interval counts from the last round of any cause: 3, then
     # freq_steps at 5, adaptive 3 steps later at 8, freq_steps at 10, and 13 lies past the end.
@@ -91,13 +98,20 @@ def test_adaptive_composes_with_freq_steps(tmp_path: Path) -> None:
 
 
 def test_the_schedule_survives_a_resume(tmp_path: Path) -> None:
-    ckpt = ModelCheckpoint(dirpath=tmp_path / "checkpoints", filename="step{step}", auto_insert_metric_name=False,
-                           every_n_train_steps=26, save_top_k=-1)
+    ckpt = ModelCheckpoint(
+        dirpath=tmp_path / "checkpoints",
+        filename="step{step}",
+        auto_insert_metric_name=False,
+        every_n_train_steps=26,
+        save_top_k=-1,
+    )
     first = _callback()
     make_trainer(tmp_path, [first, ckpt], 26).fit(CountingModule(epoch_len=100))
     saved = first.adaptive.state_dict()
     resumed = _callback()
-    make_trainer(tmp_path, [resumed], 40).fit(CountingModule(epoch_len=100), ckpt_path=tmp_path / "checkpoints" / "step26.ckpt")
+    make_trainer(tmp_path, [resumed], 40).fit(
+        CountingModule(epoch_len=100), ckpt_path=tmp_path / "checkpoints" / "step26.ckpt"
+    )
     steps = [s for s, _ in history_steps(tmp_path)]
     after = [s for s in steps if s > 26]
     assert saved["interval"] == MIN_STEPS  # still moving at step 26

@@ -46,8 +46,14 @@ def _live_members(pgid: int) -> list[str]:
 def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, list[Any]]]:
     root = tmp_path_factory.mktemp("async_ddp")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, str(TESTS_DIR / "async_ddp_job.py"), str(root)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(TESTS_DIR / "async_ddp_job.py"), str(root)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         output, _ = proc.communicate(timeout=JOB_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -73,8 +79,13 @@ def test_every_round_is_recorded_once_with_the_exact_reduction(ddp_run: tuple[Pa
     rows = eval_rows(read_history(root / "every_round"))
     assert [(r["step"], r["metrics"]["w"]) for r in rows] == [(s, float(s)) for s in (2, 4, 6, 8, 9)]
     probes = EVAL_SET["probe"]
-    assert all(r["world_size"] == WORLD_SIZE and r["num_prompts"] == len(probes) and r["mode"] == "async"
-               and r["metrics"]["sample_value"] == pytest.approx(sum(probes) / len(probes)) for r in rows)
+    assert all(
+        r["world_size"] == WORLD_SIZE
+        and r["num_prompts"] == len(probes)
+        and r["mode"] == "async"
+        and r["metrics"]["sample_value"] == pytest.approx(sum(probes) / len(probes))
+        for r in rows
+    )
 
 
 def test_skipped_rounds_are_the_same_on_every_rank(ddp_run: tuple[Path, dict[str, list[Any]]]) -> None:

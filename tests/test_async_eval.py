@@ -84,12 +84,29 @@ def rollouts_and_weights(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
 
 
 def _grpo_fit(run_dir: Path, mode: str) -> None:
-    cfg = load_config(None, ["eval_sets.easy.size=12", "eval_sets.easy.batch_size=5", "grpo.warmup_steps=100",
-                             "grpo.prompts_per_step=8", "grpo.group_size=8", "task.train_size=16", "seed=3"])
+    cfg = load_config(
+        None,
+        [
+            "eval_sets.easy.size=12",
+            "eval_sets.easy.batch_size=5",
+            "grpo.warmup_steps=100",
+            "grpo.prompts_per_step=8",
+            "grpo.group_size=8",
+            "task.train_size=16",
+            "seed=3",
+        ],
+    )
     L.seed_everything(cfg.seed, verbose=False)
     module = GRPOModule.from_config(cfg)
-    callback = EvaluationCallback(build_eval_sets(cfg, module.task), rollouts_and_weights, freq_steps=2, eval_before_train=True, mode=mode,
-                                  on_busy="wait", seed=cfg.seed)
+    callback = EvaluationCallback(
+        build_eval_sets(cfg, module.task),
+        rollouts_and_weights,
+        freq_steps=2,
+        eval_before_train=True,
+        mode=mode,
+        on_busy="wait",
+        seed=cfg.seed,
+    )
     make_trainer(run_dir, [callback], 5).fit(module)
 
 
@@ -98,7 +115,9 @@ def test_async_and_sync_record_identical_metrics_at_identical_steps(tmp_path: Pa
     _grpo_fit(tmp_path / "async", "async")
     sync, asyn = eval_rows(read_history(tmp_path / "sync")), eval_rows(read_history(tmp_path / "async"))
     assert [r["step"] for r in sync] == [0, 2, 4, 5]
-    assert [(r["step"], r["trigger"], r["metrics"]) for r in asyn] == [(r["step"], r["trigger"], r["metrics"]) for r in sync]
+    assert [(r["step"], r["trigger"], r["metrics"]) for r in asyn] == [
+        (r["step"], r["trigger"], r["metrics"]) for r in sync
+    ]
     assert {r["mode"] for r in asyn} == {"async"} and {r["mode"] for r in sync} == {"sync"}
     assert len({r["metrics"]["param_sum"] for r in sync}) == 4  # the weights changed between rounds
     assert {"reward/mean", "accuracy", "pass@4", "maj@4"} <= set(asyn[0]["metrics"])
@@ -121,16 +140,23 @@ def test_training_advances_while_a_round_is_in_flight_and_a_busy_round_is_skippe
 
 def test_on_busy_wait_evaluates_every_due_step(tmp_path: Path) -> None:
     gate = tmp_path / "gate"
-    callback = EvaluationCallback(_gated_set(gate, gate_step=2, open_at=3), gated_probe, freq_steps=2, mode="async",
-                                  on_busy="wait", eval_at_end=False)
+    callback = EvaluationCallback(
+        _gated_set(gate, gate_step=2, open_at=3),
+        gated_probe,
+        freq_steps=2,
+        mode="async",
+        on_busy="wait",
+        eval_at_end=False,
+    )
     make_trainer(tmp_path, [GateWriter(gate), callback], 8).fit(CountingModule(epoch_len=5))
     assert metric_by_step(tmp_path, "w") == [(2, 2.0), (4, 4.0), (6, 6.0), (8, 8.0)]
     assert event_rows(read_history(tmp_path), "skipped") == []
 
 
 def test_a_failing_evaluate_fn_surfaces_with_its_worker_traceback(tmp_path: Path) -> None:
-    callback = EvaluationCallback({"probe": PROBES}, fails_at_step_4, freq_steps=2, mode="async", on_busy="wait",
-                                  on_error="raise")
+    callback = EvaluationCallback(
+        {"probe": PROBES}, fails_at_step_4, freq_steps=2, mode="async", on_busy="wait", on_error="raise"
+    )
     with pytest.raises(EvalRoundError) as info:
         make_trainer(tmp_path, [callback], 10).fit(CountingModule(epoch_len=5))
     message = str(info.value)
@@ -168,9 +194,17 @@ def test_a_checkpoint_taken_with_a_round_in_flight_resumes_without_losing_or_rep
     def fit(kill_after: int | None, ckpt: Path | None) -> EvaluationCallback:
         # The round of step 4 is still running at step 5, when the checkpoint is taken.
         callback = EvaluationCallback(_gated_set(gate, gate_step=4, open_at=5), gated_probe, freq_steps=4, mode="async")
-        callbacks: list[Callback] = [GateWriter(gate), callback,
-                                     ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="step{step}",
-                                                     auto_insert_metric_name=False, every_n_train_steps=5, save_top_k=-1)]
+        callbacks: list[Callback] = [
+            GateWriter(gate),
+            callback,
+            ModelCheckpoint(
+                dirpath=tmp_path / "ckpt",
+                filename="step{step}",
+                auto_insert_metric_name=False,
+                every_n_train_steps=5,
+                save_top_k=-1,
+            ),
+        ]
         if kill_after is not None:
             callbacks.append(KillAfterStep(kill_after))
         make_trainer(tmp_path, callbacks, 12).fit(CountingModule(epoch_len=5), ckpt_path=ckpt)
@@ -189,8 +223,11 @@ def test_a_checkpoint_taken_with_a_round_in_flight_resumes_without_losing_or_rep
 def test_a_snapshot_over_the_memory_bound_is_refused_before_training(tmp_path: Path) -> None:
     callback = EvaluationCallback({"probe": PROBES}, probe_weights, freq_steps=2, mode="async", max_snapshot_mb=1e-6)
     module = CountingModule(epoch_len=5)
-    with pytest.raises(ValueError, match=r"async evaluation needs a 0\.0 MiB snapshot of CountingModule's weights, more "
-                                         r"than max_snapshot_mb=1e-06; raise max_snapshot_mb"):
+    with pytest.raises(
+        ValueError,
+        match=r"async evaluation needs a 0\.0 MiB snapshot of CountingModule's weights, more "
+        r"than max_snapshot_mb=1e-06; raise max_snapshot_mb",
+    ):
         make_trainer(tmp_path, [callback], 4).fit(module)
     assert float(module.w.detach()) == 0.0  # not one step trained
 
@@ -201,12 +238,21 @@ def test_a_lambda_evaluate_fn_is_a_clear_error_in_async_mode(tmp_path: Path) -> 
         make_trainer(tmp_path, [callback], 4).fit(CountingModule(epoch_len=5))
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("evaluator.on_busy=later", "evaluator.on_busy must be one of skip, wait; got 'later'"),
-    ("evaluator.async_threads=0", "evaluator.async_threads must be a positive integer, got 0"),
-    ("evaluator.max_snapshot_mb=-1", "evaluator.max_snapshot_mb must be a positive number of MiB or null, got -1.0"),
-    ("evaluator.async_device=gpu9", "evaluator.async_device must be a device string (cpu, cuda:1) or null, got 'gpu9'"),
-])
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("evaluator.on_busy=later", "evaluator.on_busy must be one of skip, wait; got 'later'"),
+        ("evaluator.async_threads=0", "evaluator.async_threads must be a positive integer, got 0"),
+        (
+            "evaluator.max_snapshot_mb=-1",
+            "evaluator.max_snapshot_mb must be a positive number of MiB or null, got -1.0",
+        ),
+        (
+            "evaluator.async_device=gpu9",
+            "evaluator.async_device must be a device string (cpu, cuda:1) or null, got 'gpu9'",
+        ),
+    ],
+)
 def test_async_config_errors_name_the_key(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_config(None, ["eval_sets.easy.size=4", override])
@@ -215,8 +261,16 @@ def test_async_config_errors_name_the_key(override: str, message: str) -> None:
 def test_async_config_builds_an_async_callback() -> None:
     from areal_lightning.app.builders import build_callback
 
-    cfg = load_config(None, ["eval_sets.easy.size=4", "evaluator.mode=async", "evaluator.on_busy=wait",
-                             "evaluator.async_device=cpu", "evaluator.max_snapshot_mb=16"])
+    cfg = load_config(
+        None,
+        [
+            "eval_sets.easy.size=4",
+            "evaluator.mode=async",
+            "evaluator.on_busy=wait",
+            "evaluator.async_device=cpu",
+            "evaluator.max_snapshot_mb=16",
+        ],
+    )
     callback = build_callback(cfg)
     assert (callback.mode.value, callback.on_busy.value) == ("async", "wait")
     assert callback._async is not None and (callback._async.device, callback._async.max_snapshot_mb) == ("cpu", 16.0)
@@ -229,7 +283,10 @@ def test_sharded_strategies_are_refused_with_a_clear_message() -> None:
     from areal_lightning.callbacks.async_evaluator import refuse_sharded
 
     for strategy in (FSDPStrategy(), ModelParallelStrategy()):
-        with pytest.raises(ValueError, match=rf"mode='async'\)` does not support {type(strategy).__name__}: its "
-                                             "parameters are sharded"):
+        with pytest.raises(
+            ValueError,
+            match=rf"mode='async'\)` does not support {type(strategy).__name__}: its "
+            "parameters are sharded",
+        ):
             refuse_sharded(strategy)
     refuse_sharded(DDPStrategy())  # whole weights on every rank: accepted

@@ -3,16 +3,17 @@ deferred, the recorded share stays within the budget, the final round always run
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
 import pytest
+from callback_helpers import CountingModule, FakeClock, make_trainer
 
 from areal_lightning.callbacks import EvaluationCallback
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round import EvalBatch, EvalContext
 from areal_lightning.tracking.history import eval_rows, read_history
-from callback_helpers import CountingModule, FakeClock, make_trainer
 
 STEP_SECS = 1.0
 EVAL_SECS = 5.0
@@ -24,6 +25,7 @@ def _slow(clock: FakeClock) -> Any:
     def evaluate(module: Any, batches: list[EvalBatch], ctx: EvalContext) -> dict[str, float]:
         clock.advance(EVAL_SECS)
         return {"w": float(module.w)}
+
     return evaluate
 
 
@@ -50,7 +52,7 @@ def test_budget_defers_rounds_and_keeps_the_share(tmp_path: Path) -> None:
     assert sum(r["deferred"] for r in rows) == len(cb.deferred_steps)
     # A deferred round runs as soon as the budget allows, not at the next multiple of freq_steps.
     assert len(steps) > 4
-    for before, after in zip(steps[1:-2], steps[2:-1]):
+    for before, after in itertools.pairwise(steps[1:-1]):
         assert after - 1 in cb.deferred_steps and after - before > 1
 
 

@@ -24,11 +24,11 @@ from callback_helpers import (
 from lightning.pytorch.loggers import CSVLogger
 from torch import Tensor
 
-from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
+from areal_lightning.app.builders import build_callback, build_eval_sets
 from areal_lightning.app.config import load_config
+from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
 from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.metrics import AccuracyMetric, RewardMetric
-from areal_lightning.app.builders import build_callback, build_eval_sets
 from areal_lightning.rl.grpo import GRPOModule
 from areal_lightning.tracking.history import eval_rows, read_history
 
@@ -42,20 +42,33 @@ EVAL_SET = {"probe": [1, 2, 3]}
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"threshold_action": "panic"},
-         "Unsupported parameter value `EvaluationCallback(threshold_action='panic')`. Possible choices are: alert, stop"),
-        ({"on_error": "ignore"},
-         "Unsupported parameter value `EvaluationCallback(on_error='ignore')`. Possible choices are: log, raise"),
-        ({"mode": "background"},
-         "Unsupported parameter value `EvaluationCallback(mode='background')`. Possible choices are: sync"),
+        (
+            {"threshold_action": "panic"},
+            "Unsupported parameter value `EvaluationCallback(threshold_action='panic')`. "
+            "Possible choices are: alert, stop",
+        ),
+        (
+            {"on_error": "ignore"},
+            "Unsupported parameter value `EvaluationCallback(on_error='ignore')`. Possible choices are: log, raise",
+        ),
+        (
+            {"mode": "background"},
+            "Unsupported parameter value `EvaluationCallback(mode='background')`. Possible choices are: sync",
+        ),
         ({"evaluate_fn": 42}, "`EvaluationCallback(evaluate_fn=...)` must be callable or None, got 42"),
         ({"max_table_rows": -1}, "`EvaluationCallback(max_table_rows=...)` must be a non-negative integer, got -1"),
         ({"run_id": ""}, "`EvaluationCallback(run_id=...)` must be a non-empty string or None, got ''"),
-        ({"metric_thresholds": {"accuracy": "high"}}, "`metric_thresholds['accuracy']` must be a finite number, got 'high'"),
+        (
+            {"metric_thresholds": {"accuracy": "high"}},
+            "`metric_thresholds['accuracy']` must be a finite number, got 'high'",
+        ),
         ({"freq_steps": 0}, "`HybridTrigger(freq_steps=...)` must be a positive integer or None, got 0"),
         ({"eval_at_end": False}, "would never evaluate anything"),
         ({"eval_sets": {}}, "`eval_sets` is empty; give at least one eval set"),
-        ({"eval_sets": ["1+1="]}, "`eval_sets` must be a mapping name -> samples or a list of EvalSet, got items of type ['str']"),
+        (
+            {"eval_sets": ["1+1="]},
+            "`eval_sets` must be a mapping name -> samples or a list of EvalSet, got items of type ['str']",
+        ),
     ],
     ids=lambda v: next(iter(v)) if isinstance(v, dict) else None,
 )
@@ -68,14 +81,17 @@ def test_constructor_rejects_bad_arguments_with_a_message_naming_them(kwargs: di
 def test_no_evaluate_fn_for_a_module_without_evaluate_fails_before_training(tmp_path: Path) -> None:
     module = CountingModule()
     trainer = make_trainer(tmp_path, [EvaluationCallback(EVAL_SET, freq_steps=1)], 3)
-    message = ("`EvaluationCallback(evaluate_fn=None)` needs a module with an `evaluate(batches, ctx)` method, "
-               "and CountingModule has none; pass evaluate_fn=...")
+    message = (
+        "`EvaluationCallback(evaluate_fn=None)` needs a module with an `evaluate(batches, ctx)` method, "
+        "and CountingModule has none; pass evaluate_fn=..."
+    )
     with pytest.raises(ValueError, match=re.escape(message)):
         trainer.fit(module)
     assert trainer.global_step == 0
 
 
 # ------------------------------------------------------------------ a user's own module and metrics
+
 
 # Reward of each eval sample: a function of the sample alone, so the test can recompute everything.
 def _reward(sample: int) -> float:
@@ -105,12 +121,17 @@ def test_user_module_with_metric_classes_and_plain_values(tmp_path: Path) -> Non
     assert [r["dataset"] for r in records] == ["short", "long"]
     # Without a run_id argument the callback draws one; every record carries it.
     assert len(callback.run_id) == 8 and {r["run_id"] for r in records} == {callback.run_id}
-    for record, eval_set in zip(records, eval_sets):
+    for record, eval_set in zip(records, eval_sets, strict=True):
         rewards = np.array([_reward(s) for s in eval_set.samples])
         expected = {
-            "reward/mean": rewards.mean(), "reward/std": rewards.std(), "reward/min": rewards.min(),
-            "reward/max": rewards.max(), "accuracy": (rewards > 0.5).mean(),
-            "sample_squared": np.mean([s**2 for s in eval_set.samples]), "w": 3.0, "one": 1.0,
+            "reward/mean": rewards.mean(),
+            "reward/std": rewards.std(),
+            "reward/min": rewards.min(),
+            "reward/max": rewards.max(),
+            "accuracy": (rewards > 0.5).mean(),
+            "sample_squared": np.mean([s**2 for s in eval_set.samples]),
+            "w": 3.0,
+            "one": 1.0,
         }
         metrics = record["metrics"]
         for name, value in expected.items():
@@ -170,9 +191,18 @@ def test_evaluation_that_uses_the_global_rng_does_not_change_training(tmp_path: 
 
 
 GRPO_OVERRIDES = [
-    "grpo.group_size=4", "grpo.prompts_per_step=4", "grpo.warmup_steps=2", "policy.d_model=16", "policy.n_layers=1",
-    "policy.n_heads=2", "task.train_size=16", "eval_sets.easy.size=6", "eval_sets.easy.n_samples=2",
-    "eval_sets.easy.batch_size=4", "eval_sets.hard.digits=2", "eval_sets.hard.size=3",
+    "grpo.group_size=4",
+    "grpo.prompts_per_step=4",
+    "grpo.warmup_steps=2",
+    "policy.d_model=16",
+    "policy.n_layers=1",
+    "policy.n_heads=2",
+    "task.train_size=16",
+    "eval_sets.easy.size=6",
+    "eval_sets.easy.n_samples=2",
+    "eval_sets.easy.batch_size=4",
+    "eval_sets.hard.digits=2",
+    "eval_sets.hard.size=3",
 ]
 GRPO_STEPS = 6
 
@@ -185,8 +215,7 @@ def test_grpo_run_with_evaluation_ends_with_the_same_weights_as_without(tmp_path
         module = GRPOModule.from_config(cfg)
         callbacks = []
         if with_eval:  # the default evaluation: the module's own rollouts, every 2 steps and before training
-            callbacks = [build_callback(cfg, build_eval_sets(cfg, module.task), freq_steps=2,
-                                                        eval_before_train=True)]
+            callbacks = [build_callback(cfg, build_eval_sets(cfg, module.task), freq_steps=2, eval_before_train=True)]
         make_trainer(cfg.output_dir, callbacks, GRPO_STEPS).fit(module)
         weights.append(state_copy(module))
 
@@ -200,16 +229,25 @@ def test_grpo_run_with_evaluation_ends_with_the_same_weights_as_without(tmp_path
 
 
 def test_from_config_alone_builds_the_main_jobs_eval_sets_and_triggers():
+    from areal_lightning.app.builders import build_eval_sets
     from areal_lightning.app.config import load_config
     from areal_lightning.eval_round.fingerprint import fingerprint
-    from areal_lightning.app.builders import build_eval_sets
     from areal_lightning.rl.grpo import GRPOModule
 
-    cfg = load_config(None, ["eval_sets.easy.size=7", "eval_sets.hard.digits=2", "eval_sets.hard.size=3",
-                             "evaluator.freq_steps=5", "evaluator.eval_before_train=true"])
+    cfg = load_config(
+        None,
+        [
+            "eval_sets.easy.size=7",
+            "eval_sets.hard.digits=2",
+            "eval_sets.hard.size=3",
+            "evaluator.freq_steps=5",
+            "evaluator.eval_before_train=true",
+        ],
+    )
     callback = build_callback(cfg)
     expected = build_eval_sets(cfg, GRPOModule.from_config(cfg).task)
-    assert [(s.name, fingerprint(s.name, s.keys), dict(s.options)) for s in callback.eval_sets] == \
-        [(s.name, fingerprint(s.name, s.keys), dict(s.options)) for s in expected]
+    assert [(s.name, fingerprint(s.name, s.keys), dict(s.options)) for s in callback.eval_sets] == [
+        (s.name, fingerprint(s.name, s.keys), dict(s.options)) for s in expected
+    ]
     assert callback.trigger.freq_steps == 5 and callback.trigger.eval_before_train
     assert str(callback.output_dir) == cfg.output_dir and callback.seed == cfg.seed

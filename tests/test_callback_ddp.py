@@ -97,8 +97,9 @@ def _fits(rank: int, world_size: int, root: str) -> dict[str, Any]:
     trainer.fit(module)
     out["triggers"] = (callback.evaluated_steps, trainer.global_step, float(module.w))
 
-    callback = EvaluationCallback(EVAL_SET, _stop_script, freq_steps=2, metric_thresholds={"reward": THRESHOLD},
-                                  threshold_action="stop")
+    callback = EvaluationCallback(
+        EVAL_SET, _stop_script, freq_steps=2, metric_thresholds={"reward": THRESHOLD}, threshold_action="stop"
+    )
     trainer = _ddp_trainer(Path(root) / "stop", [callback], 20)
     trainer.fit(CountingModule(epoch_len=SAMPLES_PER_EPOCH))
     out["stop"] = (callback.evaluated_steps, trainer.global_step)

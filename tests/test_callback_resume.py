@@ -62,20 +62,31 @@ def _callback(clock: FakeClock, **kwargs: Any) -> EvaluationCallback:
     return EvaluationCallback(EVAL_SET, probe_weights, clock=clock, **{**TRIGGERS, **kwargs})
 
 
-def _fit(run_dir: Path, *, kill_after: int | None = None, ckpt_path: Path | None = None,
-         clock_start: float = START_TIME) -> None:
+def _fit(
+    run_dir: Path, *, kill_after: int | None = None, ckpt_path: Path | None = None, clock_start: float = START_TIME
+) -> None:
     clock = FakeClock(clock_start)
     callbacks: list[Callback] = [_callback(clock)]
     if kill_after is not None:
         callbacks.append(KillAfterStep(kill_after))
-        callbacks.append(ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="step{step}", auto_insert_metric_name=False,
-                                         every_n_train_steps=CHECKPOINT_EVERY, save_top_k=-1))
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=run_dir / "checkpoints",
+                filename="step{step}",
+                auto_insert_metric_name=False,
+                every_n_train_steps=CHECKPOINT_EVERY,
+                save_top_k=-1,
+            )
+        )
     trainer = make_trainer(run_dir, callbacks, MAX_STEPS)
     trainer.fit(CountingModule(epoch_len=EPOCH_LEN, clock=clock, step_secs=STEP_SECS), ckpt_path=ckpt_path)
 
 
-@pytest.mark.parametrize("kill_after", [15, 13], ids=["killed right after an evaluation and a checkpoint",
-                                                      "killed 3 steps after the checkpoint, mid-epoch"])
+@pytest.mark.parametrize(
+    "kill_after",
+    [15, 13],
+    ids=["killed right after an evaluation and a checkpoint", "killed 3 steps after the checkpoint, mid-epoch"],
+)
 def test_resumed_run_evaluates_the_steps_of_the_uninterrupted_run(tmp_path: Path, kill_after: int) -> None:
     _fit(tmp_path / "a")
     expected = reference_schedule(MAX_STEPS, EPOCH_LEN, step_secs=STEP_SECS, **TRIGGERS)
@@ -87,9 +98,8 @@ def test_resumed_run_evaluates_the_steps_of_the_uninterrupted_run(tmp_path: Path
         _fit(run_b, kill_after=kill_after)
     killed_part = history_steps(run_b)
     checkpoint_step = kill_after - kill_after % CHECKPOINT_EVERY
-    _fit(run_b, ckpt_path=run_b / "checkpoints" / f"step{checkpoint_step}.ckpt",
-         clock_start=START_TIME + DOWNTIME_SECS)
-    resumed_part = history_steps(run_b)[len(killed_part):]
+    _fit(run_b, ckpt_path=run_b / "checkpoints" / f"step{checkpoint_step}.ckpt", clock_start=START_TIME + DOWNTIME_SECS)
+    resumed_part = history_steps(run_b)[len(killed_part) :]
 
     assert killed_part == [e for e in uninterrupted if e[0] <= kill_after]
     # Same steps and causes (the time trigger kept its count, downtime excluded): nothing evaluated
@@ -110,8 +120,13 @@ def test_threshold_state_survives_a_resume(tmp_path: Path) -> None:
     def callback() -> EvaluationCallback:
         return EvaluationCallback(EVAL_SET, _scripted_score, freq_steps=2, metric_thresholds={"accuracy": 0.7})
 
-    ckpt = ModelCheckpoint(dirpath=tmp_path / "checkpoints", filename="step{step}", auto_insert_metric_name=False,
-                           every_n_train_steps=3, save_top_k=-1)
+    ckpt = ModelCheckpoint(
+        dirpath=tmp_path / "checkpoints",
+        filename="step{step}",
+        auto_insert_metric_name=False,
+        every_n_train_steps=3,
+        save_top_k=-1,
+    )
     with pytest.raises(Killed):
         make_trainer(tmp_path, [callback(), KillAfterStep(3), ckpt], 6).fit(CountingModule())
     assert event_rows(read_history(tmp_path), "alert") == []  # reached 0.9 at step 2: armed, no alert yet

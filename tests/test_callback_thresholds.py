@@ -67,8 +67,9 @@ def test_alert_is_recorded_once_per_downward_crossing(tmp_path: Path) -> None:
 
 def test_threshold_action_stop_stops_training_cleanly_after_the_alert(tmp_path: Path) -> None:
     max_steps = 20
-    callback = EvaluationCallback(EVAL_SETS, scripted_rewards, freq_steps=1, metric_thresholds={"reward": THRESHOLD},
-                                  threshold_action="stop")
+    callback = EvaluationCallback(
+        EVAL_SETS, scripted_rewards, freq_steps=1, metric_thresholds={"reward": THRESHOLD}, threshold_action="stop"
+    )
     trainer = make_trainer(tmp_path, [callback], max_steps)
     trainer.fit(CountingModule())  # returns normally
 
@@ -81,12 +82,15 @@ def test_threshold_action_stop_stops_training_cleanly_after_the_alert(tmp_path: 
 
 
 def test_unknown_threshold_metric_raises_at_the_first_evaluation_listing_the_metrics(tmp_path: Path) -> None:
-    callback = EvaluationCallback(EVAL_SETS, scripted_rewards, freq_steps=2,
-                                  metric_thresholds={"reward": THRESHOLD, "acc": 0.5})
+    callback = EvaluationCallback(
+        EVAL_SETS, scripted_rewards, freq_steps=2, metric_thresholds={"reward": THRESHOLD, "acc": 0.5}
+    )
     trainer = make_trainer(tmp_path, [callback], 6)
-    message = (r"metric_thresholds names metrics that the evaluation does not produce: \['acc'\]; "
-               r"available metrics: reward/max, reward/mean, reward/mean/best, reward/mean/best_step, reward/min, "
-               r"reward/std")
+    message = (
+        r"metric_thresholds names metrics that the evaluation does not produce: \['acc'\]; "
+        r"available metrics: reward/max, reward/mean, reward/mean/best, reward/mean/best_step, reward/min, "
+        r"reward/std"
+    )
     with pytest.raises(ValueError, match=message):
         trainer.fit(CountingModule())
     assert trainer.global_step == 2

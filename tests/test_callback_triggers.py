@@ -50,10 +50,17 @@ CASES: list[tuple[str, dict[str, Any], int, int, dict[str, Any], int]] = [
 ]
 
 
-@pytest.mark.parametrize(("triggers", "samples", "max_steps", "trainer_kwargs", "epoch_len"),
-                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("triggers", "samples", "max_steps", "trainer_kwargs", "epoch_len"),
+    [c[1:] for c in CASES],
+    ids=[c[0] for c in CASES],
+)
 def test_evaluates_exactly_at_the_expected_steps_for_the_expected_causes(
-    tmp_path: Path, triggers: dict[str, Any], samples: int, max_steps: int, trainer_kwargs: dict[str, Any],
+    tmp_path: Path,
+    triggers: dict[str, Any],
+    samples: int,
+    max_steps: int,
+    trainer_kwargs: dict[str, Any],
     epoch_len: int,
 ) -> None:
     clock = FakeClock()
@@ -80,7 +87,9 @@ def test_eval_before_train_evaluates_the_initial_weights_before_the_first_optimi
         seen.append((ctx.global_step, state_copy(m), m.training))
         return {"w": float(m.w)}
 
-    make_trainer(tmp_path, [EvaluationCallback(EVAL_SET, snapshot, freq_steps=2, eval_before_train=True)], 4).fit(module)
+    make_trainer(tmp_path, [EvaluationCallback(EVAL_SET, snapshot, freq_steps=2, eval_before_train=True)], 4).fit(
+        module
+    )
 
     assert [step for step, _, _ in seen] == [0, 2, 4]
     step0_weights = seen[0][1]
@@ -103,7 +112,7 @@ def test_history_records_carry_the_documented_fields(tmp_path: Path) -> None:
 
     records = read_history(tmp_path)
     assert [(r["step"], r["dataset"]) for r in records] == [(3, "small"), (3, "large")]
-    for record, samples in zip(records, eval_sets.values()):
+    for record, samples in zip(records, eval_sets.values(), strict=True):
         assert record["trigger"] == ["steps"]
         assert (record["num_prompts"], record["num_samples"]) == (len(samples), len(samples))
         assert (record["mode"], record["world_size"], record["epoch"]) == ("sync", 1, 0)

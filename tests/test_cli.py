@@ -7,11 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from procs import run_in_group
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "arithmetic" / "grpo.yaml"
+EXAMPLE = ROOT / "areal_lightning" / "app" / "configs" / "arithmetic_grpo.yaml"
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -8,7 +8,7 @@ import pytest
 
 from areal_lightning.app.config import Config, ConfigError, load_config, save_config
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "arithmetic" / "grpo.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "areal_lightning" / "app" / "configs" / "arithmetic_grpo.yaml"
 MINIMAL = ["eval_sets.easy.size=4"]
 
 
@@ -36,11 +36,18 @@ def test_saved_config_loads_back_to_the_same_config(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
-        (["evaluator.freq_stpes=5"], r"unknown config key `evaluator.freq_stpes`.*Did you mean `freq_steps`\?.*freq_epochs, freq_steps, freq_secs"),
+        (
+            ["evaluator.freq_stpes=5"],
+            r"unknown config key `evaluator.freq_stpes`.*Did you mean `freq_steps`\?"
+            r".*freq_epochs, freq_steps, freq_secs",
+        ),
         (["trainer.max_steps=abc"], r"`trainer.max_steps`.*wrong type.*'abc'.*Integer"),
         (["trainer.max_steps=2.5"], r"`trainer.max_steps`.*wrong type.*'2.5'"),
         (["evaluator.freq_steps=-5"], r"evaluator.freq_steps must be a positive integer or null, got -5"),
-        (["evaluator.freq_secs=-1.0"], r"evaluator.freq_secs must be a positive finite number of seconds or null, got -1.0"),
+        (
+            ["evaluator.freq_secs=-1.0"],
+            r"evaluator.freq_secs must be a positive finite number of seconds or null, got -1.0",
+        ),
         (["grpo.group_size=1"], r"grpo.group_size must be at least 2 .* got 1"),
         (["evaluator.mode=later"], r"evaluator.mode must be one of sync, async; got 'later'"),
         (["policy.kind=gpt"], r"policy.kind must be one of tiny, hf; got 'gpt'"),

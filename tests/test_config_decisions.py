@@ -37,7 +37,12 @@ def test_yaml_file_configures_best_metrics_and_the_reward_watch(tmp_path: Path) 
     watch = cb.reward_watch
     assert watch is not None
     assert (watch.eval_set, watch.eval_metric, watch.train_metric, watch.min_train_rise, watch.since) == (
-        "easy", "accuracy", "train/reward", 0.1, WatchReference.BEST)
+        "easy",
+        "accuracy",
+        "train/reward",
+        0.1,
+        WatchReference.BEST,
+    )
 
 
 def test_defaults_watch_the_headline_metrics_and_no_rewards() -> None:
@@ -46,17 +51,29 @@ def test_defaults_watch_the_headline_metrics_and_no_rewards() -> None:
     assert build_callback(load_config(None, [*BASE, "evaluator.best_metrics={}"])).best.directions == {}
 
 
-@pytest.mark.parametrize(("override", "match"), [
-    ("evaluator.best_metrics={accuracy: up}", r"evaluator.best_metrics.accuracy must be one of max, min; got 'up'"),
-    ("evaluator.best_metrics={acuracy: max}", r"evaluator.best_metrics.acuracy names a metric .* Did you mean `accuracy`"),
-    ("evaluator.reward_watch={eval_metric: acc}", r"evaluator.reward_watch.eval_metric names a metric .* accuracy"),
-    ("evaluator.reward_watch={eval_set: nope}", r"evaluator.reward_watch.eval_set must name an eval set, got 'nope'; "
-                                                r"defined: easy"),
-    ("evaluator.reward_watch={min_train_rise: -1}", r"evaluator.reward_watch.min_train_rise must be a number >= 0, "
-                                                    r"got -1"),
-    ("evaluator.reward_watch={tolerance: .inf}", r"evaluator.reward_watch.tolerance must be a number >= 0 or null"),
-    ("evaluator.reward_watch={since: worst}", r"evaluator.reward_watch.since must be one of previous, best"),
-])
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ("evaluator.best_metrics={accuracy: up}", r"evaluator.best_metrics.accuracy must be one of max, min; got 'up'"),
+        (
+            "evaluator.best_metrics={acuracy: max}",
+            r"evaluator.best_metrics.acuracy names a metric .* Did you mean `accuracy`",
+        ),
+        ("evaluator.reward_watch={eval_metric: acc}", r"evaluator.reward_watch.eval_metric names a metric .* accuracy"),
+        (
+            "evaluator.reward_watch={eval_set: nope}",
+            r"evaluator.reward_watch.eval_set must name an eval set, got 'nope'; "
+            r"defined: easy",
+        ),
+        (
+            "evaluator.reward_watch={min_train_rise: -1}",
+            r"evaluator.reward_watch.min_train_rise must be a number >= 0, "
+            r"got -1",
+        ),
+        ("evaluator.reward_watch={tolerance: .inf}", r"evaluator.reward_watch.tolerance must be a number >= 0 or null"),
+        ("evaluator.reward_watch={since: worst}", r"evaluator.reward_watch.since must be one of previous, best"),
+    ],
+)
 def test_bad_values_name_the_key_the_value_and_what_is_accepted(override: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         load_config(None, [*BASE, override])

@@ -7,23 +7,33 @@ import json
 from pathlib import Path
 
 import pytest
+from hf_models import save_tiny_llama, write_gsm8k
 
 from areal_lightning.app.builders import build_eval_sets
 from areal_lightning.app.config import ConfigError, load_config
-from hf_models import save_tiny_llama, write_gsm8k
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
     pytest.importorskip("transformers")
     tmp = tmp_path_factory.mktemp("hfcfg")
-    return {"model": save_tiny_llama(tmp / "model"), "train": write_gsm8k(tmp / "train.jsonl", 4),
-            "test": write_gsm8k(tmp / "test.jsonl", 5, offset=4), "tmp": tmp}
+    return {
+        "model": save_tiny_llama(tmp / "model"),
+        "train": write_gsm8k(tmp / "train.jsonl", 4),
+        "test": write_gsm8k(tmp / "test.jsonl", 5, offset=4),
+        "tmp": tmp,
+    }
 
 
 def _math(files: dict[str, Path], *extra: str) -> list[str]:
-    return ["policy.kind=hf", f"policy.path={files['model']}", "task.name=math", f"task.path={files['train']}",
-            f"eval_sets.gsm8k.path={files['test']}", *extra]
+    return [
+        "policy.kind=hf",
+        f"policy.path={files['model']}",
+        "task.name=math",
+        f"task.path={files['train']}",
+        f"eval_sets.gsm8k.path={files['test']}",
+        *extra,
+    ]
 
 
 def test_a_math_config_loads_and_builds_its_file_eval_sets(files) -> None:
@@ -40,7 +50,10 @@ def test_a_math_config_loads_and_builds_its_file_eval_sets(files) -> None:
     ("overrides", "match"),
     [
         (["policy.kind=hf"], r"policy.path is required for policy.kind: hf"),
-        (["policy.kind=hf", "policy.path=Qwen/Qwen2.5-0.5B"], r"policy.path 'Qwen/Qwen2.5-0.5B' is not a local directory"),
+        (
+            ["policy.kind=hf", "policy.path=Qwen/Qwen2.5-0.5B"],
+            r"policy.path 'Qwen/Qwen2.5-0.5B' is not a local directory",
+        ),
         (["policy.kind=hf", "policy.path=."], r"policy.path '.' has no config.json"),
         (["policy.dtype=float8"], r"policy.dtype must be one of float32, bfloat16, float16, auto; got 'float8'"),
         (["task.name=math"], r"task.path is required for task.name: math"),
@@ -54,8 +67,11 @@ def test_each_missing_model_or_file_names_its_key(overrides: list[str], match: s
 
 
 def test_a_missing_field_names_its_key_and_the_fields_present(files) -> None:
-    with pytest.raises(ConfigError, match=r"eval_sets.gsm8k.question_field 'problem' is not a field of row 0 of .*"
-                                          r"test.jsonl; fields present: answer, level, question"):
+    with pytest.raises(
+        ConfigError,
+        match=r"eval_sets.gsm8k.question_field 'problem' is not a field of row 0 of .*"
+        r"test.jsonl; fields present: answer, level, question",
+    ):
         load_config(None, _math(files, "eval_sets.gsm8k.question_field=problem"))
     with pytest.raises(ConfigError, match=r"task.answer_field 'solution' is not a field"):
         load_config(None, _math(files, "task.answer_field=solution"))
@@ -87,8 +103,11 @@ def test_chat_prompts_need_a_chat_template(files) -> None:
     (bare / "tokenizer_config.json").write_text(json.dumps(config))
     (bare / "chat_template.jinja").unlink(missing_ok=True)
     chat = _math(files, f"policy.path={bare}", "task.prompt_style=chat")
-    with pytest.raises(ConfigError, match=r"task.prompt_style: chat needs a chat template, and the tokenizer in "
-                                          r"policy.path .* has none"):
+    with pytest.raises(
+        ConfigError,
+        match=r"task.prompt_style: chat needs a chat template, and the tokenizer in "
+        r"policy.path .* has none",
+    ):
         load_config(None, chat)
     load_config(None, [*chat, "policy.chat_template='{{ messages[0].content }}'"])  # a template given in the config
     load_config(None, _math(files, "task.prompt_style=chat"))  # the tokenizer's own

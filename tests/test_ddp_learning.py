@@ -22,21 +22,31 @@ MAX_STEPS = 160
 MID_STEP = MAX_STEPS // 2
 FIT_TIMEOUT_S = 1500.0  # about 30 CPU seconds; a shared, loaded 2-core box stretches it many times
 EVALUATE_TIMEOUT_S = 600.0
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "arithmetic" / "grpo.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "areal_lightning" / "app" / "configs" / "arithmetic_grpo.yaml"
 DDP = ["trainer.devices=2", "trainer.strategy=ddp"]
 FIT = [
-    f"trainer.max_steps={MAX_STEPS}", "grpo.prompts_per_step=16", f"evaluator.freq_steps={MID_STEP}",
-    "evaluator.freq_epochs=null", "evaluator.freq_secs=null", f"trainer.checkpoint_every_n_steps={MID_STEP}",
+    f"trainer.max_steps={MAX_STEPS}",
+    "grpo.prompts_per_step=16",
+    f"evaluator.freq_steps={MID_STEP}",
+    "evaluator.freq_epochs=null",
+    "evaluator.freq_secs=null",
+    f"trainer.checkpoint_every_n_steps={MID_STEP}",
     "eval_sets.hard.size=8",  # the hard set stays hard; the easy set (200 prompts x 4) is the measure
-    "trainer.enable_progress_bar=false", "logger.wandb.mode=disabled", "logger.csv=false",
+    "trainer.enable_progress_bar=false",
+    "logger.wandb.mode=disabled",
+    "logger.csv=false",
 ]
 
 
 def _run(args: list[str], log: Path, timeout_s: float) -> None:
     """Runs the CLI in its own session; on a timeout its whole process group (every rank) is killed."""
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "areal_lightning", *args], stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "areal_lightning", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -75,8 +85,20 @@ def test_grpo_on_two_ddp_processes_raises_eval_accuracy_far_beyond_chance(run_di
 @pytest.mark.ddp
 def test_evaluating_a_mid_training_checkpoint_on_two_processes_reproduces_its_round(run_dir: Path) -> None:
     history = run_dir / "reevaluated.jsonl"
-    _run(["evaluate", "-c", str(run_dir / "config.yaml"), "--ckpt", str(run_dir / "checkpoints" / f"step{MID_STEP}.ckpt"),
-          "--history", str(history), *DDP], run_dir / "evaluate.log", EVALUATE_TIMEOUT_S)
+    _run(
+        [
+            "evaluate",
+            "-c",
+            str(run_dir / "config.yaml"),
+            "--ckpt",
+            str(run_dir / "checkpoints" / f"step{MID_STEP}.ckpt"),
+            "--history",
+            str(history),
+            *DDP,
+        ],
+        run_dir / "evaluate.log",
+        EVALUATE_TIMEOUT_S,
+    )
     in_training = {r["dataset"]: r for r in eval_rows(read_history(run_dir)) if r["step"] == MID_STEP}
     again = {r["dataset"]: r for r in eval_rows(read_history(history))}
     assert set(again) == set(in_training) == {"easy", "hard"}

@@ -48,11 +48,15 @@ def _callback(**kwargs: Any) -> EvaluationCallback:
 @pytest.mark.parametrize("when", ["every_n_train_steps", "train_epoch_end"])
 def test_model_checkpoint_on_an_eval_metric_keeps_the_best_rounds_weights(tmp_path: Path, when: str) -> None:
     if when == "every_n_train_steps":
-        cb, ckpt = _callback(freq_steps=2), ModelCheckpoint(tmp_path / "ckpt", monitor=MONITOR, mode="max",
-                                                            save_top_k=1, every_n_train_steps=2)
+        cb, ckpt = (
+            _callback(freq_steps=2),
+            ModelCheckpoint(tmp_path / "ckpt", monitor=MONITOR, mode="max", save_top_k=1, every_n_train_steps=2),
+        )
     else:  # 2 steps an epoch, a round at every epoch end, ModelCheckpoint's default epoch-end save
-        cb, ckpt = _callback(freq_epochs=1), ModelCheckpoint(tmp_path / "ckpt", monitor=MONITOR, mode="max",
-                                                             save_top_k=1)
+        cb, ckpt = (
+            _callback(freq_epochs=1),
+            ModelCheckpoint(tmp_path / "ckpt", monitor=MONITOR, mode="max", save_top_k=1),
+        )
     # ModelCheckpoint listed first: Lightning still runs it after the evaluation.
     make_trainer(tmp_path, [ckpt, cb], max_steps=12).fit(CountingModule(epoch_len=2))
     assert cb.evaluated_steps == [2, 4, 6, 8, 10, 12]
@@ -78,8 +82,12 @@ def test_every_round_reaches_callback_metrics_and_the_history_with_its_best(tmp_
     assert metrics[MONITOR].dtype == torch.float32
     rows = eval_rows(read_history(tmp_path))
     assert [(r["step"], r["metrics"]["accuracy/best"], r["metrics"]["accuracy/best_step"]) for r in rows] == [
-        (2, pytest.approx(0.3), 2), (4, pytest.approx(0.6), 4), (6, pytest.approx(0.9), 6),
-        (8, pytest.approx(0.9), 6), (10, pytest.approx(0.9), 6)]
+        (2, pytest.approx(0.3), 2),
+        (4, pytest.approx(0.6), 4),
+        (6, pytest.approx(0.9), 6),
+        (8, pytest.approx(0.9), 6),
+        (10, pytest.approx(0.9), 6),
+    ]
 
 
 def test_early_stopping_on_an_eval_metric_stops_after_patience(tmp_path: Path) -> None:
@@ -105,8 +113,12 @@ def _early_stop_on_two_ranks(rank: int, world_size: int, root: str) -> tuple[int
     stop = EarlyStopping(monitor=MONITOR, mode="max", patience=2, check_on_train_epoch_end=True)
     trainer = make_trainer(root, [cb, stop], max_steps=20, strategy="ddp", accelerator="cpu", devices=world_size)
     trainer.fit(CountingModule(epoch_len=2 * world_size))  # 2 steps an epoch on each rank
-    return (trainer.global_step, cb.evaluated_steps, float(trainer.callback_metrics[MONITOR]),
-            float(trainer.callback_metrics[f"{MONITOR}/best"]))
+    return (
+        trainer.global_step,
+        cb.evaluated_steps,
+        float(trainer.callback_metrics[MONITOR]),
+        float(trainer.callback_metrics[f"{MONITOR}/best"]),
+    )
 
 
 @pytest.mark.ddp

@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from callback_helpers import CountingModule, make_trainer
 
 from areal_lightning.callbacks import EvaluationCallback
 from areal_lightning.eval_round import EvalBatch, EvalContext, EvalSet
 from areal_lightning.tracking.history import eval_rows, read_history
-from callback_helpers import CountingModule, make_trainer
 
 MAX_STEPS = 4
 
@@ -38,7 +38,7 @@ def test_rerun_on_the_same_weights_is_answered_from_the_cache(tmp_path: Path) ->
     fn, eval_set = CountingEvaluate(), EvalSet("easy", [0, 1, 2])
     first = _fit(tmp_path, fn, eval_set)
     assert fn.calls == 3 and not any(r.get("cached") for r in first)  # steps 0, 2, 4
-    second = _fit(tmp_path, fn, eval_set)[len(first):]
+    second = _fit(tmp_path, fn, eval_set)[len(first) :]
     assert fn.calls == 3  # deterministic training: the same weights at every round, nothing evaluated
     assert [r["cached"] for r in second] == [True, True, True]
     assert [r["metrics"] for r in second] == [r["metrics"] for r in first]

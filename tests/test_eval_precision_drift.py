@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from callback_helpers import CountingModule, make_trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from areal_lightning.app.config import ConfigError, load_config
@@ -15,7 +16,6 @@ from areal_lightning.callbacks import EvaluationCallback
 from areal_lightning.eval_round import EvalBatch, EvalContext, run_round
 from areal_lightning.eval_round.precision import EvalPrecision, eval_precision
 from areal_lightning.tracking.history import eval_rows, event_rows, read_history
-from callback_helpers import CountingModule, make_trainer
 
 
 class DtypeProbe(CountingModule):
@@ -49,8 +49,14 @@ def test_grpo_rollout_evaluation_runs_in_bf16_on_cpu() -> None:
     cfg = load_config(None, ["eval_sets.easy.size=16", "policy.d_model=32", "policy.n_layers=1"])
     module = GRPOModule.from_config(cfg)
     with eval_precision(module, EvalPrecision.BF16):
-        (result,) = run_round(module, build_eval_sets(cfg, module.task), rollout_evaluate, seed=1, global_step=0, epoch=0)
-    assert result.num_prompts == 16 and 0.0 <= result.metrics["accuracy"] <= 1.0 and not math.isnan(result.metrics["accuracy"])
+        (result,) = run_round(
+            module, build_eval_sets(cfg, module.task), rollout_evaluate, seed=1, global_step=0, epoch=0
+        )
+    assert (
+        result.num_prompts == 16
+        and 0.0 <= result.metrics["accuracy"] <= 1.0
+        and not math.isnan(result.metrics["accuracy"])
+    )
     assert next(module.parameters()).dtype == torch.float32
 
 
@@ -58,7 +64,7 @@ def test_precision_in_yaml_and_errors(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("eval_sets: {easy: {size: 4}}\nevaluator: {precision: 16}\n")
     assert load_config(path).evaluator.precision is EvalPrecision.FP16
-    with pytest.raises(ConfigError, match="evaluator.precision must be one of 32, bf16, 16; got 'fp8'"):
+    with pytest.raises(ConfigError, match=r"evaluator\.precision must be one of 32, bf16, 16; got 'fp8'"):
         load_config(None, ["eval_sets.easy.size=4", "evaluator.precision=fp8"])
     with pytest.raises(ValueError, match=r"precision=...\)` must be one of 32, bf16, 16, got 'half'"):
         EvaluationCallback({"easy": [0]}, _output_dtype, precision="half")
@@ -71,8 +77,15 @@ def _sum(module: Any, batches: list[EvalBatch], ctx: EvalContext) -> dict[str, f
 def _fit(root: Path, samples: list[int], max_steps: int, ckpt: Path | None) -> None:
     callbacks: list[Any] = [EvaluationCallback({"easy": samples}, _sum, freq_steps=2)]
     if ckpt is None:
-        callbacks.append(ModelCheckpoint(dirpath=root / "checkpoints", filename="step{step}", auto_insert_metric_name=False,
-                                         every_n_train_steps=2, save_top_k=-1))
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=root / "checkpoints",
+                filename="step{step}",
+                auto_insert_metric_name=False,
+                every_n_train_steps=2,
+                save_top_k=-1,
+            )
+        )
     make_trainer(root, callbacks, max_steps).fit(CountingModule(), ckpt_path=ckpt)
 
 

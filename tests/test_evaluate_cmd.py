@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from procs import run_in_group
 
 from areal_lightning.app.cli import main
-from areal_lightning.eval_round import SetResult
 from areal_lightning.app.evaluate import format_table
+from areal_lightning.eval_round import SetResult
 from areal_lightning.tracking.history import read_history
-from procs import run_in_group
 
 ODD_SIZE = 101
 N_SAMPLES = 3
@@ -47,8 +47,15 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     config = root / "cfg.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
     module = GRPOModule.from_config(load_config(config))
-    trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_progress_bar=False,
-                        enable_checkpointing=False, enable_model_summary=False, default_root_dir=root)
+    trainer = L.Trainer(
+        max_steps=2,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a width-32 model gains nothing from threads, and a busy box loses a lot
     try:
@@ -61,8 +68,18 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def _evaluate(config: Path, ckpt: Path, out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "areal_lightning", "evaluate", "-c", str(config), "--ckpt", str(ckpt),
-               f"output_dir={out}", *overrides]
+    command = [
+        sys.executable,
+        "-m",
+        "areal_lightning",
+        "evaluate",
+        "-c",
+        str(config),
+        "--ckpt",
+        str(ckpt),
+        f"output_dir={out}",
+        *overrides,
+    ]
     done = run_in_group(command, timeout=RUN_TIMEOUT_S, cwd=out.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
@@ -104,12 +121,15 @@ def test_missing_checkpoint_file(run: tuple[Path, Path], tmp_path: Path, capsys:
     assert "--ckpt" in err and "nope.ckpt' does not exist" in err
 
 
-def test_file_that_is_not_a_checkpoint(run: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_file_that_is_not_a_checkpoint(
+    run: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config, _ = run
     text = tmp_path / "notes.ckpt"
     text.write_text("not a checkpoint")
     assert "notes.ckpt' is not a Lightning checkpoint: torch.load failed" in _fails_with(
-        capsys, ["evaluate", "-c", str(config), "--ckpt", str(text)])
+        capsys, ["evaluate", "-c", str(config), "--ckpt", str(text)]
+    )
     bare = tmp_path / "weights.pt"
     torch.save({"policy.head.weight": torch.zeros(2)}, bare)
     err = _fails_with(capsys, ["evaluate", "-c", str(config), "--ckpt", str(bare)])
@@ -117,22 +137,30 @@ def test_file_that_is_not_a_checkpoint(run: tuple[Path, Path], tmp_path: Path, c
     assert "policy.head.weight" in err
 
 
-@pytest.mark.parametrize(("override", "expected"), [
-    ("policy.d_model=64", r"size mismatch for policy.tok.weight: copying a param with shape torch.Size\(\[\d+, 32\]\) "
-                          r"from checkpoint, the shape in current model is torch.Size\(\[\d+, 64\]\)"),
-    ("policy.n_layers=2", r'Missing key\(s\) in state_dict: "policy.blocks.1.'),
-    ("grpo.kl_coef=0.1", r'Missing key\(s\) in state_dict: "reference.'),
-])
-def test_checkpoint_of_another_model(run: tuple[Path, Path], capsys: pytest.CaptureFixture[str], override: str,
-                                     expected: str) -> None:
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        (
+            "policy.d_model=64",
+            r"size mismatch for policy.tok.weight: copying a param with shape torch.Size\(\[\d+, 32\]\) "
+            r"from checkpoint, the shape in current model is torch.Size\(\[\d+, 64\]\)",
+        ),
+        ("policy.n_layers=2", r'Missing key\(s\) in state_dict: "policy.blocks.1.'),
+        ("grpo.kl_coef=0.1", r'Missing key\(s\) in state_dict: "reference.'),
+    ],
+)
+def test_checkpoint_of_another_model(
+    run: tuple[Path, Path], capsys: pytest.CaptureFixture[str], override: str, expected: str
+) -> None:
     config, ckpt = run
     err = _fails_with(capsys, ["evaluate", "-c", str(config), "--ckpt", str(ckpt), override])
     assert "does not match the model of the config" in err
     assert re.search(expected, err), err
 
 
-def test_extra_weights_are_named_as_unexpected_keys(run: tuple[Path, Path], tmp_path: Path,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_extra_weights_are_named_as_unexpected_keys(
+    run: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config, ckpt = run
     data = torch.load(ckpt, weights_only=True)
     data["state_dict"]["policy.extra.weight"] = torch.zeros(1)
@@ -150,8 +178,9 @@ def test_config_errors_are_reported(run: tuple[Path, Path], capsys: pytest.Captu
     assert "trainer.strategy must be one of auto, ddp," in err and "got 'nonsense'" in err
 
 
-def test_untrusted_objects_need_trust_checkpoint(run: tuple[Path, Path], tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_untrusted_objects_need_trust_checkpoint(
+    run: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config, ckpt = run
     data = torch.load(ckpt, weights_only=True)
     data["note"] = Fraction(1, 3)  # not on the safe loader's allow-list
@@ -160,8 +189,21 @@ def test_untrusted_objects_need_trust_checkpoint(run: tuple[Path, Path], tmp_pat
     err = _fails_with(capsys, ["evaluate", "-c", str(config), "--ckpt", str(odd)])
     assert "holds objects the safe loader refuses" in err and "pass --trust-checkpoint" in err
     out = tmp_path / "trusted"
-    assert main(["evaluate", "-c", str(config), "--ckpt", str(odd), "--trust-checkpoint", f"output_dir={out}",
-                 "eval_sets.odd.size=5"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "-c",
+                str(config),
+                "--ckpt",
+                str(odd),
+                "--trust-checkpoint",
+                f"output_dir={out}",
+                "eval_sets.odd.size=5",
+            ]
+        )
+        == 0
+    )
     (record,) = read_history(out)
     assert (record["num_prompts"], record["world_size"], record["trigger"]) == (5, 1, ["evaluate"])
     assert "num_prompts" in capsys.readouterr().out
@@ -176,8 +218,10 @@ def test_history_option_chooses_the_file(run: tuple[Path, Path], tmp_path: Path)
 
 
 def test_format_table_aligns_columns_and_marks_missing_metrics() -> None:
-    results = [SetResult("easy", {"accuracy": 0.5, "pass@4": float("nan")}, 8, 2, 1.234, []),
-               SetResult("hard_set", {"accuracy": 0.125}, 400, 100, 12.0, [])]
+    results = [
+        SetResult("easy", {"accuracy": 0.5, "pass@4": float("nan")}, 8, 2, 1.234, []),
+        SetResult("hard_set", {"accuracy": 0.125}, 400, 100, 12.0, []),
+    ]
     assert format_table(results).splitlines() == [
         "dataset   accuracy  pass@4  num_prompts  num_samples   secs",
         "easy        0.5000     nan            2            8   1.23",
@@ -192,8 +236,15 @@ def test_records_say_how_they_were_sampled_and_top_k_one_is_greedy(run: tuple[Pa
     assert main([*base, f"output_dir={tmp_path / 'top1'}", "eval_sets.odd.top_k=1", "eval_sets.odd.seed=9"]) == 0
     assert main([*base, f"output_dir={tmp_path / 'free'}"]) == 0
     (greedy,), (top1,), (free,) = (read_history(tmp_path / d) for d in ("greedy", "top1", "free"))
-    assert top1["sampling"] == {"n_samples": N_SAMPLES, "temperature": 1.0, "top_p": 1.0, "top_k": 1,
-                                "max_new_tokens": CONFIG["grpo"].get("max_new_tokens", 4), "stop": [], "seed": 9}
+    assert top1["sampling"] == {
+        "n_samples": N_SAMPLES,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 1,
+        "max_new_tokens": CONFIG["grpo"].get("max_new_tokens", 4),
+        "stop": [],
+        "seed": 9,
+    }
     assert (greedy["sampling"]["temperature"], free["sampling"]["seed"]) == (0.0, CONFIG["seed"])
     assert top1["metrics"] == greedy["metrics"]  # only the top token: the greedy answer, whatever the seed
     assert free["metrics"]["pass@3"] != free["metrics"]["pass@1"]  # sampling at temperature 1 does vary

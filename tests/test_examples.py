@@ -15,10 +15,20 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def _run(tmp_path: Path, script: str, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(EXAMPLES.parent), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, str(EXAMPLES / script), *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=400)
+    env = dict(
+        os.environ,
+        WANDB_MODE="disabled",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(EXAMPLES.parent), os.environ.get("PYTHONPATH", "")]),
+    )
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -32,9 +42,28 @@ def test_geometry3k_vlm_example_trains_and_evaluates_a_tiny_vision_language_mode
     model = save_tiny_llava(tmp_path / "vlm")
     data = write_geometry3k(tmp_path / "geo" / "train.jsonl", 4)
     out = tmp_path / "run"
-    _run(tmp_path, "vlm/geometry3k_grpo.py", "--model", str(model), "--data", str(data), "--steps", "2",
-         "--eval-every", "2", "--group-size", "2", "--prompts-per-step", "2", "--max-new-tokens", "4",
-         "--accelerator", "cpu", "--output-dir", str(out))
+    _run(
+        tmp_path,
+        "vlm/geometry3k_grpo.py",
+        "--model",
+        str(model),
+        "--data",
+        str(data),
+        "--steps",
+        "2",
+        "--eval-every",
+        "2",
+        "--group-size",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--accelerator",
+        "cpu",
+        "--output-dir",
+        str(out),
+    )
     rows = eval_rows(read_history(out))
     assert [(r["step"], r["dataset"], r["num_prompts"]) for r in rows] == [(0, "geometry3k", 4), (2, "geometry3k", 4)]
     assert {"reward/mean", "accuracy"} <= set(rows[0]["metrics"])
@@ -42,10 +71,24 @@ def test_geometry3k_vlm_example_trains_and_evaluates_a_tiny_vision_language_mode
 
 def test_custom_evaluate_fn_example_logs_bleu_and_accuracy_of_a_users_module(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    _run(tmp_path, "custom_evaluate_fn.py", "--steps", "60", "--eval-every", "30", "--eval-size", "16",
-         "--output-dir", str(out))
+    _run(
+        tmp_path,
+        "custom_evaluate_fn.py",
+        "--steps",
+        "60",
+        "--eval-every",
+        "30",
+        "--eval-size",
+        "16",
+        "--output-dir",
+        str(out),
+    )
     rows = eval_rows(read_history(out))
-    assert [(r["step"], r["dataset"], r["num_prompts"]) for r in rows] == [(0, "dev", 16), (30, "dev", 16), (60, "dev", 16)]
+    assert [(r["step"], r["dataset"], r["num_prompts"]) for r in rows] == [
+        (0, "dev", 16),
+        (30, "dev", 16),
+        (60, "dev", 16),
+    ]
     bleu = [r["metrics"]["bleu"] for r in rows]
     assert all(0 <= b <= 1 for b in bleu) and bleu[-1] > bleu[0]  # the translator learns, and BLEU shows it
     assert rows[-1]["metrics"]["accuracy"] >= rows[0]["metrics"]["accuracy"]
@@ -59,11 +102,28 @@ def test_gsm8k_example_script_runs_its_own_evaluate_fn(tmp_path: Path) -> None:
     model = save_tiny_llama(tmp_path / "model", digit_bias=2.0)
     data = write_gsm8k(tmp_path / "gsm8k.jsonl", 4)
     out = tmp_path / "run"
-    _run(tmp_path, "math/gsm8k_grpo.py", f"policy.path={model}", "policy.dtype=float32", f"task.path={data}",
-         "task.verifier=numeric", f"eval_sets.gsm8k.path={data}", "trainer.accelerator=cpu", "trainer.max_steps=2",
-         "trainer.enable_progress_bar=false", "grpo.group_size=2", "grpo.prompts_per_step=2", "grpo.max_new_tokens=4",
-         "eval_sets.gsm8k.max_new_tokens=4", "eval_sets.gsm8k.n_samples=2", "evaluator.freq_steps=2",
-         "evaluator.freq_epochs=null", "evaluator.freq_secs=null", "logger.wandb.mode=disabled", f"output_dir={out}")
+    _run(
+        tmp_path,
+        "math/gsm8k_grpo.py",
+        f"policy.path={model}",
+        "policy.dtype=float32",
+        f"task.path={data}",
+        "task.verifier=numeric",
+        f"eval_sets.gsm8k.path={data}",
+        "trainer.accelerator=cpu",
+        "trainer.max_steps=2",
+        "trainer.enable_progress_bar=false",
+        "grpo.group_size=2",
+        "grpo.prompts_per_step=2",
+        "grpo.max_new_tokens=4",
+        "eval_sets.gsm8k.max_new_tokens=4",
+        "eval_sets.gsm8k.n_samples=2",
+        "evaluator.freq_steps=2",
+        "evaluator.freq_epochs=null",
+        "evaluator.freq_secs=null",
+        "logger.wandb.mode=disabled",
+        f"output_dir={out}",
+    )
     rows = eval_rows(read_history(out))
     assert [(r["step"], r["num_prompts"], r["num_samples"]) for r in rows] == [(0, 4, 8), (2, 4, 8)]
     metrics = rows[-1]["metrics"]

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
-from areal_lightning.tracking.history import eval_rows, read_history
+from procs import run_in_group
 from wandb_reader import (
     read_wandb_records,
     read_wandb_tables,
@@ -20,27 +19,57 @@ from wandb_reader import (
     wandb_metric_definitions,
     wandb_step_metric,
 )
+
+from areal_lightning.tracking.history import eval_rows, read_history
 from areal_lightning.viz.plot import build_figure
-from procs import run_in_group
 
 MAX_STEPS = 7
 SMALL = [
-    f"trainer.max_steps={MAX_STEPS}", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
-    "policy.d_model=32", "policy.n_heads=2", "grpo.warmup_steps=30", "grpo.prompts_per_step=8", "task.train_size=24",
-    "eval_sets.easy.size=12", "eval_sets.easy.n_samples=2", "eval_sets.hard.size=6", "eval_sets.hard.n_samples=2",
-    "evaluator.freq_steps=3", "evaluator.freq_epochs=null", "evaluator.freq_secs=null", "logger.wandb.mode=offline",
+    f"trainer.max_steps={MAX_STEPS}",
+    "trainer.log_every_n_steps=1",
+    "trainer.enable_progress_bar=false",
+    "policy.d_model=32",
+    "policy.n_heads=2",
+    "grpo.warmup_steps=30",
+    "grpo.prompts_per_step=8",
+    "task.train_size=24",
+    "eval_sets.easy.size=12",
+    "eval_sets.easy.n_samples=2",
+    "eval_sets.hard.size=6",
+    "eval_sets.hard.n_samples=2",
+    "evaluator.freq_steps=3",
+    "evaluator.freq_epochs=null",
+    "evaluator.freq_secs=null",
+    "logger.wandb.mode=offline",
 ]
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "arithmetic" / "grpo.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "areal_lightning" / "app" / "configs" / "arithmetic_grpo.yaml"
 
 
 def _fit(tmp_path: Path, trial: str, *extra: str) -> Path:
-    env = dict(os.environ, WANDB_SILENT="true", WANDB_CONFIG_DIR=str(tmp_path / "wb-config"),
-               WANDB_CACHE_DIR=str(tmp_path / "wb-cache"), WANDB_DATA_DIR=str(tmp_path / "wb-data"))
+    env = dict(
+        os.environ,
+        WANDB_SILENT="true",
+        WANDB_CONFIG_DIR=str(tmp_path / "wb-config"),
+        WANDB_CACHE_DIR=str(tmp_path / "wb-cache"),
+        WANDB_DATA_DIR=str(tmp_path / "wb-data"),
+    )
     run_dir = tmp_path / "runs" / trial
     proc = run_in_group(
-        [sys.executable, "-m", "areal_lightning", "fit", "-c", str(EXAMPLE), *SMALL, f"trial_name={trial}",
-         f"output_dir={run_dir}", *extra],
-        timeout=240, cwd=tmp_path, env=env,
+        [
+            sys.executable,
+            "-m",
+            "areal_lightning",
+            "fit",
+            "-c",
+            str(EXAMPLE),
+            *SMALL,
+            f"trial_name={trial}",
+            f"output_dir={run_dir}",
+            *extra,
+        ],
+        timeout=240,
+        cwd=tmp_path,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"plot: {run_dir / 'eval_accuracy.png'}" in proc.stderr + proc.stdout  # the job says where its plot is
@@ -97,11 +126,26 @@ def test_wandb_offline_run_has_eval_metrics_on_their_own_axis_and_a_table(runs):
 def test_plot_draws_both_figures_from_real_histories(runs, tmp_path):
     mt2, mt4 = runs
     single = build_figure({"mt2": read_history(mt2)}, metric="accuracy")
-    assert sorted(line.get_label() for line in single.axes[0].get_lines() if not line.get_label().startswith("_")) \
-        == ["easy", "hard"]
+    assert sorted(line.get_label() for line in single.axes[0].get_lines() if not line.get_label().startswith("_")) == [
+        "easy",
+        "hard",
+    ]
     out = tmp_path / "compare.png"
-    proc = run_in_group([sys.executable, "-m", "areal_lightning", "plot", str(mt2), str(mt4), "--metric",
-                         "reward/mean", "--out", str(out)], timeout=120)
+    proc = run_in_group(
+        [
+            sys.executable,
+            "-m",
+            "areal_lightning",
+            "plot",
+            str(mt2),
+            str(mt4),
+            "--metric",
+            "reward/mean",
+            "--out",
+            str(out),
+        ],
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert out.is_file() and out.stat().st_size > 10_000
     compare = build_figure({"mt2": read_history(mt2), "mt4": read_history(mt4)}, metric="reward/mean")
@@ -117,10 +161,23 @@ def test_evaluating_the_saved_checkpoint_on_two_processes_reproduces_the_in_trai
     end = {r["dataset"]: r for r in eval_rows(read_history(run_dir)) if r["step"] == MAX_STEPS}
     history = run_dir / "reevaluated.jsonl"
     proc = run_in_group(
-        [sys.executable, "-m", "areal_lightning", "evaluate", "-c", str(run_dir / "config.yaml"), "--ckpt",
-         str(run_dir / "checkpoints" / "last.ckpt"), "--history", str(history), "trainer.devices=2",
-         "trainer.strategy=ddp", "logger.wandb.mode=disabled"],
-        timeout=240, cwd=run_dir.parent,
+        [
+            sys.executable,
+            "-m",
+            "areal_lightning",
+            "evaluate",
+            "-c",
+            str(run_dir / "config.yaml"),
+            "--ckpt",
+            str(run_dir / "checkpoints" / "last.ckpt"),
+            "--history",
+            str(history),
+            "trainer.devices=2",
+            "trainer.strategy=ddp",
+            "logger.wandb.mode=disabled",
+        ],
+        timeout=240,
+        cwd=run_dir.parent,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     again = {r["dataset"]: r for r in eval_rows(read_history(history))}

@@ -9,26 +9,41 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BLOCK_WANDB = '''
+BLOCK_WANDB = """
 import sys
 class _Block:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] == "wandb":
             raise ModuleNotFoundError("No module named 'wandb' (blocked by the test)")
 sys.meta_path.insert(0, _Block())
-'''
-FIGURES = ["eval_tok_s_hfpolicy", "eval_tok_s_hf_dynamic", "eval_tok_s_hf_static", "eval_round_samples_s",
-           "train_steps_s"]
+"""
+FIGURES = [
+    "eval_tok_s_hfpolicy",
+    "eval_tok_s_hf_dynamic",
+    "eval_tok_s_hf_static",
+    "eval_round_samples_s",
+    "train_steps_s",
+]
 
 
 @pytest.mark.slow
 def test_gpu_check_cpu_smoke_runs_without_wandb(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     (tmp_path / "sitecustomize.py").write_text(BLOCK_WANDB)
-    env = dict(os.environ, PYTHON=os.environ.get("PYTHON", __import__("sys").executable), OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([str(ROOT / "benchmarks" / "gpu_check.sh"), "--cpu-smoke"], env=env, capture_output=True,
-                          text=True, timeout=400, start_new_session=True)
+    env = dict(
+        os.environ,
+        PYTHON=os.environ.get("PYTHON", __import__("sys").executable),
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    )
+    proc = subprocess.run(
+        [str(ROOT / "benchmarks" / "gpu_check.sh"), "--cpu-smoke"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        start_new_session=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = dict(line.split(None, 1) for line in proc.stdout.splitlines() if line.strip())
     for name in FIGURES:

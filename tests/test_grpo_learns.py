@@ -8,14 +8,14 @@ import lightning as L
 import pytest
 import torch
 
+from areal_lightning.app.builders import build_eval_sets
 from areal_lightning.app.config import load_config
 from areal_lightning.eval_round import run_round
-from areal_lightning.app.builders import build_eval_sets
-from areal_lightning.rl.rollout_eval import rollout_evaluate
 from areal_lightning.rl.grpo import GRPOModule
+from areal_lightning.rl.rollout_eval import rollout_evaluate
 
 TRAIN_STEPS = 200
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "arithmetic" / "grpo.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "areal_lightning" / "app" / "configs" / "arithmetic_grpo.yaml"
 
 
 def _accuracy(module: GRPOModule, eval_sets, step: int) -> dict[str, float]:
@@ -25,13 +25,21 @@ def _accuracy(module: GRPOModule, eval_sets, step: int) -> dict[str, float]:
 
 @pytest.mark.slow
 def test_grpo_raises_eval_accuracy_far_beyond_chance(tmp_path):
-    # The main job's settings (examples/arithmetic/grpo.yaml), stopped early.
+    # The main job's settings (areal_lightning/app/configs/arithmetic_grpo.yaml), stopped early.
     cfg = load_config(EXAMPLE, [f"trainer.max_steps={TRAIN_STEPS}", f"output_dir={tmp_path}"])
     L.seed_everything(cfg.seed, verbose=False)
     module = GRPOModule.from_config(cfg)
     eval_sets = [s for s in build_eval_sets(cfg, module.task) if s.name == "easy"]
-    trainer = L.Trainer(max_steps=TRAIN_STEPS, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer = L.Trainer(
+        max_steps=TRAIN_STEPS,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     before: dict[str, float] = {}
 
     class MeasureAfterWarmup(L.Callback):
@@ -50,15 +58,40 @@ def test_grpo_raises_eval_accuracy_far_beyond_chance(tmp_path):
 
 
 def test_training_step_logs_the_grpo_statistics(tmp_path):
-    cfg = load_config(None, ["trainer.max_steps=2", "eval_sets.easy.size=4", "grpo.warmup_steps=2", "grpo.kl_coef=0.1",
-                             "grpo.prompts_per_step=4", "grpo.group_size=4"])
+    cfg = load_config(
+        None,
+        [
+            "trainer.max_steps=2",
+            "eval_sets.easy.size=4",
+            "grpo.warmup_steps=2",
+            "grpo.kl_coef=0.1",
+            "grpo.prompts_per_step=4",
+            "grpo.group_size=4",
+        ],
+    )
     module = GRPOModule.from_config(cfg)
-    trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer = L.Trainer(
+        max_steps=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     trainer.fit(module)
     logged = trainer.callback_metrics
-    for name in ("train/reward", "train/advantage_mean", "train/advantage_std", "train/zero_std_frac", "train/kl",
-                 "train/clip_frac", "train/completion_len", "train/entropy", "train/loss"):
+    for name in (
+        "train/reward",
+        "train/advantage_mean",
+        "train/advantage_std",
+        "train/zero_std_frac",
+        "train/kl",
+        "train/clip_frac",
+        "train/completion_len",
+        "train/entropy",
+        "train/loss",
+    ):
         assert name in logged and torch.isfinite(logged[name]), name
     assert 0.0 <= float(logged["train/zero_std_frac"]) <= 1.0
     # completions are 2 digits + EOS for one-digit sums, at most max_new_tokens
@@ -68,14 +101,30 @@ def test_training_step_logs_the_grpo_statistics(tmp_path):
 def test_kl_to_a_reference_that_differs_is_positive(tmp_path):
     # At the first steps of a fresh run the policy still equals its frozen copy (KL 0 whatever the
     # formula); a reference moved away from it must show a positive KL in the logged statistics.
-    cfg = load_config(None, ["trainer.max_steps=1", "eval_sets.easy.size=4", "grpo.warmup_steps=0", "grpo.kl_coef=0.1",
-                             "grpo.prompts_per_step=4", "grpo.group_size=4"])
+    cfg = load_config(
+        None,
+        [
+            "trainer.max_steps=1",
+            "eval_sets.easy.size=4",
+            "grpo.warmup_steps=0",
+            "grpo.kl_coef=0.1",
+            "grpo.prompts_per_step=4",
+            "grpo.group_size=4",
+        ],
+    )
     module = GRPOModule.from_config(cfg)
     with torch.no_grad():
         for param in module.reference.parameters():
             param.add_(0.5 * torch.randn_like(param))
-    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer = L.Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     trainer.fit(module)
     assert float(trainer.callback_metrics["train/kl"]) > 0.01
 
@@ -86,8 +135,9 @@ def test_warmup_teaches_the_format_but_not_the_answers():
     from areal_lightning.rl.warmup import format_warmup
 
     format_warmup(module.policy, module.task, steps=cfg.grpo.warmup_steps, lr=cfg.grpo.warmup_lr, seed=cfg.seed)
-    (result,) = run_round(module, build_eval_sets(cfg, module.task), rollout_evaluate, seed=3, global_step=0,
-                          epoch=0, max_table_rows=100)
+    (result,) = run_round(
+        module, build_eval_sets(cfg, module.task), rollout_evaluate, seed=3, global_step=0, epoch=0, max_table_rows=100
+    )
     completions = [row["completion"] for row in result.table_rows]
     well_formed = [c for c in completions if len(c) == 2 and c.isdigit()]
     assert len(well_formed) >= 0.9 * len(completions)  # the format is learnt

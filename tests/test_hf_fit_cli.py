@@ -12,9 +12,9 @@ import pytest
 import torch
 
 pytest.importorskip("transformers")
-from hf_models import save_tiny_llama, write_gsm8k  # noqa: E402
+from hf_models import save_tiny_llama, write_gsm8k
 
-from areal_lightning.tracking.history import eval_rows, read_history  # noqa: E402
+from areal_lightning.tracking.history import eval_rows, read_history
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "math" / "gsm8k_grpo.yaml"
 MAX_STEPS = 3
@@ -23,21 +23,36 @@ EVAL_PROMPTS = 6
 
 def _cli(tmp: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "areal_lightning", *args], cwd=tmp, env=env, capture_output=True,
-                          text=True, timeout=400)
+    return subprocess.run(
+        [sys.executable, "-m", "areal_lightning", *args], cwd=tmp, env=env, capture_output=True, text=True, timeout=400
+    )
 
 
 def _small(tmp: Path) -> list[str]:
     model = save_tiny_llama(tmp / "model", digit_bias=2.0)  # random completions are sometimes right
     return [
-        f"policy.path={model}", "policy.dtype=float32", "policy.attn_implementation=eager",
-        f"task.path={write_gsm8k(tmp / 'train.jsonl', 8)}", "task.verifier=numeric",  # random text: numbers, not LaTeX
+        f"policy.path={model}",
+        "policy.dtype=float32",
+        "policy.attn_implementation=eager",
+        f"task.path={write_gsm8k(tmp / 'train.jsonl', 8)}",
+        "task.verifier=numeric",  # random text: numbers, not LaTeX
         f"eval_sets.gsm8k.path={write_gsm8k(tmp / 'test.jsonl', EVAL_PROMPTS, offset=8)}",
-        "trainer.accelerator=cpu", f"trainer.max_steps={MAX_STEPS}", "trainer.enable_progress_bar=false",
-        "trainer.checkpoint_every_n_steps=null", "grpo.group_size=4", "grpo.prompts_per_step=2", "grpo.lr=1e-2",
-        "grpo.max_new_tokens=6", "eval_sets.gsm8k.max_new_tokens=6", "eval_sets.gsm8k.n_samples=2",
-        "eval_sets.gsm8k.batch_size=4", "evaluator.freq_steps=2", "evaluator.freq_epochs=null",
-        "evaluator.freq_secs=null", "logger.wandb.mode=disabled", f"output_dir={tmp / 'run'}",
+        "trainer.accelerator=cpu",
+        f"trainer.max_steps={MAX_STEPS}",
+        "trainer.enable_progress_bar=false",
+        "trainer.checkpoint_every_n_steps=null",
+        "grpo.group_size=4",
+        "grpo.prompts_per_step=2",
+        "grpo.lr=1e-2",
+        "grpo.max_new_tokens=6",
+        "eval_sets.gsm8k.max_new_tokens=6",
+        "eval_sets.gsm8k.n_samples=2",
+        "eval_sets.gsm8k.batch_size=4",
+        "evaluator.freq_steps=2",
+        "evaluator.freq_epochs=null",
+        "evaluator.freq_secs=null",
+        "logger.wandb.mode=disabled",
+        f"output_dir={tmp / 'run'}",
     ]
 
 
@@ -74,7 +89,7 @@ def test_fit_trains_the_hf_model_and_evaluates_it_on_the_gsm8k_file(run) -> None
 
 @pytest.mark.slow
 def test_evaluate_of_the_checkpoint_gives_the_metrics_of_the_last_training_round(run) -> None:
-    tmp, overrides = run
+    tmp, _ = run
     saved = tmp / "run" / "config.yaml"  # the run's resolved config, as a user would reuse it
     proc = _cli(tmp, "evaluate", "-c", str(saved), "--ckpt", str(tmp / "run" / "checkpoints" / "last.ckpt"))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -90,8 +105,16 @@ def test_evaluate_of_the_checkpoint_gives_the_metrics_of_the_last_training_round
 
 def test_fit_without_a_model_path_fails_before_any_work(tmp_path: Path) -> None:
     data = write_gsm8k(tmp_path / "test.jsonl", 2)
-    proc = _cli(tmp_path, "fit", "-c", str(EXAMPLE), "policy.path=null", f"task.path={data}",
-                f"eval_sets.gsm8k.path={data}", f"output_dir={tmp_path / 'run'}")
+    proc = _cli(
+        tmp_path,
+        "fit",
+        "-c",
+        str(EXAMPLE),
+        "policy.path=null",
+        f"task.path={data}",
+        f"eval_sets.gsm8k.path={data}",
+        f"output_dir={tmp_path / 'run'}",
+    )
     assert proc.returncode == 2
     assert "policy.path is required for policy.kind: hf" in proc.stderr
     assert not (tmp_path / "run").exists()

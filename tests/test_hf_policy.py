@@ -9,12 +9,12 @@ import torch
 import torch.nn.functional as F
 
 pytest.importorskip("transformers")
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from areal_lightning.rl.hf_tokenizer import HFTokenizer, cut_after_stop_string  # noqa: E402
-from areal_lightning.rl.hf_policy import HFPolicy, LocalModelNotFoundError, race_noise  # noqa: E402
-from areal_lightning.rl.policy import Policy  # noqa: E402
+from areal_lightning.rl.hf_policy import HFPolicy, LocalModelNotFoundError, race_noise
+from areal_lightning.rl.hf_tokenizer import HFTokenizer, cut_after_stop_string
+from areal_lightning.rl.policy import Policy
 
 TEXTS = [
     "What is 12 + 30 ? The answer is 42 .",
@@ -22,10 +22,20 @@ TEXTS = [
     "<user> <assistant> <system> question answer #### 0123456789",
 ]
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
-CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
-                 "{% if add_generation_prompt %}<assistant> {% endif %}")
-PROMPTS = ["What is 1 + 2 ?", "Tom has", "3", "The answer is", "apples and buys 5 more , so he",
-           "12 + 30", "What is 42 ? Tom has 8 apples .", "so"]
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}<assistant> {% endif %}"
+)
+PROMPTS = [
+    "What is 1 + 2 ?",
+    "Tom has",
+    "3",
+    "The answer is",
+    "apples and buys 5 more , so he",
+    "12 + 30",
+    "What is 42 ? Tom has 8 apples .",
+    "so",
+]
 MAX_NEW = 12
 
 
@@ -35,8 +45,9 @@ def _tokenizer() -> PreTrainedTokenizerFast:
     tok.decoder = decoders.Metaspace()
     tok.train_from_iterator(TEXTS, trainers.BpeTrainer(vocab_size=60, special_tokens=SPECIALS, show_progress=False))
     tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
-                                   unk_token="<unk>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
@@ -45,8 +56,17 @@ def _model(arch: str, vocab: int) -> torch.nn.Module:
     torch.manual_seed(0)
     ids = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "initializer_range": 0.1}
     if arch == "llama":  # rotary positions: left padding must not shift them, and the cache must advance
-        model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                             num_attention_heads=4, num_key_value_heads=2, **ids))
+        model = LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=vocab,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                **ids,
+            )
+        )
     else:  # learned absolute positions and dropout 0.1: positions must come from the mask
         model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=64, **ids))
     with torch.no_grad():  # make EOS likely enough that some completions end before max_new_tokens, not all
@@ -77,7 +97,7 @@ def _row_logits(policy: HFPolicy, prompt_ids: torch.Tensor, prompt_mask: torch.T
     prompt = prompt_ids[prompt_mask]
     with torch.no_grad():
         logits = policy.model(input_ids=torch.cat([prompt, completion])[None]).logits[0]
-    return logits[len(prompt) - 1: -1]
+    return logits[len(prompt) - 1 : -1]
 
 
 def _until_eos(row: torch.Tensor, eos: int) -> torch.Tensor:
@@ -166,7 +186,7 @@ def test_completions_end_with_eos_then_padding(policy):
         if n < MAX_NEW:
             ended += 1
             assert row[n - 1] == policy.eos_id and (row[n:] == policy.pad_id).all()
-    assert 0 < ended  # the fixture makes EOS likely; a test without an EOS would check nothing
+    assert ended > 0  # the fixture makes EOS likely; a test without an EOS would check nothing
 
 
 def test_greedy_sample_is_the_same_alone_and_in_a_batch_of_eight(policy):
@@ -174,8 +194,9 @@ def test_greedy_sample_is_the_same_alone_and_in_a_batch_of_eight(policy):
     assert len(set(mask.sum(1).tolist())) > 4  # neighbours of different lengths
     batch = policy.generate(ids, mask, max_new_tokens=MAX_NEW, temperature=0.0, generators=torch.Generator())
     for row, prompt in enumerate(PROMPTS):
-        alone = policy.generate(*policy.encode_prompts([prompt]), max_new_tokens=MAX_NEW, temperature=0.0,
-                                generators=torch.Generator())
+        alone = policy.generate(
+            *policy.encode_prompts([prompt]), max_new_tokens=MAX_NEW, temperature=0.0, generators=torch.Generator()
+        )
         assert torch.equal(alone[0], batch[row]), f"row {row}"
 
 
@@ -184,8 +205,9 @@ def test_sampled_completion_depends_on_its_own_seed_only(policy):
     seeds = [7, 8, 9, 10, 11, 12, 13, 14]
     batch = policy.generate(ids, mask, max_new_tokens=MAX_NEW, temperature=1.0, generators=_seeds(*seeds))
     for row, prompt in enumerate(PROMPTS):
-        alone = policy.generate(*policy.encode_prompts([prompt]), max_new_tokens=MAX_NEW, temperature=1.0,
-                                generators=_seeds(seeds[row]))
+        alone = policy.generate(
+            *policy.encode_prompts([prompt]), max_new_tokens=MAX_NEW, temperature=1.0, generators=_seeds(seeds[row])
+        )
         assert torch.equal(alone[0], batch[row]), f"row {row}"
     same_prompt = ids[:1].repeat(8, 1), mask[:1].repeat(8, 1)
     other = policy.generate(*same_prompt, max_new_tokens=MAX_NEW, temperature=1.0, generators=_seeds(*range(8)))
@@ -209,12 +231,13 @@ def test_stop_string_ends_a_completion_with_eos(model_dir):
     plain = HFPolicy.from_pretrained(model_dir)
     ids, mask = plain.encode_prompts(PROMPTS)
     free = plain.generate(ids, mask, max_new_tokens=MAX_NEW, temperature=0.0, generators=torch.Generator())
-    row = max(range(len(PROMPTS)), key=lambda r: len(plain.decode_completions(free[r:r + 1])[0]))
-    text = plain.decode_completions(free[row:row + 1])[0]
-    stop = text[len(text) // 2: len(text) // 2 + 2]
+    row = max(range(len(PROMPTS)), key=lambda r: len(plain.decode_completions(free[r : r + 1])[0]))
+    text = plain.decode_completions(free[row : row + 1])[0]
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
     stopping = HFPolicy.from_pretrained(model_dir, stop_strings=[stop])
-    out = stopping.generate(ids[row:row + 1], mask[row:row + 1], max_new_tokens=MAX_NEW, temperature=0.0,
-                            generators=torch.Generator())[0]
+    out = stopping.generate(
+        ids[row : row + 1], mask[row : row + 1], max_new_tokens=MAX_NEW, temperature=0.0, generators=torch.Generator()
+    )[0]
     n = len(_until_eos(out, plain.eos_id))
     assert n < len(_until_eos(free[row], plain.eos_id)) and out[n - 1] == plain.eos_id
     assert torch.equal(out[: n - 1], free[row, : n - 1])  # the same tokens up to the stop

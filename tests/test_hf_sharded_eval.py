@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 pytest.importorskip("transformers")
-from ddp_utils import run_ddp  # noqa: E402
-from hf_models import save_tiny_llama, write_gsm8k  # noqa: E402
+from ddp_utils import run_ddp
+from hf_models import save_tiny_llama, write_gsm8k
 
 PROMPTS = 7  # odd: the two ranks get different numbers of samples
 TIMEOUT_S = 300.0
@@ -31,8 +31,7 @@ def _round(rank: int, world_size: int, overrides: list[str]) -> list[Any]:
     module = build_module(cfg)  # loads the same saved weights on every rank
     eval_sets = build_eval_sets(cfg)
     check_eval_sets_consistent(eval_sets)
-    return run_round(module, eval_sets, rollout_evaluate, seed=cfg.seed, global_step=0, epoch=0,
-                     max_table_rows=PROMPTS)
+    return run_round(module, eval_sets, rollout_evaluate, seed=cfg.seed, global_step=0, epoch=0, max_table_rows=PROMPTS)
 
 
 @pytest.mark.ddp
@@ -40,9 +39,17 @@ def _round(rank: int, world_size: int, overrides: list[str]) -> list[Any]:
 def test_hf_completions_and_metrics_match_on_one_and_two_ranks(tmp_path: Path) -> None:
     model = save_tiny_llama(tmp_path / "model", digit_bias=2.0)
     data = write_gsm8k(tmp_path / "test.jsonl", PROMPTS)
-    overrides = ["policy.kind=hf", f"policy.path={model}", "task.name=math", f"task.path={data}",
-                 "task.verifier=numeric", f"eval_sets.gsm8k.path={data}", "eval_sets.gsm8k.n_samples=3",
-                 "eval_sets.gsm8k.temperature=1.0", "eval_sets.gsm8k.max_new_tokens=8"]
+    overrides = [
+        "policy.kind=hf",
+        f"policy.path={model}",
+        "task.name=math",
+        f"task.path={data}",
+        "task.verifier=numeric",
+        f"eval_sets.gsm8k.path={data}",
+        "eval_sets.gsm8k.n_samples=3",
+        "eval_sets.gsm8k.temperature=1.0",
+        "eval_sets.gsm8k.max_new_tokens=8",
+    ]
     # One rank, all prompts in one batch (no process group here); two ranks, batches of 2: a sample's
     # completion must depend on its own seed, not on its batch neighbours, its padding or its rank.
     (one,) = _round(0, 1, [*overrides, f"eval_sets.gsm8k.batch_size={PROMPTS}"])

@@ -16,14 +16,14 @@ import torch
 
 from areal_lightning.tracking.history import (
     HISTORY_FILENAME,
-    EvalHistory,
     DuplicateRoundWarning,
+    EvalHistory,
     TruncatedHistoryWarning,
+    drop_superseded,
     eval_record,
     eval_rows,
     event_record,
     event_rows,
-    drop_superseded,
     read_history,
     split_runs,
 )
@@ -39,9 +39,20 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "eval_history.md"
 
 
 def _record(step: int = 120, dataset: str = "easy", run_id: str | None = "k3j9x2a1", **metrics: float) -> dict:
-    return eval_record(step, 1, dataset, metrics or {"accuracy": 0.81}, trigger=["steps"],
-                       num_samples=200, num_prompts=50, eval_secs=1.9, mode="sync",
-                       world_size=2, run_id=run_id, time=1764460800.5)
+    return eval_record(
+        step,
+        1,
+        dataset,
+        metrics or {"accuracy": 0.81},
+        trigger=["steps"],
+        num_samples=200,
+        num_prompts=50,
+        eval_secs=1.9,
+        mode="sync",
+        world_size=2,
+        run_id=run_id,
+        time=1764460800.5,
+    )
 
 
 def test_eval_record_matches_the_documented_example_field_by_field_and_in_order() -> None:
@@ -64,11 +75,16 @@ def test_append_keeps_earlier_lines_byte_identical(tmp_path: Path) -> None:
     assert content.startswith(first)
     assert content.count(b"\n") == 4 and content.endswith(b"\n")
     assert [(r["step"], r["dataset"]) for r in read_history(history.path.parent)] == [
-        (0, "easy"), (10, "easy"), (20, "easy"), (20, "hard")]
+        (0, "easy"),
+        (10, "easy"),
+        (20, "easy"),
+        (20, "hard"),
+    ]
 
 
 def test_append_is_fsynced_and_visible_to_another_process_at_once(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     synced: list[int] = []
     real_fsync = os.fsync
 
@@ -81,24 +97,37 @@ def test_append_is_fsynced_and_visible_to_another_process_at_once(
     history.append(_record(5))
     assert len(synced) == 1
     # A plot run by the user while training goes on is another process.
-    out = subprocess.run([sys.executable, "-c", f"print(open({str(history.path)!r}).read())"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", f"print(open({str(history.path)!r}).read())"], capture_output=True, text=True, check=True
+    ).stdout
     assert json.loads(out.strip())["step"] == 5
 
 
 def test_nan_tensors_and_numpy_scalars_are_written_as_plain_json(tmp_path: Path) -> None:
     history = EvalHistory(tmp_path / HISTORY_FILENAME)
-    metrics = {"accuracy": torch.tensor(0.25), "pass@4": np.float32(0.5),
-               "reward/mean": float("nan"),
-               "inf": np.float64(np.inf), "zero_std": torch.tensor([0.125])}
+    metrics = {
+        "accuracy": torch.tensor(0.25),
+        "pass@4": np.float32(0.5),
+        "reward/mean": float("nan"),
+        "inf": np.float64(np.inf),
+        "zero_std": torch.tensor([0.125]),
+    }
     history.append(_record(**metrics))
-    history.append(event_record("alert", 3, message="m", time=0.0, value=torch.tensor(float("nan")),
-                                count=np.int64(7), flags=np.array([True, False])))
-    line_one, line_two = history.path.read_text().splitlines()
+    history.append(
+        event_record(
+            "alert",
+            3,
+            message="m",
+            time=0.0,
+            value=torch.tensor(float("nan")),
+            count=np.int64(7),
+            flags=np.array([True, False]),
+        )
+    )
+    line_one, _ = history.path.read_text().splitlines()
     assert "NaN" not in line_one and '"reward/mean": null' in line_one and '"inf": null' in line_one
     round_, alert = read_history(history.path)
-    assert round_["metrics"] == {"accuracy": 0.25, "pass@4": 0.5, "reward/mean": None, "inf": None,
-                                 "zero_std": 0.125}
+    assert round_["metrics"] == {"accuracy": 0.25, "pass@4": 0.5, "reward/mean": None, "inf": None, "zero_std": 0.125}
     assert (alert["value"], alert["count"], alert["flags"]) == (None, 7, [True, False])
 
 
@@ -124,7 +153,7 @@ def test_malformed_middle_line_names_file_and_line(tmp_path: Path) -> None:
 
 
 def test_missing_history_says_what_is_accepted(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="no eval history at .*pass an eval_history.jsonl"):
+    with pytest.raises(FileNotFoundError, match=r"no eval history at .*pass an eval_history\.jsonl"):
         read_history(tmp_path)
     with pytest.raises(FileNotFoundError, match="no eval history at"):
         read_history(tmp_path / "missing.jsonl")
@@ -153,19 +182,43 @@ def test_resumed_writer_appends_no_second_round_for_a_recorded_step(tmp_path: Pa
     with pytest.warns(DuplicateRoundWarning, match=r"already holds a round of eval set 'easy' at step 10"):
         resumed.append_many([_record(10), _record(20)])
     resumed.append(event_record("error", 10, message="events are never deduplicated"))
-    again = eval_record(10, 1, "easy", {"accuracy": 0.5}, trigger=["evaluate"], num_samples=4, num_prompts=1,
-                        eval_secs=0.1, mode="sync", world_size=1)
+    again = eval_record(
+        10,
+        1,
+        "easy",
+        {"accuracy": 0.5},
+        trigger=["evaluate"],
+        num_samples=4,
+        num_prompts=1,
+        eval_secs=0.1,
+        mode="sync",
+        world_size=1,
+    )
     resumed.append(again)  # a standalone evaluation of that step is another kind of round
     EvalHistory(path).append(_record(10))  # a writer without once_per_step appends everything
     steps = [(r["step"], "event" in r, r.get("trigger")) for r in read_history(path)]
-    assert steps == [(0, False, ["steps"]), (10, False, ["steps"]), (20, False, ["steps"]), (10, True, None),
-                     (10, False, ["evaluate"]), (10, False, ["steps"])]
+    assert steps == [
+        (0, False, ["steps"]),
+        (10, False, ["steps"]),
+        (20, False, ["steps"]),
+        (10, True, None),
+        (10, False, ["evaluate"]),
+        (10, False, ["steps"]),
+    ]
 
 
 def test_event_records_and_filters(tmp_path: Path) -> None:
     history = EvalHistory(tmp_path / HISTORY_FILENAME)
-    alert = event_record("alert", 40, dataset="easy", message="accuracy 0.81 >= 0.7", time=1.0,
-                         metric="accuracy", value=0.81, threshold=0.7)
+    alert = event_record(
+        "alert",
+        40,
+        dataset="easy",
+        message="accuracy 0.81 >= 0.7",
+        time=1.0,
+        metric="accuracy",
+        value=0.81,
+        threshold=0.7,
+    )
     error = event_record("error", 50, message="eval round failed: OOM", time=2.0)
     history.append_many([_record(40), alert, error, _record(60)])
     records = read_history(history.path)
@@ -181,8 +234,11 @@ def test_event_records_and_filters(tmp_path: Path) -> None:
 
 def test_record_builders_reject_bad_arguments_naming_them() -> None:
     kwargs = dict(trigger=["steps"], num_samples=8, num_prompts=2, eval_secs=0.1, world_size=1)
-    with pytest.raises(ValueError, match=r"eval_record\(mode=...\) must be one of "
-                                         r"\('sync', 'async'\), got 'fast'"):
+    with pytest.raises(
+        ValueError,
+        match=r"eval_record\(mode=...\) must be one of "
+        r"\('sync', 'async'\), got 'fast'",
+    ):
         eval_record(1, 0, "easy", {}, mode="fast", **kwargs)
     with pytest.raises(ValueError, match=r"\(step=...\) must be an integer >= 0, got -1"):
         eval_record(-1, 0, "easy", {}, mode="sync", **kwargs)
@@ -192,11 +248,17 @@ def test_record_builders_reject_bad_arguments_naming_them() -> None:
         eval_record(1, 0, "easy", {}, mode="sync", **{**kwargs, "trigger": [3]})
     with pytest.raises(ValueError, match=r"\{'acc': ...\}\) must be a scalar, got 2 values"):
         eval_record(1, 0, "easy", {"acc": torch.tensor([0.1, 0.2])}, mode="sync", **kwargs)
-    with pytest.raises(ValueError, match=r"event_record\(event=...\) must be one of "
-                                         r"\('alert', 'error', 'resume', 'adaptive', 'drift', 'skipped'\), got 'info'"):
+    with pytest.raises(
+        ValueError,
+        match=r"event_record\(event=...\) must be one of "
+        r"\('alert', 'error', 'resume', 'adaptive', 'drift', 'skipped'\), got 'info'",
+    ):
         event_record("info", 1, message="x")
-    with pytest.raises(ValueError, match=r"eval_record\(source=...\) must be one of "
-                                         r"\('training', 'standalone'\), got 'fit'"):
+    with pytest.raises(
+        ValueError,
+        match=r"eval_record\(source=...\) must be one of "
+        r"\('training', 'standalone'\), got 'fit'",
+    ):
         eval_record(1, 0, "easy", {}, mode="sync", source="fit", **kwargs)
 
 
@@ -213,22 +275,52 @@ def test_writer_rejects_unstorable_values_and_directories(tmp_path: Path) -> Non
 
 def test_default_time_is_now_and_metrics_become_floats() -> None:
     before = __import__("time").time()
-    record = eval_record(3, 0, "hard", {"accuracy": 1}, trigger="epochs", num_samples=4,
-                         num_prompts=1, eval_secs=0.5, mode="async", world_size=1)
+    record = eval_record(
+        3,
+        0,
+        "hard",
+        {"accuracy": 1},
+        trigger="epochs",
+        num_samples=4,
+        num_prompts=1,
+        eval_secs=0.5,
+        mode="async",
+        world_size=1,
+    )
     assert record["time"] >= before and record["trigger"] == ["epochs"]
     assert isinstance(record["metrics"]["accuracy"], float)
-    assert math.isnan(eval_record(3, 0, "hard", {"x": None}, trigger="epochs", num_samples=4,
-                                  num_prompts=1, eval_secs=0.5, mode="async",
-                                  world_size=1)["metrics"]["x"])
+    assert math.isnan(
+        eval_record(
+            3,
+            0,
+            "hard",
+            {"x": None},
+            trigger="epochs",
+            num_samples=4,
+            num_prompts=1,
+            eval_secs=0.5,
+            mode="async",
+            world_size=1,
+        )["metrics"]["x"]
+    )
 
 
 def test_runs_are_told_apart_by_run_id_and_old_runs_where_a_step_repeats(tmp_path: Path) -> None:
     history = EvalHistory(tmp_path / HISTORY_FILENAME)
     # Written before run ids: two runs appended to one file (steps 0, 5, 0, 5), then two with ids.
-    history.append_many([_record(0, run_id=None), _record(0, "hard", run_id=None), _record(5, run_id=None),
-                         event_record("alert", 5, message="m", time=0.0), _record(0, run_id=None),
-                         _record(5, run_id=None), _record(0, run_id="aaaa1111"), _record(0, run_id="bbbb2222"),
-                         _record(5, run_id="aaaa1111")])
+    history.append_many(
+        [
+            _record(0, run_id=None),
+            _record(0, "hard", run_id=None),
+            _record(5, run_id=None),
+            event_record("alert", 5, message="m", time=0.0),
+            _record(0, run_id=None),
+            _record(5, run_id=None),
+            _record(0, run_id="aaaa1111"),
+            _record(0, run_id="bbbb2222"),
+            _record(5, run_id="aaaa1111"),
+        ]
+    )
     runs = split_runs(read_history(tmp_path))
     assert {name: [(r.get("event", r["dataset"]), r["step"]) for r in rs] for name, rs in runs.items()} == {
         "legacy-1": [("easy", 0), ("hard", 0), ("easy", 5), ("alert", 5)],
@@ -243,8 +335,14 @@ def test_runs_are_told_apart_by_run_id_and_old_runs_where_a_step_repeats(tmp_pat
 
 def test_a_resume_supersedes_the_dead_sessions_records_of_later_steps() -> None:
     # Killed after evaluating step 15; resumed from its checkpoint of step 10, evaluated 15 again.
-    records = [_record(5), _record(10), _record(15, accuracy=0.1), event_record("error", 16, message="x"),
-               event_record("resume", 10, message="resumed", run_id="k3j9x2a1"), _record(15, accuracy=0.9)]
+    records = [
+        _record(5),
+        _record(10),
+        _record(15, accuracy=0.1),
+        event_record("error", 16, message="x"),
+        event_record("resume", 10, message="resumed", run_id="k3j9x2a1"),
+        _record(15, accuracy=0.9),
+    ]
     kept = drop_superseded(records)
     assert [(r.get("event"), r["step"]) for r in kept] == [(None, 5), (None, 10), ("resume", 10), (None, 15)]
     assert kept[-1]["metrics"]["accuracy"] == 0.9

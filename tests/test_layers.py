@@ -20,10 +20,12 @@ def _loaded_after(code: str) -> list[str]:
 
 
 def test_a_user_of_the_callback_and_the_metrics_loads_no_app_module() -> None:
-    loaded = _loaded_after("from areal_lightning.callbacks import EvaluationCallback\n"
-                           "from areal_lightning.metrics import RewardMetric\n"
-                           "from areal_lightning.eval_round import run_round\n"
-                           "from areal_lightning.tracking.loggers import log_eval_results")
+    loaded = _loaded_after(
+        "from areal_lightning.callbacks import EvaluationCallback\n"
+        "from areal_lightning.metrics import RewardMetric\n"
+        "from areal_lightning.eval_round import run_round\n"
+        "from areal_lightning.tracking.loggers import log_eval_results"
+    )
     assert "areal_lightning.callbacks.evaluation_callback" in loaded  # the probe did load the plugin
     assert [m for m in loaded if m.startswith(APP)] == []
 
@@ -55,10 +57,17 @@ def test_no_module_imports_a_private_name_from_another_package() -> None:
     for path in sorted(PACKAGE.rglob("*.py")):
         package = ".".join(path.relative_to(PACKAGE.parent).parts[:-1])
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("areal_lightning") \
-                    and node.module.rsplit(".", 1)[0] != package:
-                offenders += [f"{path.relative_to(PACKAGE)}: {node.module}.{a.name}" for a in node.names
-                              if a.name.startswith("_") and a.name != "__version__"]
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.module.startswith("areal_lightning")
+                and node.module.rsplit(".", 1)[0] != package
+            ):
+                offenders += [
+                    f"{path.relative_to(PACKAGE)}: {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and a.name != "__version__"
+                ]
     assert offenders == []
 
 
@@ -90,7 +99,7 @@ def test_the_package_has_no_import_cycle_between_modules() -> None:
         state[node] = 1
         for target in sorted(graph.get(node, ())):
             if state.get(target) == 1:
-                cycles.append(" -> ".join([*path[path.index(target):], target]))
+                cycles.append(" -> ".join([*path[path.index(target) :], target]))
             elif target not in state:
                 visit(target, [*path, target])
         state[node] = 2

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("jsonargparse")
-from lightning.pytorch.cli import LightningCLI  # noqa: E402
+from lightning.pytorch.cli import LightningCLI
 
 USER_MODULE = '''
 import lightning as L
@@ -48,7 +48,8 @@ def evaluate(module, batches, ctx):
 
 def _config(tmp_path: Path, evaluate_fn: str) -> Path:
     config = tmp_path / "cli.yaml"
-    config.write_text(textwrap.dedent(f"""\
+    config.write_text(
+        textwrap.dedent(f"""\
         trainer:
           default_root_dir: {tmp_path}
           max_steps: 4
@@ -66,7 +67,8 @@ def _config(tmp_path: Path, evaluate_fn: str) -> Path:
                 output_dir: {tmp_path / "run"}
         model:
           lr: 0.1
-        """))
+        """)
+    )
     return config
 
 
@@ -81,8 +83,11 @@ def test_callback_from_lightning_cli_yaml_evaluates_the_users_module(tmp_path: P
 
     cli = LightningCLI(Regressor, args=["fit", "-c", str(_config(tmp_path, "user_evals.evaluate"))])
     rows = [json.loads(line) for line in (tmp_path / "run" / "eval_history.jsonl").read_text().splitlines()]
-    assert [(r["step"], r["dataset"], r["num_prompts"]) for r in rows] == [(0, "targets", 3), (2, "targets", 3),
-                                                                          (4, "targets", 3)]
+    assert [(r["step"], r["dataset"], r["num_prompts"]) for r in rows] == [
+        (0, "targets", 3),
+        (2, "targets", 3),
+        (4, "targets", 3),
+    ]
     w = float(cli.model.w)
     assert rows[-1]["metrics"]["abs_error"] == pytest.approx((abs(w - 0.5) + abs(w - 1.0) + abs(w - 1.5)) / 3)
     assert rows[0]["metrics"]["abs_error"] == pytest.approx(1.0)  # w = 0 before training
@@ -91,7 +96,10 @@ def test_callback_from_lightning_cli_yaml_evaluates_the_users_module(tmp_path: P
 def test_a_dotted_path_that_does_not_import_is_refused_before_training(tmp_path: Path, user_module: None) -> None:
     from user_evals import Regressor
 
-    with pytest.raises(ValueError, match=r"`EvaluationCallback\(evaluate_fn='user_evals.evaluat'\)`: "
-                                         r"module 'user_evals' has no attribute 'evaluat'"):
+    with pytest.raises(
+        ValueError,
+        match=r"`EvaluationCallback\(evaluate_fn='user_evals.evaluat'\)`: "
+        r"module 'user_evals' has no attribute 'evaluat'",
+    ):
         LightningCLI(Regressor, args=["fit", "-c", str(_config(tmp_path, "user_evals.evaluat"))])
     assert not (tmp_path / "run").exists()

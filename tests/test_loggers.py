@@ -8,16 +8,16 @@ import logging
 from argparse import Namespace
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 import wandb
 from lightning.pytorch.loggers import CSVLogger, Logger
 
+from areal_lightning.app.builders import build_loggers, build_wandb_logger
 from areal_lightning.app.config import ConfigError, load_config, to_dict
 from areal_lightning.eval_round import SetResult
 from areal_lightning.tracking.loggers import eval_metric_dict, log_eval_results, send_alert
-from areal_lightning.app.builders import build_loggers, build_wandb_logger
 from areal_lightning.tracking.wandb_logger import (
     EVAL_STEP_KEY,
     SafeWandbLogger,
@@ -36,7 +36,7 @@ class RecordingLogger(Logger):
 
     def __init__(self) -> None:
         super().__init__()
-        self.calls: list[tuple[dict[str, float], Optional[int]]] = []
+        self.calls: list[tuple[dict[str, float], int | None]] = []
 
     @property
     def name(self) -> str:
@@ -46,7 +46,7 @@ class RecordingLogger(Logger):
     def version(self) -> int:
         return 0
 
-    def log_metrics(self, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         self.calls.append((dict(metrics), step))
 
     def log_hyperparams(self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
@@ -54,11 +54,17 @@ class RecordingLogger(Logger):
 
 
 def test_eval_metric_dict_flattens_per_dataset_and_adds_eval_secs() -> None:
-    results = [result("easy", 1.5, **{"accuracy": 0.5, "reward/mean": 0.25, "pass@4": 0.75}),
-               result("hard", 2.0, accuracy=0.125)]
+    results = [
+        result("easy", 1.5, **{"accuracy": 0.5, "reward/mean": 0.25, "pass@4": 0.75}),
+        result("hard", 2.0, accuracy=0.125),
+    ]
     assert eval_metric_dict(results) == {
-        "eval/easy/accuracy": 0.5, "eval/easy/reward/mean": 0.25, "eval/easy/pass@4": 0.75,
-        "eval/easy/eval_secs": 1.5, "eval/hard/accuracy": 0.125, "eval/hard/eval_secs": 2.0,
+        "eval/easy/accuracy": 0.5,
+        "eval/easy/reward/mean": 0.25,
+        "eval/easy/pass@4": 0.75,
+        "eval/easy/eval_secs": 1.5,
+        "eval/hard/accuracy": 0.125,
+        "eval/hard/eval_secs": 2.0,
     }
     assert EVAL_STEP_KEY == "eval/step"
 
@@ -75,8 +81,10 @@ def test_every_other_logger_gets_the_metrics_at_the_evaluated_step(tmp_path: Pat
     log_eval_results([csv_logger, recorder], [result("easy", accuracy=0.25)], step=10)
     log_eval_results([csv_logger, recorder], [], step=30)  # nothing to log: nothing logged
     csv_logger.save()
-    expected = [({"eval/easy/accuracy": 0.5, "eval/easy/eval_secs": 0.5}, 20),
-                ({"eval/easy/accuracy": 0.25, "eval/easy/eval_secs": 0.5}, 10)]
+    expected = [
+        ({"eval/easy/accuracy": 0.5, "eval/easy/eval_secs": 0.5}, 20),
+        ({"eval/easy/accuracy": 0.25, "eval/easy/eval_secs": 0.5}, 10),
+    ]
     assert recorder.calls == expected
     with open(Path(csv_logger.log_dir) / "metrics.csv") as f:
         rows = [(float(r["eval/easy/accuracy"]), int(r["step"])) for r in csv.DictReader(f)]
@@ -92,8 +100,16 @@ def test_build_loggers_follows_the_logger_section(tmp_path: Path) -> None:
 
 
 def test_wandb_logger_from_config_defaults_to_output_dir_and_run_name(tmp_path: Path) -> None:
-    cfg = load_config(None, ["eval_sets.easy.size=4", "logger.wandb.mode=offline", "experiment_name=exp",
-                             "trial_name=t7", "logger.wandb.tags=[a]"])
+    cfg = load_config(
+        None,
+        [
+            "eval_sets.easy.size=4",
+            "logger.wandb.mode=offline",
+            "experiment_name=exp",
+            "trial_name=t7",
+            "logger.wandb.tags=[a]",
+        ],
+    )
     csv_logger, wb = build_loggers(cfg, tmp_path)
     assert isinstance(csv_logger, CSVLogger) and isinstance(wb, SafeWandbLogger)
     assert (wb.name, wb.save_dir) == ("areal-lightning", str(tmp_path))
@@ -105,8 +121,16 @@ def test_wandb_logger_from_config_defaults_to_output_dir_and_run_name(tmp_path: 
 
 
 def test_wandb_logger_honours_explicit_name_and_save_dir(tmp_path: Path) -> None:
-    cfg = load_config(None, ["eval_sets.easy.size=4", "logger.wandb.mode=online", "logger.wandb.name=mine",
-                             f"logger.wandb.save_dir={tmp_path / 'wb'}", "logger.wandb.entity=team"])
+    cfg = load_config(
+        None,
+        [
+            "eval_sets.easy.size=4",
+            "logger.wandb.mode=online",
+            "logger.wandb.name=mine",
+            f"logger.wandb.save_dir={tmp_path / 'wb'}",
+            "logger.wandb.entity=team",
+        ],
+    )
     wb = build_wandb_logger(cfg, tmp_path / "out")
     assert wb is not None and wb.save_dir == str(tmp_path / "wb")
     assert (wb._wandb_init["name"], wb._wandb_init["entity"], wb._offline) == ("mine", "team", False)
@@ -114,8 +138,9 @@ def test_wandb_logger_honours_explicit_name_and_save_dir(tmp_path: Path) -> None
 
 
 def test_a_bad_wandb_mode_is_refused_when_the_config_loads() -> None:
-    with pytest.raises(ConfigError,
-                       match=r"logger.wandb.mode must be one of online, offline, disabled; got 'sometimes'"):
+    with pytest.raises(
+        ConfigError, match=r"logger.wandb.mode must be one of online, offline, disabled; got 'sometimes'"
+    ):
         load_config(None, ["eval_sets.easy.size=4", "logger.wandb.mode=sometimes"])
 
 
@@ -130,7 +155,8 @@ def test_send_alert_checks_the_level_and_skips_other_loggers() -> None:
 
 
 def test_a_wandb_failure_is_reported_once_then_wandb_is_left_alone(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     wb = SafeWandbLogger(offline=True, save_dir=str(tmp_path), history_file=tmp_path / "eval_history.jsonl")
     calls: list[int] = []
 

@@ -12,7 +12,14 @@ import pytest
 from areal_lightning.metrics.functional import NO_ANSWER
 from areal_lightning.tasks import math as math_task
 from areal_lightning.tasks.math import (
-    CHAT_TEMPLATE, CORRECT_REWARD, WRONG_REWARD, MathSample, MathTask, Verifier, extract_boxed, math_verify_equal,
+    CHAT_TEMPLATE,
+    CORRECT_REWARD,
+    WRONG_REWARD,
+    MathSample,
+    MathTask,
+    Verifier,
+    extract_boxed,
+    math_verify_equal,
 )
 
 HAS_MATH_VERIFY = importlib.util.find_spec("math_verify") is not None
@@ -67,8 +74,9 @@ def test_gsm8k_rows_become_samples_with_plain_prompts(gsm8k):
     samples = MathTask(gsm8k).samples()
     assert samples == [
         MathSample(index=0, prompt=f"Question: {GSM8K_ROWS[0]['question']}\nAnswer:", answer="8", stratum="gsm8k_test"),
-        MathSample(index=1, prompt=f"Question: {GSM8K_ROWS[1]['question']}\nAnswer:", answer="1,050",
-                   stratum="gsm8k_test"),
+        MathSample(
+            index=1, prompt=f"Question: {GSM8K_ROWS[1]['question']}\nAnswer:", answer="1,050", stratum="gsm8k_test"
+        ),
     ]
     assert samples[0].key == samples[0].prompt + "8"
 
@@ -77,8 +85,15 @@ def test_math_rows_from_parquet_with_boxed_answers_chat_prompts_and_levels(tmp_p
     pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
     path = tmp_path / "math.parquet"
     pq.write_table(pa.Table.from_pylist(MATH_ROWS), path)
-    task = MathTask(path, question_field="problem", answer_field="solution", answer_format="boxed",
-                    stratum_field="level", prompt_style="chat", verifier="numeric")
+    task = MathTask(
+        path,
+        question_field="problem",
+        answer_field="solution",
+        answer_format="boxed",
+        stratum_field="level",
+        prompt_style="chat",
+        verifier="numeric",
+    )
     samples = task.samples()
     assert [s.answer for s in samples] == ["\\frac{1}{2}", "\\{1, \\frac{3}{4}\\}"]  # nested braces kept
     assert [s.stratum for s in samples] == ["Level 1", "Level 5"]
@@ -90,8 +105,13 @@ def test_math_rows_from_parquet_with_boxed_answers_chat_prompts_and_levels(tmp_p
 def test_plain_answer_field_and_json_list_and_custom_template(tmp_path):
     path = tmp_path / "math500.json"
     path.write_text(json.dumps([{"problem": "2+2?", "answer": " 4 ", "subject": "Algebra"}]))
-    task = MathTask(path, question_field="problem", answer_format="plain", stratum_field="subject",
-                    prompt_template="Q: {question}\nA:")
+    task = MathTask(
+        path,
+        question_field="problem",
+        answer_format="plain",
+        stratum_field="subject",
+        prompt_template="Q: {question}\nA:",
+    )
     assert task.samples() == [MathSample(index=0, prompt="Q: 2+2?\nA:", answer="4", stratum="Algebra")]
     assert not task.uses_chat_template
 
@@ -106,13 +126,17 @@ def test_extract_boxed_keeps_nested_braces_and_takes_the_last_closed_box():
 def test_missing_file_field_and_bad_options_are_named(tmp_path, gsm8k):
     with pytest.raises(FileNotFoundError, match=r"`MathTask\(path='.*nope.jsonl'\)`: no such file"):
         MathTask(tmp_path / "nope.jsonl")
-    with pytest.raises(ValueError, match=r"row 0 of .* has no field 'problem'; fields present: \['answer', 'question'\]"):
+    with pytest.raises(
+        ValueError, match=r"row 0 of .* has no field 'problem'; fields present: \['answer', 'question'\]"
+    ):
         MathTask(gsm8k, question_field="problem")
     with pytest.raises(ValueError, match=r"has no field 'level'; fields present"):
         MathTask(gsm8k, stratum_field="level")
     with pytest.raises(ValueError, match=r"no 'boxed' answer in field 'answer'"):
         MathTask(gsm8k, answer_format="boxed")
-    with pytest.raises(ValueError, match=r"`MathTask\(answer_format='latex'\)`. Possible choices are: 'gsm8k', 'boxed', "):
+    with pytest.raises(
+        ValueError, match=r"`MathTask\(answer_format='latex'\)`. Possible choices are: 'gsm8k', 'boxed', "
+    ):
         MathTask(gsm8k, answer_format="latex")
     with pytest.raises(ValueError, match=r"`MathTask\(verifier='sympy'\)`. Possible choices are: 'auto'"):
         MathTask(gsm8k, verifier="sympy")
@@ -145,9 +169,14 @@ def test_numeric_verifier_compares_non_numbers_as_normalised_text(gsm8k):
 
 
 @pytest.mark.skipif(not HAS_MATH_VERIFY, reason="math-verify is not installed (extra `math`)")
-@pytest.mark.parametrize(("completion", "reference"), [
-    *EQUIVALENT, ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}"), ("$x = \\boxed{2\\pi}$", "2 \\pi"),
-])
+@pytest.mark.parametrize(
+    ("completion", "reference"),
+    [
+        *EQUIVALENT,
+        ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}"),
+        ("$x = \\boxed{2\\pi}$", "2 \\pi"),
+    ],
+)
 def test_math_verify_accepts_equivalent_answers(gsm8k, completion, reference):
     task = MathTask(gsm8k)  # auto picks math-verify when it is installed
     assert task.verifier is Verifier.MATH_VERIFY
@@ -172,8 +201,11 @@ def test_math_verify_works_off_the_main_thread():
 
 def test_auto_verifier_falls_back_to_numeric_without_math_verify(gsm8k, monkeypatch):
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(math_task.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "math_verify" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        math_task.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "math_verify" else real_find_spec(name, *a),
+    )
     task = MathTask(gsm8k)
     assert task.verifier is Verifier.NUMERIC
     assert task.reward("\\boxed{1,050}", "1050") == CORRECT_REWARD
@@ -183,7 +215,17 @@ def test_auto_verifier_falls_back_to_numeric_without_math_verify(gsm8k, monkeypa
 
 def test_answer_ids_group_equal_answers_for_majority_votes(gsm8k):
     task = MathTask(gsm8k, verifier="numeric")
-    ids = [task.answer_id(c) for c in ["\\boxed{1,000}", "#### 1000", "so 1000", "\\boxed{0.5}", "\\frac{1}{2} is it",
-                                        "\\boxed{1001}", "no answer here"]]
+    ids = [
+        task.answer_id(c)
+        for c in [
+            "\\boxed{1,000}",
+            "#### 1000",
+            "so 1000",
+            "\\boxed{0.5}",
+            "\\frac{1}{2} is it",
+            "\\boxed{1001}",
+            "no answer here",
+        ]
+    ]
     assert ids[0] == ids[1] == ids[2] and ids[3] == ids[4] and len({ids[0], ids[3], ids[5]}) == 3
     assert ids[6] == NO_ANSWER and all(0 <= i < 2**56 for i in ids[:6])

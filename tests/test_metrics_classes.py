@@ -117,7 +117,8 @@ def test_reward_metric_nan_strategies() -> None:
             metric.update(batch)
         assert [str(w.message) for w in caught] == (
             ["`RewardMetric.update(rewards=...)` got 2 NaN value(s) out of 4; dropped them (nan_strategy='warn')"]
-            if strategy == "warn" else []
+            if strategy == "warn"
+            else []
         )
         assert nan_equal(as_floats(metric.compute()), dropped)
     zero = RewardMetric(nan_strategy=0.0)

@@ -61,7 +61,7 @@ HAND_EXPECTED: dict[str, dict[str, float]] = {
     "reward": {"mean": 0.5, "std": math.sqrt(1 / 6), "min": 0.0, "max": 1.0},
     "reward@1e8": {"mean": 1e8 + 0.5, "std": math.sqrt(1 / 24), "min": 1e8 + 0.25, "max": 1e8 + 0.75},
     "advantage": {"mean": 0.0, "std": math.sqrt(2 * _HALF**2 / 5), "abs_mean": 2 * _HALF / 5, "zero_std_frac": 2 / 3},
-    "accuracy": dict(zip(("accuracy", "ci_low", "ci_high"), (0.4, *ref_wilson(2, 5)))),
+    "accuracy": dict(zip(("accuracy", "ci_low", "ci_high"), (0.4, *ref_wilson(2, 5)), strict=True)),
     "pass@2": {"value": (0.5 + 5 / 6) / 2},
     "maj@3": {"value": 0.5},
 }
@@ -107,7 +107,9 @@ def _metrics_worker(rank: int, world_size: int) -> dict[tuple[str, str, str], di
         for name, make in METRICS.items():
             syncs: list[tuple[int, ...]] = []
 
-            def counting_sync(tensor: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
+            def counting_sync(
+                tensor: torch.Tensor, group: Any = None, syncs: list[tuple[int, ...]] = syncs
+            ) -> list[torch.Tensor]:
                 syncs.append(tuple(tensor.shape))
                 return gather_all_tensors(tensor, group)
 

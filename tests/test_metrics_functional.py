@@ -60,14 +60,14 @@ def ref_pass_at_k(correct: list[list[int]], k: int) -> list[float]:
 
 def ref_maj_at_k(ids: list[list[int]], correct: list[list[int]], k: int) -> list[float]:
     out = []
-    for row_ids, row_ok in zip(ids, correct):
+    for row_ids, row_ok in zip(ids, correct, strict=True):
         votes = Counter(a for a in row_ids[:k] if a != -1)
         if not votes:
             out.append(0.0)
             continue
         top = max(votes.values())
         winner = next(a for a in row_ids[:k] if votes.get(a) == top)  # first to appear among the tied
-        out.append(float(any(ok for a, ok in zip(row_ids[:k], row_ok[:k]) if a == winner)))
+        out.append(float(any(ok for a, ok in zip(row_ids[:k], row_ok[:k], strict=True) if a == winner)))
     return out
 
 
@@ -306,7 +306,7 @@ def test_wilson_against_reference(confidence: float) -> None:
     for frac in (0.0, 0.1, 0.5, 0.77, 1.0):
         successes = torch.round(totals * frac)
         low, high = wilson_interval(successes, totals, confidence)
-        expected = [ref_wilson(s, t, confidence) for s, t in zip(successes.tolist(), totals.tolist())]
+        expected = [ref_wilson(s, t, confidence) for s, t in zip(successes.tolist(), totals.tolist(), strict=True)]
         np.testing.assert_allclose(low.numpy(), [e[0] for e in expected], atol=1e-12)
         np.testing.assert_allclose(high.numpy(), [e[1] for e in expected], atol=1e-12)
         assert bool(((low <= successes / totals.clamp_min(1)) | (totals == 0)).all())
@@ -337,14 +337,15 @@ def test_wilson_errors() -> None:
         wilson_interval(torch.tensor([1.0, 0.5]), torch.tensor([2.0, 0.5]))
 
 
-
-
 def test_package_exports_exactly_its_public_names() -> None:
     # Every listed name is defined (each loads on first use, PEP 562), and every public name the
     # package then holds is listed (besides the `Any` and `annotations` of its own code).
     for name in metrics_pkg.__all__:
         getattr(metrics_pkg, name)
     names = vars(metrics_pkg)
-    public = [name for name, value in names.items()
-              if not name.startswith("_") and not inspect.ismodule(value) and name not in ("Any", "annotations")]
+    public = [
+        name
+        for name, value in names.items()
+        if not name.startswith("_") and not inspect.ismodule(value) and name not in ("Any", "annotations")
+    ]
     assert sorted(metrics_pkg.__all__) == sorted(public)

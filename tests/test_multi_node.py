@@ -22,14 +22,29 @@ from areal_lightning.tracking.history import eval_rows, read_history
 TIMEOUT_S = 240.0
 MAX_STEPS = 4
 FREQ_STEPS = 2
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "arithmetic" / "grpo.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "areal_lightning" / "app" / "configs" / "arithmetic_grpo.yaml"
 OVERRIDES = [
-    f"trainer.max_steps={MAX_STEPS}", "trainer.num_nodes=2", "trainer.devices=1", "trainer.strategy=ddp",
-    "trainer.enable_progress_bar=false", "trainer.checkpoint_every_n_steps=null", "logger.wandb.mode=disabled",
-    "logger.csv=false", "policy.d_model=32", "policy.n_heads=2", "grpo.warmup_steps=5", "grpo.prompts_per_step=4",
-    "grpo.group_size=4", "task.train_size=16", "eval_sets.easy.size=7", "eval_sets.easy.n_samples=2",
-    "eval_sets.hard.size=3", "eval_sets.hard.n_samples=2", f"evaluator.freq_steps={FREQ_STEPS}",
-    "evaluator.freq_epochs=null", "evaluator.freq_secs=null",
+    f"trainer.max_steps={MAX_STEPS}",
+    "trainer.num_nodes=2",
+    "trainer.devices=1",
+    "trainer.strategy=ddp",
+    "trainer.enable_progress_bar=false",
+    "trainer.checkpoint_every_n_steps=null",
+    "logger.wandb.mode=disabled",
+    "logger.csv=false",
+    "policy.d_model=32",
+    "policy.n_heads=2",
+    "grpo.warmup_steps=5",
+    "grpo.prompts_per_step=4",
+    "grpo.group_size=4",
+    "task.train_size=16",
+    "eval_sets.easy.size=7",
+    "eval_sets.easy.n_samples=2",
+    "eval_sets.hard.size=3",
+    "eval_sets.hard.n_samples=2",
+    f"evaluator.freq_steps={FREQ_STEPS}",
+    "evaluator.freq_epochs=null",
+    "evaluator.freq_secs=null",
 ]
 
 
@@ -44,9 +59,13 @@ def _launch(node_rank: int, port: int, run_dir: Path) -> subprocess.Popen:
     env.update(NODE_RANK=str(node_rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     log = open(run_dir.parent / f"node{node_rank}.log", "w")  # noqa: SIM115 - closed with the process
     # Its own session: on a timeout the whole process group goes, children included.
-    return subprocess.Popen([sys.executable, "-m", "areal_lightning", "fit", "-c", str(EXAMPLE), *OVERRIDES,
-                             f"output_dir={run_dir}"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "areal_lightning", "fit", "-c", str(EXAMPLE), *OVERRIDES, f"output_dir={run_dir}"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 @pytest.mark.ddp

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 import torch
+from callback_helpers import CountingModule, make_trainer
+from ddp_utils import run_ddp
 from scipy import stats
 
 from areal_lightning.callbacks import EvaluationCallback
 from areal_lightning.eval_round import EvalBatch, EvalContext, EvalSet, run_round
 from areal_lightning.metrics.paired import PairedChange, PairedRounds, paired_change, t_quantile
 from areal_lightning.tracking.history import eval_rows, read_history
-from callback_helpers import CountingModule, make_trainer
-from ddp_utils import run_ddp
 
 PROMPTS = 60
 ROUNDS = 3
@@ -44,7 +44,7 @@ def test_interval_matches_scipy_paired_t_and_is_narrower_than_the_unpaired_one()
     metric.update(torch.tensor(after, dtype=torch.float64), torch.tensor(before, dtype=torch.float64))
     change = metric.compute()
     reference = stats.ttest_rel(after, before).confidence_interval(0.95)
-    assert math.isclose(change.delta, sum(a - b for a, b in zip(after, before)) / PROMPTS, abs_tol=1e-12)
+    assert math.isclose(change.delta, sum(a - b for a, b in zip(after, before, strict=True)) / PROMPTS, abs_tol=1e-12)
     assert math.isclose(change.low, reference.low, abs_tol=1e-9)
     assert math.isclose(change.high, reference.high, abs_tol=1e-9)
     assert change.n == PROMPTS
@@ -75,7 +75,9 @@ def _rounds(rank: int, world_size: int) -> list[dict[str, float]]:
     pairs = PairedRounds()
     out = []
     for round_ in range(ROUNDS):
-        (result,) = run_round(torch.nn.Linear(1, 1), [eval_set], _scripted_evaluate, seed=3, global_step=round_, epoch=0)
+        (result,) = run_round(
+            torch.nn.Linear(1, 1), [eval_set], _scripted_evaluate, seed=3, global_step=round_, epoch=0
+        )
         out.append(pairs.update("easy", result.outcomes, result.outcome_names, result.metrics))
     return out
 
@@ -113,6 +115,8 @@ def test_callback_logs_the_change_since_the_previous_and_the_best_round(tmp_path
         d = [_outcome(i, step) - _outcome(i, step - 1) for i in range(PROMPTS)]
         assert math.isclose(row["metrics"]["accuracy/delta"], sum(d) / PROMPTS, abs_tol=1e-12)
         low, high = row["metrics"]["accuracy/delta_ci_low"], row["metrics"]["accuracy/delta_ci_high"]
-        ref = stats.ttest_rel([_outcome(i, step) for i in range(PROMPTS)], [_outcome(i, step - 1) for i in range(PROMPTS)])
+        ref = stats.ttest_rel(
+            [_outcome(i, step) for i in range(PROMPTS)], [_outcome(i, step - 1) for i in range(PROMPTS)]
+        )
         assert (low, high) == pytest.approx(tuple(ref.confidence_interval(0.95)), abs=1e-9)
         assert "accuracy/delta_best" in row["metrics"]

@@ -58,11 +58,27 @@ def _write_run(run_dir: Path, speed: float) -> None:
         for dataset in EVAL_SETS:
             acc = _accuracy(speed, dataset, round_)
             low, high = _wilson(acc, PROMPTS)
-            metrics = {"accuracy": acc, "accuracy/ci_low": low, "accuracy/ci_high": high,
-                       "reward/mean": 2 * acc - 1, "pass@4": min(1.0, 1.3 * acc)}
-            records.append(eval_record(step, round_, dataset, metrics, trigger=["steps"],
-                                       num_samples=4 * PROMPTS, num_prompts=PROMPTS, eval_secs=1.5,
-                                       mode="sync", world_size=2))
+            metrics = {
+                "accuracy": acc,
+                "accuracy/ci_low": low,
+                "accuracy/ci_high": high,
+                "reward/mean": 2 * acc - 1,
+                "pass@4": min(1.0, 1.3 * acc),
+            }
+            records.append(
+                eval_record(
+                    step,
+                    round_,
+                    dataset,
+                    metrics,
+                    trigger=["steps"],
+                    num_samples=4 * PROMPTS,
+                    num_prompts=PROMPTS,
+                    eval_secs=1.5,
+                    mode="sync",
+                    world_size=2,
+                )
+            )
         history.append_many(records)
     history.append(event_record("alert", STEPS[-1], dataset="easy", message="accuracy >= 0.7"))
 
@@ -97,11 +113,11 @@ def test_one_run_draws_a_line_and_a_wilson_band_per_eval_set(runs: dict[str, Pat
     (ax,) = fig.axes
     lines = ax.get_lines()
     assert [line.get_label() for line in lines] == ["easy", "hard"]
-    for line, dataset in zip(lines, EVAL_SETS):
+    for line, dataset in zip(lines, EVAL_SETS, strict=True):
         np.testing.assert_array_equal(line.get_xdata(), STEPS)
         np.testing.assert_allclose(line.get_ydata(), [_accuracy(0.7, dataset, i) for i in range(5)])
     assert len(ax.collections) == 2
-    for band, line, dataset in zip(ax.collections, lines, EVAL_SETS):
+    for band, line, dataset in zip(ax.collections, lines, EVAL_SETS, strict=True):
         expected = [_wilson(_accuracy(0.7, dataset, i), PROMPTS) for i in range(5)]
         lows, highs = _band_bounds(band)
         np.testing.assert_allclose(lows, [lo for lo, _ in expected])
@@ -120,8 +136,7 @@ def test_several_runs_draw_a_line_per_run_and_eval_set(runs: dict[str, Path]) ->
     fig = build_figure({name: read_history(d) for name, d in runs.items()})
     (ax,) = fig.axes
     lines = ax.get_lines()
-    assert [line.get_label() for line in lines] == [
-        "mt2: easy", "mt2: hard", "mt4: easy", "mt4: hard"]
+    assert [line.get_label() for line in lines] == ["mt2: easy", "mt2: hard", "mt4: easy", "mt4: hard"]
     assert len(ax.collections) == 4
     np.testing.assert_allclose(lines[3].get_ydata(), [_accuracy(1.0, "hard", i) for i in range(5)])
     # colour tells runs apart, line style tells eval sets apart
@@ -165,7 +180,10 @@ def test_run_names_collide_then_parent_is_added(tmp_path: Path) -> None:
     assert out == tmp_path / "lr3e-4" / "compare_accuracy.png"
     _assert_png(out)
     assert run_names([Path("a/lr3e-4/trial0"), Path("a/lr1e-3/trial0"), Path("a/b/trial1")]) == [
-        "lr3e-4/trial0", "lr1e-3/trial0", "trial1"]
+        "lr3e-4/trial0",
+        "lr1e-3/trial0",
+        "trial1",
+    ]
     assert run_names([Path("x/b/t"), Path("y/b/t")]) == ["x/b/t", "y/b/t"]  # still equal: full path
 
 
@@ -184,8 +202,7 @@ def test_truncated_last_line_plots_what_is_whole_and_warns_once(runs: dict[str, 
 
 def test_null_values_leave_a_gap_and_a_step_evaluated_twice_keeps_the_later(tmp_path: Path) -> None:
     history = EvalHistory.in_run_dir(tmp_path / "run")
-    kwargs = dict(trigger=["steps"], num_samples=4, num_prompts=1, eval_secs=0.1, mode="sync",
-                  world_size=1)
+    kwargs = dict(trigger=["steps"], num_samples=4, num_prompts=1, eval_secs=0.1, mode="sync", world_size=1)
     history.append(eval_record(0, 0, "easy", {"accuracy": 0.1}, **kwargs))
     history.append(eval_record(10, 0, "easy", {"accuracy": float("nan")}, **kwargs))
     history.append(eval_record(20, 0, "easy", {"accuracy": 0.3}, **kwargs))
@@ -202,8 +219,7 @@ def test_a_run_without_the_metric_is_left_out_with_a_warning(runs: dict[str, Pat
     assert len(fig.axes[0].get_lines()) == 2
 
 
-def test_errors_name_what_was_wrong_and_what_is_accepted(
-        runs: dict[str, Path], tmp_path: Path) -> None:
+def test_errors_name_what_was_wrong_and_what_is_accepted(runs: dict[str, Path], tmp_path: Path) -> None:
     with pytest.raises(PlotError, match=r"directory '.*nope' does not exist; pass the output_dir"):
         plot_runs([tmp_path / "nope"])
     (tmp_path / "bare").mkdir()
@@ -218,8 +234,11 @@ def test_errors_name_what_was_wrong_and_what_is_accepted(
         plot_runs([tmp_path / "alerts"])
     with pytest.raises(PlotError, match=r"is not a directory; pass the output_dir"):
         plot_runs([runs["mt2"] / HISTORY_FILENAME])
-    with pytest.raises(PlotError, match=r"no run has metric 'acuracy'; metrics in the history: "
-                                        r"accuracy, pass@4, reward/mean$"):
+    with pytest.raises(
+        PlotError,
+        match=r"no run has metric 'acuracy'; metrics in the history: "
+        r"accuracy, pass@4, reward/mean$",
+    ):
         plot_runs([runs["mt2"]], metric="acuracy")
     with pytest.raises(PlotError, match=r"is given twice; pass each run once"):
         plot_runs([runs["mt2"], runs["mt2"].parent / ".." / "runs" / "mt2"])
@@ -242,7 +261,8 @@ def _cli(argv: list[str]) -> argparse.Namespace:
 
 
 def test_cli_prints_the_path_or_the_error_with_status_2(
-        runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = str(tmp_path / "p.png")
     args = _cli([str(runs["mt2"]), str(runs["mt4"]), "--metric", "pass@4", "--out", out])
     assert (args.metric, args.out) == ("pass@4", str(tmp_path / "p.png"))
@@ -267,18 +287,37 @@ def test_cli_prints_the_path_or_the_error_with_status_2(
 
 
 def _round(step: int, accuracy: float, run_id: str | None, source: str = "training") -> dict:
-    return eval_record(step, 0, "easy", {"accuracy": accuracy}, trigger=["steps"], num_samples=8, num_prompts=2,
-                       eval_secs=0.1, mode="sync", world_size=1, run_id=run_id, source=source)
+    return eval_record(
+        step,
+        0,
+        "easy",
+        {"accuracy": accuracy},
+        trigger=["steps"],
+        num_samples=8,
+        num_prompts=2,
+        eval_secs=0.1,
+        mode="sync",
+        world_size=1,
+        run_id=run_id,
+        source=source,
+    )
 
 
 def test_a_history_with_two_runs_is_drawn_as_two_runs_with_a_note(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run_dir = tmp_path / "runs" / "trial0"
     history = EvalHistory.in_run_dir(run_dir)
     # Run a: killed after evaluating steps 10 and 12, resumed from its checkpoint of step 5,
     # evaluated 10 again, then 15.
-    history.append_many([_round(0, 0.1, "aaaa1111"), _round(5, 0.2, "aaaa1111"), _round(10, 0.9, "aaaa1111"),
-                         _round(12, 0.95, "aaaa1111")])
+    history.append_many(
+        [
+            _round(0, 0.1, "aaaa1111"),
+            _round(5, 0.2, "aaaa1111"),
+            _round(10, 0.9, "aaaa1111"),
+            _round(12, 0.95, "aaaa1111"),
+        ]
+    )
     history.append(event_record("resume", 5, message="resumed", run_id="aaaa1111"))
     history.append_many([_round(10, 0.3, "aaaa1111"), _round(15, 0.4, "aaaa1111")])
     # Run b in the same file, and a standalone evaluation of run a's checkpoint of step 15.
@@ -299,8 +338,10 @@ def test_a_history_with_two_runs_is_drawn_as_two_runs_with_a_note(
     assert plot_main(_cli([str(run_dir)])) == 0
     captured = capsys.readouterr()
     assert captured.out.strip() == str(run_dir / "eval_accuracy.png")
-    assert f"{str(run_dir)!r} holds 3 runs (trial0 [aaaa1111], trial0 [aaaa1111 evaluate], trial0 [bbbb2222])" \
+    assert (
+        f"{str(run_dir)!r} holds 3 runs (trial0 [aaaa1111], trial0 [aaaa1111 evaluate], trial0 [bbbb2222])"
         in captured.err
+    )
     _assert_png(run_dir / "eval_accuracy.png")
 
 
@@ -312,4 +353,6 @@ def test_an_old_history_with_two_runs_appended_is_drawn_as_two_runs(tmp_path: Pa
         runs = load_runs([run_dir])
     lines = build_figure(runs).axes[0].get_lines()
     assert [(line.get_label(), list(line.get_xdata())) for line in lines] == [
-        ("old [legacy-1]: easy", [0, 5, 10]), ("old [legacy-2]: easy", [0, 5])]
+        ("old [legacy-1]: easy", [0, 5, 10]),
+        ("old [legacy-2]: easy", [0, 5]),
+    ]

@@ -53,9 +53,11 @@ def test_one_alert_per_episode_and_again_after_recovery() -> None:
 
 def test_against_the_best_round_a_slow_drift_alerts() -> None:
     # Each round falls within its noise against the previous one; against the best round it does not.
-    rounds = [(10, 0.20, {"accuracy": 0.60}),
-              (20, 0.24, {"accuracy": 0.57, "accuracy/delta_ci_high": 0.01, "accuracy/delta_best_ci_high": 0.01}),
-              (30, 0.28, {"accuracy": 0.54, "accuracy/delta_ci_high": 0.01, "accuracy/delta_best_ci_high": -0.01})]
+    rounds = [
+        (10, 0.20, {"accuracy": 0.60}),
+        (20, 0.24, {"accuracy": 0.57, "accuracy/delta_ci_high": 0.01, "accuracy/delta_best_ci_high": 0.01}),
+        (30, 0.28, {"accuracy": 0.54, "accuracy/delta_ci_high": 0.01, "accuracy/delta_best_ci_high": -0.01}),
+    ]
     assert _alert_steps(RewardWatch("accuracy", since="previous"), rounds) == []
     alerts = RewardWatch("accuracy", since="best").observe(0, None, {})  # nothing yet
     assert alerts == []
@@ -112,14 +114,21 @@ def _scripted(script: str) -> Any:
         outcomes = [float(i in correct) for i in indices]
         ctx.record_outcomes("task_accuracy", indices, outcomes)  # per-prompt: paired intervals
         return {"task_accuracy": torch.tensor(outcomes, dtype=torch.float64)}
+
     return evaluate
 
 
 @pytest.mark.parametrize("script", ["diverging", "noise"])
-def test_trainer_alerts_on_a_scripted_divergence_and_not_on_noise(tmp_path: Path, script: str,
-                                                                  caplog: pytest.LogCaptureFixture) -> None:
-    cb = EvaluationCallback({"easy": list(range(PROMPTS))}, _scripted(script), freq_steps=2, eval_at_end=False,
-                            reward_watch={"eval_metric": "task_accuracy", "min_train_rise": 0.1})
+def test_trainer_alerts_on_a_scripted_divergence_and_not_on_noise(
+    tmp_path: Path, script: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    cb = EvaluationCallback(
+        {"easy": list(range(PROMPTS))},
+        _scripted(script),
+        freq_steps=2,
+        eval_at_end=False,
+        reward_watch={"eval_metric": "task_accuracy", "min_train_rise": 0.1},
+    )
     with caplog.at_level(logging.WARNING):
         make_trainer(tmp_path, [cb], max_steps=10).fit(RewardRising(epoch_len=10))
     alerts = event_rows(read_history(tmp_path), "alert")

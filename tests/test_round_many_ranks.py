@@ -32,7 +32,7 @@ def _draw_fn(module: torch.nn.Module, batches: list[EvalBatch], ctx: EvalContext
     stats = ctx.metric("draw", RewardMetric)
     draws = []
     for batch in batches:
-        for index, seed in zip(batch.indices, batch.seeds):
+        for index, seed in zip(batch.indices, batch.seeds, strict=True):
             draws.append(_draw(seed))
             stats.update(torch.tensor(draws[-1:], dtype=torch.float64))
             ctx.record_sample(index, draw=draws[-1])
@@ -40,15 +40,24 @@ def _draw_fn(module: torch.nn.Module, batches: list[EvalBatch], ctx: EvalContext
 
 
 def _sets() -> list[EvalSet]:
-    return [EvalSet(name, list(range(size)), batch_size=batch, cost_fn=lambda i: 1.0 + (i * 5) % 3)
-            for name, size, batch in SETS]
+    return [
+        EvalSet(name, list(range(size)), batch_size=batch, cost_fn=lambda i: 1.0 + (i * 5) % 3)
+        for name, size, batch in SETS
+    ]
 
 
 def _round(rank: int, world_size: int) -> tuple[list[Any], list[int]]:
     sets = _sets()
     dealt = [len(local_batches(s, SEED, rank, world_size)) for s in sets]
-    results = run_round(torch.nn.Identity(), sets, _draw_fn, seed=SEED, global_step=1, epoch=0,
-                        max_table_rows=max(size for _, size, _ in SETS))
+    results = run_round(
+        torch.nn.Identity(),
+        sets,
+        _draw_fn,
+        seed=SEED,
+        global_step=1,
+        epoch=0,
+        max_table_rows=max(size for _, size, _ in SETS),
+    )
     return results, dealt
 
 
@@ -72,6 +81,8 @@ def test_round_on_more_ranks_counts_every_sample_once(world_size: int) -> None:
         assert math.isclose(result.metrics["draw_per_sample"], math.fsum(draws) / size, rel_tol=0, abs_tol=1e-12)
         assert math.isclose(result.metrics["draw/std"], statistics.pstdev(draws), rel_tol=0, abs_tol=1e-9)
         # A scalar is each rank's mean over its prompts, weighted by them: idle ranks weigh nothing.
-        per_rank = [(d[i], sum(len(b.indices) for b in local_batches(_sets()[i], SEED, r, world_size)))
-                    for r, d in enumerate(dealt)]
+        per_rank = [
+            (d[i], sum(len(b.indices) for b in local_batches(_sets()[i], SEED, r, world_size)))
+            for r, d in enumerate(dealt)
+        ]
         assert math.isclose(result.metrics["batches"], sum(b * p for b, p in per_rank) / size, abs_tol=1e-12)

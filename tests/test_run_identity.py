@@ -15,16 +15,26 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
-from areal_lightning.tracking.history import drop_superseded, eval_rows, event_rows, read_history, split_runs
 from wandb_reader import read_wandb_records, wandb_history, wandb_metric_definitions, wandb_step_metric
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "arithmetic" / "grpo.yaml"
+from areal_lightning.tracking.history import drop_superseded, eval_rows, event_rows, read_history, split_runs
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "areal_lightning" / "app" / "configs" / "arithmetic_grpo.yaml"
 SMALL = [
-    "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false", "policy.d_model=32", "policy.n_heads=2",
-    "grpo.warmup_steps=30", "grpo.prompts_per_step=4", "task.train_size=16", "eval_sets.easy.size=6",
-    "eval_sets.easy.n_samples=2", "eval_sets.hard.size=4", "eval_sets.hard.n_samples=2", "evaluator.freq_epochs=null",
-    "evaluator.freq_secs=null", "logger.wandb.mode=offline",
+    "trainer.log_every_n_steps=1",
+    "trainer.enable_progress_bar=false",
+    "policy.d_model=32",
+    "policy.n_heads=2",
+    "grpo.warmup_steps=30",
+    "grpo.prompts_per_step=4",
+    "task.train_size=16",
+    "eval_sets.easy.size=6",
+    "eval_sets.easy.n_samples=2",
+    "eval_sets.hard.size=4",
+    "eval_sets.hard.n_samples=2",
+    "evaluator.freq_epochs=null",
+    "evaluator.freq_secs=null",
+    "logger.wandb.mode=offline",
 ]
 RUN_TIMEOUT_S = 300
 KILL_AT_EVAL_STEP = 6
@@ -34,26 +44,59 @@ RESUMED_MAX_STEPS = 12
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    return dict(os.environ, WANDB_SILENT="true", WANDB_CONFIG_DIR=str(tmp_path / "wb-config"),
-                WANDB_CACHE_DIR=str(tmp_path / "wb-cache"), WANDB_DATA_DIR=str(tmp_path / "wb-data"))
+    return dict(
+        os.environ,
+        WANDB_SILENT="true",
+        WANDB_CONFIG_DIR=str(tmp_path / "wb-config"),
+        WANDB_CACHE_DIR=str(tmp_path / "wb-cache"),
+        WANDB_DATA_DIR=str(tmp_path / "wb-data"),
+    )
 
 
 def _fit_command(run_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "areal_lightning", "fit", "-c", str(EXAMPLE), *SMALL, "trial_name=t",
-            f"output_dir={run_dir}", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "areal_lightning",
+        "fit",
+        "-c",
+        str(EXAMPLE),
+        *SMALL,
+        "trial_name=t",
+        f"output_dir={run_dir}",
+        *extra,
+    ]
 
 
 def _fit(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(_fit_command(tmp_path / "runs" / "t", *args), cwd=tmp_path, env=_env(tmp_path),
-                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    return subprocess.run(
+        _fit_command(tmp_path / "runs" / "t", *args),
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
 
 
 def _fit_new_run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     """`--new-run` with the default output_dir (runs/<experiment>/<trial>), so that a trial can move."""
-    command = [sys.executable, "-m", "areal_lightning", "fit", "-c", str(EXAMPLE), *SMALL, "experiment_name=runs",
-               "trial_name=t", "output_dir=${experiment_name}/${trial_name}", *args]
-    return subprocess.run(command, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True,
-                          timeout=RUN_TIMEOUT_S)
+    command = [
+        sys.executable,
+        "-m",
+        "areal_lightning",
+        "fit",
+        "-c",
+        str(EXAMPLE),
+        *SMALL,
+        "experiment_name=runs",
+        "trial_name=t",
+        "output_dir=${experiment_name}/${trial_name}",
+        *args,
+    ]
+    return subprocess.run(
+        command, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
@@ -62,7 +105,9 @@ def _snapshot(root: Path) -> dict[str, bytes]:
 
 @pytest.mark.slow
 def test_a_second_fit_into_a_used_directory_stops_and_leaves_the_first_run_untouched(tmp_path: Path) -> None:
-    first = _fit_new_run(tmp_path, "trainer.max_steps=3", "evaluator.freq_steps=2", "trainer.checkpoint_every_n_steps=2")
+    first = _fit_new_run(
+        tmp_path, "trainer.max_steps=3", "evaluator.freq_steps=2", "trainer.checkpoint_every_n_steps=2"
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     run_dir = tmp_path / "runs" / "t"
     before = _snapshot(run_dir)
@@ -112,9 +157,15 @@ def _kill_after_eval_of_step(proc: subprocess.Popen, run_dir: Path, step: int) -
 def test_fit_ckpt_after_a_kill_continues_the_same_run_id_history_wandb_run_and_csv(tmp_path: Path) -> None:
     run_dir = tmp_path / "runs" / "t"
     options = ["evaluator.freq_steps=2", f"trainer.checkpoint_every_n_steps={CHECKPOINT_EVERY}"]
-    proc = subprocess.Popen(_fit_command(run_dir, "trainer.max_steps=1000", *options), cwd=tmp_path,
-                            env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        _fit_command(run_dir, "trainer.max_steps=1000", *options),
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     _kill_after_eval_of_step(proc, run_dir, KILL_AT_EVAL_STEP)
     assert proc.returncode == -signal.SIGKILL
     ckpt = run_dir / "checkpoints" / "last.ckpt"
@@ -132,7 +183,7 @@ def test_fit_ckpt_after_a_kill_continues_the_same_run_id_history_wandb_run_and_c
 
     # The eval history: one run, a resume event, every step once after superseding the dead session.
     records = read_history(run_dir)
-    assert records[:len(killed_history)] == killed_history  # appended to, never rewritten
+    assert records[: len(killed_history)] == killed_history  # appended to, never rewritten
     assert list(split_runs(records)) == [run_id]
     (resume,) = event_rows(records, "resume")
     assert resume["step"] == CHECKPOINT_EVERY and resume["run_id"] == run_id

@@ -8,10 +8,10 @@ import threading
 import time
 
 import pytest
+from ddp_utils import run_ddp
 
 from areal_lightning.errors import ArgumentError
 from areal_lightning.metrics import SafeScorer, Score, ScorerFailingError, ScoreStatus, ScoringMetric
-from ddp_utils import run_ddp
 
 TIMEOUT_S = 1.0
 
@@ -35,8 +35,15 @@ def test_a_scorer_that_sleeps_forever_is_cut_off_counted_and_replaced():
     with SafeScorer(exact, timeout_s=TIMEOUT_S, workers=2) as scorer:
         scores = scorer.score_many(["5", "hang", "6", "", "raise", "die", "5"], ["5"] * 7)
         statuses = [s.status for s in scores]
-        assert statuses == [ScoreStatus.OK, ScoreStatus.TIMEOUT, ScoreStatus.OK, ScoreStatus.PARSE_FAILURE,
-                            ScoreStatus.ERROR, ScoreStatus.ERROR, ScoreStatus.OK]
+        assert statuses == [
+            ScoreStatus.OK,
+            ScoreStatus.TIMEOUT,
+            ScoreStatus.OK,
+            ScoreStatus.PARSE_FAILURE,
+            ScoreStatus.ERROR,
+            ScoreStatus.ERROR,
+            ScoreStatus.OK,
+        ]
         # A failure scores as wrong, never as right.
         assert [s.reward for s in scores] == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
         # The hung and the dead workers were replaced: the scorer still answers.
@@ -59,15 +66,18 @@ def test_the_time_limit_works_off_the_main_thread():
 def test_a_scorer_that_keeps_failing_is_reported_not_silent():
     with SafeScorer(exact, timeout_s=TIMEOUT_S, max_consecutive_failures=3) as scorer:
         scorer.score_many(["raise", "raise", "1"], ["1"] * 3)  # a success in between resets the count
-        with pytest.raises(ScorerFailingError, match="failed 3 times in a row .*error"):
+        with pytest.raises(ScorerFailingError, match=r"failed 3 times in a row .*error"):
             scorer.score_many(["raise", "raise", "raise"], ["1"] * 3)
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"timeout_s": 0}, r"`SafeScorer\(timeout_s=...\)` must be a positive number of seconds, got 0"),
-    ({"workers": 0}, r"`SafeScorer\(workers=...\)` must be a positive integer, got 0"),
-    ({"max_consecutive_failures": 0}, r"max_consecutive_failures=...\)` must be a positive integer or None"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"timeout_s": 0}, r"`SafeScorer\(timeout_s=...\)` must be a positive number of seconds, got 0"),
+        ({"workers": 0}, r"`SafeScorer\(workers=...\)` must be a positive integer, got 0"),
+        ({"max_consecutive_failures": 0}, r"max_consecutive_failures=...\)` must be a positive integer or None"),
+    ],
+)
 def test_bad_arguments_are_named(kwargs, match):
     with pytest.raises(ArgumentError, match=match):
         SafeScorer(exact, **kwargs)
@@ -76,8 +86,10 @@ def test_bad_arguments_are_named(kwargs, match):
 def _counts_on_rank(rank: int, world_size: int) -> dict[str, float]:
     metric = ScoringMetric()
     # rank 0: 2 timeouts, 1 parse failure; rank 1: 1 timeout, 3 errors
-    statuses = {0: [ScoreStatus.TIMEOUT] * 2 + [ScoreStatus.PARSE_FAILURE, ScoreStatus.OK],
-                1: [ScoreStatus.TIMEOUT] + [ScoreStatus.ERROR] * 3}[rank]
+    statuses = {
+        0: [ScoreStatus.TIMEOUT] * 2 + [ScoreStatus.PARSE_FAILURE, ScoreStatus.OK],
+        1: [ScoreStatus.TIMEOUT] + [ScoreStatus.ERROR] * 3,
+    }[rank]
     metric.update([Score(0.0, s) for s in statuses])
     return {k: v.item() for k, v in metric.compute().items()}
 

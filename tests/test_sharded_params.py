@@ -38,10 +38,18 @@ pytestmark = [*(pytest.mark.filterwarnings(w) for w in QUIET_WARNINGS)]
 TIMEOUT_S = 240.0
 SET_SIZES = {"one": 1, "nine": 9, "thirty_seven": 37}
 WARMUP_STEPS = 40  # enough for completions to end at EOS after 2-4 tokens, at different steps per batch
-OVERRIDES = [*(f"eval_sets.{name}.size={size}" for name, size in SET_SIZES.items()),
-             *(f"eval_sets.{name}.{key}={value}" for name in SET_SIZES
-               for key, value in (("batch_size", 4), ("n_samples", 2), ("temperature", 1.0))),
-             "policy.d_model=32", "policy.n_layers=2", "seed=3", f"grpo.warmup_steps={WARMUP_STEPS}"]
+OVERRIDES = [
+    *(f"eval_sets.{name}.size={size}" for name, size in SET_SIZES.items()),
+    *(
+        f"eval_sets.{name}.{key}={value}"
+        for name in SET_SIZES
+        for key, value in (("batch_size", 4), ("n_samples", 2), ("temperature", 1.0))
+    ),
+    "policy.d_model=32",
+    "policy.n_layers=2",
+    "seed=3",
+    f"grpo.warmup_steps={WARMUP_STEPS}",
+]
 
 
 class ShardedGRPO(GRPOModule):
@@ -90,8 +98,9 @@ def _fit_sharded(rank: int, world_size: int, tensor_parallel: bool = False) -> A
     eval_sets = build_eval_sets(cfg, module.task)
     sizes = (1, world_size) if tensor_parallel else (world_size, 1)
     with tempfile.TemporaryDirectory() as run_dir:
-        callback = EvaluationCallback(eval_sets, eval_before_train=True, eval_at_end=False, output_dir=run_dir,
-                                      seed=cfg.seed, on_error="raise")
+        callback = EvaluationCallback(
+            eval_sets, eval_before_train=True, eval_at_end=False, output_dir=run_dir, seed=cfg.seed, on_error="raise"
+        )
         strategy = ModelParallelStrategy(data_parallel_size=sizes[0], tensor_parallel_size=sizes[1])
         trainer = make_trainer(run_dir, [callback], max_steps=1, strategy=strategy, devices=world_size)
         try:
@@ -104,8 +113,9 @@ def _fit_sharded(rank: int, world_size: int, tensor_parallel: bool = False) -> A
 def _single_process_results() -> dict[str, Any]:
     cfg = _config()
     module = _warmed_module(cfg)
-    results = run_round(module, build_eval_sets(cfg, module.task), rollout_evaluate, seed=cfg.seed, global_step=0,
-                        epoch=0)
+    results = run_round(
+        module, build_eval_sets(cfg, module.task), rollout_evaluate, seed=cfg.seed, global_step=0, epoch=0
+    )
     return {r.dataset: r for r in results}
 
 
@@ -146,7 +156,7 @@ def test_padding_brings_every_rank_to_the_busiest_ranks_batch_count(world_size: 
     dealt = [local_batches(eval_set, 0, rank, world_size) for rank in range(world_size)]
     padded = [padding_batches(eval_set, 0, rank, world_size) for rank in range(world_size)]
     busiest = max(len(d) for d in dealt)
-    assert [len(d) + len(p) for d, p in zip(dealt, padded)] == [busiest] * world_size
+    assert [len(d) + len(p) for d, p in zip(dealt, padded, strict=True)] == [busiest] * world_size
     assert any(padded)  # the case under test: some rank pads
     cheapest = min(range(9), key=lambda i: (1.0 + (i * 7) % 4, i))
     assert {tuple(b.indices) for p in padded for b in p} == {(cheapest,)}

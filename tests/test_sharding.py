@@ -51,21 +51,16 @@ def reference_balance(assignment: list[list[int]], costs: list[float]) -> float:
 # --- every sample exactly once, whatever the world size -------------------------------------
 
 
-@pytest.mark.parametrize(
-    "n, batch_size", [(0, 4), (1, 4), (7, 3), (101, 1), (101, 8), (101, 200), (1000, 16)]
-)
+@pytest.mark.parametrize("n, batch_size", [(0, 4), (1, 4), (7, 3), (101, 1), (101, 8), (101, 200), (1000, 16)])
 @pytest.mark.parametrize("sort_by_cost", [True, False])
-def test_every_sample_is_evaluated_exactly_once(
-    n: int, batch_size: int, sort_by_cost: bool
-) -> None:
+def test_every_sample_is_evaluated_exactly_once(n: int, batch_size: int, sort_by_cost: bool) -> None:
     costs = uneven_prompt_lengths(n, seed=n)
     batches = global_batches(costs, batch_size, sort_by_cost=sort_by_cost)
     assert sorted(i for batch in batches for i in batch) == list(range(n))
     assert all(1 <= len(batch) <= batch_size for batch in batches)
     for world_size in WORLD_SIZES:
         shards = [
-            shard_for_rank(costs, batch_size, rank, world_size, sort_by_cost=sort_by_cost)
-            for rank in range(world_size)
+            shard_for_rank(costs, batch_size, rank, world_size, sort_by_cost=sort_by_cost) for rank in range(world_size)
         ]
         assert sorted(i for shard in shards for batch in shard for i in batch) == list(range(n))
         # The ranks together hold exactly the global batches: batching never depends on W.
@@ -124,7 +119,7 @@ def test_deal_is_within_the_lpt_bound_of_the_brute_force_optimum() -> None:
         world_size = rng.randint(2, 3)
         costs = [float(rng.randint(1, 50)) for _ in range(rng.randint(1, 8))]
         optimum = min(
-            max(sum(c for c, r in zip(costs, owners) if r == rank) for rank in range(world_size))
+            max(sum(c for c, r in zip(costs, owners, strict=True) if r == rank) for rank in range(world_size))
             for owners in itertools.product(range(world_size), repeat=len(costs))
         )
         dealt = deal_batches(costs, world_size)
@@ -165,8 +160,12 @@ def test_cost_balance_matches_reference() -> None:
 # --- per-sample seeds -----------------------------------------------------------------------
 
 _SEED_CASES = [
-    (1, "easy", 0), (1, "easy", 1), (1, "hard", 0), (2, "easy", 0),
-    (-7, 'a,b"c', 10**6), (1, "ünï", 3),
+    (1, "easy", 0),
+    (1, "easy", 1),
+    (1, "hard", 0),
+    (2, "easy", 0),
+    (-7, 'a,b"c', 10**6),
+    (1, "ünï", 3),
 ]
 
 
@@ -204,7 +203,11 @@ def test_seeds_and_fingerprints_are_stable_across_processes(hash_seed: str) -> N
     env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(REPO_ROOT)}
     out = subprocess.run(
         [sys.executable, "-c", _SUBPROCESS_CODE, json.dumps(_SEED_CASES)],
-        env=env, cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     other = json.loads(out.stdout)
     assert other["seeds"] == [sample_seed(s, d, i) for s, d, i in _SEED_CASES]
@@ -218,7 +221,7 @@ def test_per_sample_outcomes_and_metric_do_not_depend_on_world_size(world_size: 
     def evaluate(batch: list[int]) -> dict[int, bool]:
         # A stand-in for sampled generation: each sample's outcome comes from its own seed only.
         seeds = sample_seeds(7, "easy", batch)
-        return {i: random.Random(s).random() < 0.5 for i, s in zip(batch, seeds)}
+        return {i: random.Random(s).random() < 0.5 for i, s in zip(batch, seeds, strict=True)}
 
     single = {i: ok for b in shard_for_rank(lengths, 8, 0, 1) for i, ok in evaluate(b).items()}
     merged: dict[int, bool] = {}
@@ -237,7 +240,7 @@ def test_per_sample_outcomes_and_metric_do_not_depend_on_world_size(world_size: 
 def test_fingerprint_sees_name_size_order_and_content() -> None:
     base = fingerprint("easy", ["1+1=|2", "2+2=|4"])
     assert base == fingerprint("easy", ["1+1=|2", "2+2=|4"])
-    assert base == fingerprint("easy", [b"1+1=|2", "2+2=|4".encode()])  # a str counts as its UTF-8
+    assert base == fingerprint("easy", [b"1+1=|2", b"2+2=|4"])  # a str counts as its UTF-8
     assert len(base) == 16 and int(base, 16) >= 0
     variants = [
         fingerprint("hard", ["1+1=|2", "2+2=|4"]),
@@ -260,9 +263,7 @@ def test_check_fingerprints_accepts_identical_sets() -> None:
 def test_check_fingerprints_names_the_set_and_ranks_that_differ() -> None:
     easy, hard = fingerprint("easy", ["a"]), fingerprint("hard", ["b"])
     other = fingerprint("easy", ["a", "c"])
-    per_rank = [
-        {"easy": easy, "hard": hard}, {"easy": other, "hard": hard}, {"easy": easy, "hard": hard}
-    ]
+    per_rank = [{"easy": easy, "hard": hard}, {"easy": other, "hard": hard}, {"easy": easy, "hard": hard}]
     with pytest.raises(
         EvalSetMismatchError,
         match=(

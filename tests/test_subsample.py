@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from callback_helpers import CountingModule, make_trainer
+from ddp_utils import run_ddp
 
 from areal_lightning.app.builders import build_callback, build_eval_sets
 from areal_lightning.app.config import ConfigError, load_config
@@ -15,14 +17,19 @@ from areal_lightning.eval_round import EvalBatch, EvalContext, run_round
 from areal_lightning.eval_round.subsample import allocate, stratified_indices
 from areal_lightning.tasks.arithmetic import ArithmeticTask
 from areal_lightning.tracking.history import eval_rows, read_history
-from callback_helpers import CountingModule, make_trainer
-from ddp_utils import run_ddp
 
 OVERRIDES = ["eval_sets.easy.size=200", "eval_sets.easy.batch_size=7", "eval_sets.easy.subsample.max_prompts=30"]
 
 
-@pytest.mark.parametrize("sizes,k", [({"a": 70, "b": 25, "c": 5}, 10), ({"a": 500, "b": 3, "c": 1}, 20),
-                                     ({"a": 13, "b": 7, "c": 11, "d": 1}, 17), ({"a": 5, "b": 5}, 10)])
+@pytest.mark.parametrize(
+    "sizes,k",
+    [
+        ({"a": 70, "b": 25, "c": 5}, 10),
+        ({"a": 500, "b": 3, "c": 1}, 20),
+        ({"a": 13, "b": 7, "c": 11, "d": 1}, 17),
+        ({"a": 5, "b": 5}, 10),
+    ],
+)
 def test_allocation_is_proportional_with_one_per_stratum(sizes: dict[str, int], k: int) -> None:
     alloc = allocate(sizes, k)
     total = sum(sizes.values())
@@ -59,7 +66,7 @@ def test_arithmetic_eval_set_keeps_the_share_of_two_digit_sums() -> None:
 
 def _record_prompts(module: Any, batches: list[EvalBatch], ctx: EvalContext) -> dict[str, float]:
     for batch in batches:
-        for index, sample in zip(batch.indices, batch.samples):
+        for index, sample in zip(batch.indices, batch.samples, strict=True):
             ctx.record_sample(index, prompt=sample.prompt, rank=ctx.rank)
     return {}
 
@@ -68,8 +75,15 @@ def _evaluated_prompts(rank: int, world_size: int) -> list[str]:
     import torch
 
     cfg = load_config(None, OVERRIDES)
-    (result,) = run_round(torch.nn.Linear(1, 1), build_eval_sets(cfg, ArithmeticTask(seed=cfg.seed)),
-                          _record_prompts, seed=cfg.seed, global_step=0, epoch=0, max_table_rows=1000)
+    (result,) = run_round(
+        torch.nn.Linear(1, 1),
+        build_eval_sets(cfg, ArithmeticTask(seed=cfg.seed)),
+        _record_prompts,
+        seed=cfg.seed,
+        global_step=0,
+        epoch=0,
+        max_table_rows=1000,
+    )
     assert result.num_prompts == 30
     return [row["prompt"] for row in result.table_rows]
 
@@ -82,14 +96,14 @@ def test_the_same_subset_is_evaluated_on_one_and_two_ranks() -> None:
 
 
 def test_history_counts_the_subset_every_round(tmp_path: Path) -> None:
-    cfg = load_config(None, OVERRIDES + ["evaluator.freq_steps=2", f"output_dir={tmp_path}"])
+    cfg = load_config(None, [*OVERRIDES, "evaluator.freq_steps=2", f"output_dir={tmp_path}"])
     cb = build_callback(cfg, evaluate_fn=_record_prompts)
     make_trainer(tmp_path, [cb], 4).fit(CountingModule())
     assert [r["num_prompts"] for r in eval_rows(read_history(tmp_path))] == [30, 30]
 
 
 def test_config_needs_exactly_one_size() -> None:
-    with pytest.raises(ConfigError, match="eval_sets.easy.subsample needs exactly one of max_prompts and fraction"):
+    with pytest.raises(ConfigError, match=r"eval_sets\.easy\.subsample needs exactly one of max_prompts and fraction"):
         load_config(None, ["eval_sets.easy.subsample.max_prompts=3", "eval_sets.easy.subsample.fraction=0.5"])
     with pytest.raises(ConfigError, match=r"eval_sets.easy.subsample.fraction must be a number in \(0, 1\]"):
         load_config(None, ["eval_sets.easy.subsample.fraction=1.5"])

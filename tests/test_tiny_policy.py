@@ -13,13 +13,14 @@ def _policy() -> TinyPolicy:
     return TinyPolicy(vocab_size=15, d_model=32, n_layers=2, n_heads=2, max_len=16)
 
 
-def _uncached_tokens(p: TinyPolicy, ids: torch.Tensor, mask: torch.Tensor, out: torch.Tensor, temperature: float,
-                     noise: torch.Tensor) -> torch.Tensor:
+def _uncached_tokens(
+    p: TinyPolicy, ids: torch.Tensor, mask: torch.Tensor, out: torch.Tensor, temperature: float, noise: torch.Tensor
+) -> torch.Tensor:
     """Each generated token recomputed from one full forward over prompt + completion (no cache)."""
     full_ids = torch.cat([ids, out], 1)
     valid = torch.cat([mask, torch.ones_like(out, dtype=torch.bool)], 1)
     positions = (valid.long().cumsum(1) - 1).clamp(min=0)
-    logits = p(full_ids, valid, positions)[:, ids.shape[1] - 1:-1]  # the prediction of every completion token
+    logits = p(full_ids, valid, positions)[:, ids.shape[1] - 1 : -1]  # the prediction of every completion token
     if temperature == 0:
         return logits.argmax(-1)
     return (torch.log_softmax(logits / temperature, dim=-1) - noise.log()).argmax(-1)
@@ -49,12 +50,16 @@ def test_sample_depends_on_its_own_generator_not_on_its_batch():
     mask = torch.ones_like(ids, dtype=torch.bool)
     gens = lambda: [torch.Generator().manual_seed(s) for s in (11, 22, 33)]  # noqa: E731
     batch = p.generate(ids, mask, max_new_tokens=6, temperature=1.0, generators=gens())
-    single = p.generate(ids[1:2], mask[1:2], max_new_tokens=6, temperature=1.0,
-                        generators=[torch.Generator().manual_seed(22)])
+    single = p.generate(
+        ids[1:2], mask[1:2], max_new_tokens=6, temperature=1.0, generators=[torch.Generator().manual_seed(22)]
+    )
     assert torch.equal(batch[1], single[0])
 
 
 def test_completion_mask_keeps_tokens_up_to_the_first_eos():
     ids = torch.tensor([[5, 2, 0, 0], [5, 6, 7, 8], [2, 0, 0, 0]])
     assert completion_mask(ids, eos_id=2).tolist() == [
-        [True, True, False, False], [True, True, True, True], [True, False, False, False]]
+        [True, True, False, False],
+        [True, True, True, True],
+        [True, False, False, False],
+    ]

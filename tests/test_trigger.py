@@ -95,9 +95,7 @@ def fit(config: dict[str, Any], **loop: Any) -> list[tuple[int, list[str]]]:
 
 
 @pytest.mark.parametrize(("max_steps", "freq_steps"), [(23, 5), (25, 5), (7, 1), (4, 5)])
-def test_steps_only_evaluates_at_multiples_and_at_end_without_duplicate(
-    max_steps: int, freq_steps: int
-) -> None:
+def test_steps_only_evaluates_at_multiples_and_at_end_without_duplicate(max_steps: int, freq_steps: int) -> None:
     expected = [(s, [Cause.STEPS]) for s in range(1, max_steps + 1) if s % freq_steps == 0]
     if max_steps % freq_steps != 0:
         expected.append((max_steps, [Cause.END]))
@@ -109,8 +107,9 @@ def test_epochs_only_evaluates_at_the_end_of_every_nth_epoch(known_length: bool)
     batches, freq_epochs, epochs = 4, 2, 5
     expected = [((e + 1) * batches, [Cause.EPOCHS]) for e in range(epochs) if (e + 1) % freq_epochs == 0]
     expected.append((epochs * batches, [Cause.END]))
-    got = fit({"freq_epochs": freq_epochs}, batches_per_epoch=batches, max_steps=epochs * batches,
-              known_length=known_length)
+    got = fit(
+        {"freq_epochs": freq_epochs}, batches_per_epoch=batches, max_steps=epochs * batches, known_length=known_length
+    )
     assert got == expected
 
 
@@ -118,8 +117,13 @@ def test_epochs_only_evaluates_at_the_end_of_every_nth_epoch(known_length: bool)
 def test_secs_only_counts_training_time_not_evaluation_time(step_secs: float, freq_secs: float) -> None:
     steps_per_eval = math.ceil(freq_secs / step_secs)  # evaluation time (100 s here) never counts
     expected = [(s, [Cause.SECS]) for s in range(1, 31) if s % steps_per_eval == 0]
-    got = fit({"freq_secs": freq_secs, "eval_at_end": False}, batches_per_epoch=7, max_steps=30,
-              step_secs=step_secs, eval_secs=100.0)
+    got = fit(
+        {"freq_secs": freq_secs, "eval_at_end": False},
+        batches_per_epoch=7,
+        max_steps=30,
+        step_secs=step_secs,
+        eval_secs=100.0,
+    )
     assert got == expected
 
 
@@ -150,8 +154,9 @@ def test_all_causes_at_one_step_come_in_fixed_order() -> None:
 def test_unknown_length_loader_coinciding_step_and_epoch_evaluates_once() -> None:
     # The step trigger fires at the epoch's last step (8); the epoch fallback must not add a second
     # evaluation there, nor make it up at the next step.
-    got = fit({"freq_steps": 4, "freq_epochs": 1, "eval_at_end": False}, batches_per_epoch=8,
-              max_steps=16, known_length=False)
+    got = fit(
+        {"freq_steps": 4, "freq_epochs": 1, "eval_at_end": False}, batches_per_epoch=8, max_steps=16, known_length=False
+    )
     assert got == [(4, [Cause.STEPS]), (8, [Cause.STEPS]), (12, [Cause.STEPS]), (16, [Cause.STEPS])]
 
 
@@ -200,16 +205,21 @@ def test_resume_evaluates_exactly_what_an_uninterrupted_run_does(
 
     clock = FakeClock()
     killed_after = min(checkpoint_at + lost_steps, MAX_STEPS)
-    first = drive(HybridTrigger(**config, clock=clock), clock, batches_per_epoch=BATCHES, max_steps=MAX_STEPS,
-                  checkpoint_at=checkpoint_at, killed_after=killed_after)
+    first = drive(
+        HybridTrigger(**config, clock=clock),
+        clock,
+        batches_per_epoch=BATCHES,
+        max_steps=MAX_STEPS,
+        checkpoint_at=checkpoint_at,
+        killed_after=killed_after,
+    )
     assert first.checkpoint is not None
     evaluated_by_then = [s for s, _ in first.evaluations if s <= checkpoint_at]
     assert first.checkpoint["last_evaluated_step"] == (evaluated_by_then[-1] if evaluated_by_then else None)
     clock.advance(DOWNTIME_SECS)
     resumed_trigger = HybridTrigger(**config, clock=clock)  # a new process: a new trigger
     resumed_trigger.load_state_dict(first.checkpoint)
-    second = drive(resumed_trigger, clock, batches_per_epoch=BATCHES, max_steps=MAX_STEPS,
-                   first_step=checkpoint_at + 1)
+    second = drive(resumed_trigger, clock, batches_per_epoch=BATCHES, max_steps=MAX_STEPS, first_step=checkpoint_at + 1)
 
     kept = [e for e in first.evaluations if e[0] <= checkpoint_at]
     assert kept + second.evaluations == reference  # no step twice, none skipped, same causes
@@ -219,8 +229,14 @@ def test_resume_evaluates_exactly_what_an_uninterrupted_run_does(
 
 def test_checkpoint_right_after_an_evaluation_does_not_evaluate_that_step_again() -> None:
     clock = FakeClock()
-    first = drive(HybridTrigger(freq_steps=5, eval_before_train=True, clock=clock), clock,
-                  batches_per_epoch=5, max_steps=10, checkpoint_at=10, killed_after=10)
+    first = drive(
+        HybridTrigger(freq_steps=5, eval_before_train=True, clock=clock),
+        clock,
+        batches_per_epoch=5,
+        max_steps=10,
+        checkpoint_at=10,
+        killed_after=10,
+    )
     assert first.evaluations == [(0, [Cause.BEFORE_TRAIN]), (5, [Cause.STEPS]), (10, [Cause.STEPS])]
     resumed = HybridTrigger(freq_steps=5, eval_before_train=True, clock=clock)
     resumed.load_state_dict(first.checkpoint or {})
@@ -232,8 +248,14 @@ def test_checkpoint_right_after_an_evaluation_does_not_evaluate_that_step_again(
 
 def test_resume_between_multiples_evaluates_at_the_next_multiple() -> None:
     clock = FakeClock()
-    first = drive(HybridTrigger(freq_steps=5, clock=clock), clock, batches_per_epoch=100, max_steps=20,
-                  checkpoint_at=7, killed_after=7)
+    first = drive(
+        HybridTrigger(freq_steps=5, clock=clock),
+        clock,
+        batches_per_epoch=100,
+        max_steps=20,
+        checkpoint_at=7,
+        killed_after=7,
+    )
     resumed = HybridTrigger(freq_steps=5, clock=clock)
     resumed.load_state_dict(first.checkpoint or {})
     second = drive(resumed, clock, batches_per_epoch=100, max_steps=12, first_step=8)
@@ -349,8 +371,7 @@ def test_describe_and_repr_say_which_triggers_are_on() -> None:
         "evaluate every step, every 2 epochs"
     )
     assert repr(trigger) == (
-        "HybridTrigger(freq_epochs=1, freq_steps=500, freq_secs=3600.0, eval_before_train=True,"
-        " eval_at_end=True)"
+        "HybridTrigger(freq_epochs=1, freq_steps=500, freq_secs=3600.0, eval_before_train=True, eval_at_end=True)"
     )
     assert (trigger.freq_epochs, trigger.freq_steps, trigger.freq_secs) == (1, 500, 3600.0)
     assert (trigger.eval_before_train, trigger.eval_at_end) == (True, True)
@@ -415,4 +436,3 @@ def test_load_state_dict_reads_missing_keys_as_a_fresh_trigger() -> None:
     assert trigger.before_train(0) == [Cause.BEFORE_TRAIN]
     trigger.mark_evaluated(0)
     assert [trigger.after_step(s, 0, False) for s in (4, 5)] == [[], [Cause.STEPS]]
-

@@ -21,18 +21,6 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
-
-from areal_lightning.app.config import Config, load_config, to_dict
-from areal_lightning.eval_round import SetResult
-from areal_lightning.tracking.loggers import log_eval_results, send_alert
-from areal_lightning.app.builders import build_loggers
-from areal_lightning.tracking.wandb_logger import (
-    EVAL_STEP_KEY,
-    SafeWandbLogger,
-    finish_wandb,
-    samples_table,
-    wandb_failure,
-)
 from wandb_reader import (
     read_wandb_records,
     read_wandb_tables,
@@ -41,6 +29,18 @@ from wandb_reader import (
     wandb_history,
     wandb_metric_definitions,
     wandb_step_metric,
+)
+
+from areal_lightning.app.builders import build_loggers
+from areal_lightning.app.config import Config, load_config, to_dict
+from areal_lightning.eval_round import SetResult
+from areal_lightning.tracking.loggers import log_eval_results, send_alert
+from areal_lightning.tracking.wandb_logger import (
+    EVAL_STEP_KEY,
+    SafeWandbLogger,
+    finish_wandb,
+    samples_table,
+    wandb_failure,
 )
 
 MAX_STEPS = 6
@@ -76,12 +76,24 @@ class TinyModule(L.LightningModule):
 def make_results(step: int) -> list[SetResult]:
     """Hand-made results whose values encode the evaluated step, so a misplaced row shows."""
     rows = [
-        {"index": i, "prompt": f"{step}+{i}=", "completion": f"0{step + i}", "answer": f"0{step + i}",
-         "reward": float(i % 2), "correct": bool(i % 2)}
+        {
+            "index": i,
+            "prompt": f"{step}+{i}=",
+            "completion": f"0{step + i}",
+            "answer": f"0{step + i}",
+            "reward": float(i % 2),
+            "correct": bool(i % 2),
+        }
         for i in range(2)
     ]
-    easy = SetResult("easy", {"accuracy": step / 10, "reward/mean": step / 10 + 0.05, "pass@4": step / 8},
-                     num_samples=16, num_prompts=4, eval_secs=0.25, table_rows=rows)
+    easy = SetResult(
+        "easy",
+        {"accuracy": step / 10, "reward/mean": step / 10 + 0.05, "pass@4": step / 8},
+        num_samples=16,
+        num_prompts=4,
+        eval_secs=0.25,
+        table_rows=rows,
+    )
     hard = SetResult("hard", {"accuracy": step / 100}, num_samples=16, num_prompts=4, eval_secs=0.5, table_rows=[])
     return [easy, hard]
 
@@ -89,8 +101,12 @@ def make_results(step: int) -> list[SetResult]:
 def expected_metrics(step: int) -> dict[str, float]:
     """What every logger must show for the round of `step`, spelled out independently."""
     return {
-        "eval/easy/accuracy": step / 10, "eval/easy/reward/mean": step / 10 + 0.05, "eval/easy/pass@4": step / 8,
-        "eval/easy/eval_secs": 0.25, "eval/hard/accuracy": step / 100, "eval/hard/eval_secs": 0.5,
+        "eval/easy/accuracy": step / 10,
+        "eval/easy/reward/mean": step / 10 + 0.05,
+        "eval/easy/pass@4": step / 8,
+        "eval/easy/eval_secs": 0.25,
+        "eval/hard/accuracy": step / 100,
+        "eval/hard/eval_secs": 0.5,
     }
 
 
@@ -119,9 +135,16 @@ class ScriptedEval(L.Callback):
 
 def fit(cfg: Config, output_dir: Path, callback: L.Callback) -> L.Trainer:
     trainer = L.Trainer(
-        max_steps=MAX_STEPS, logger=build_loggers(cfg, output_dir), callbacks=[callback], log_every_n_steps=1,
-        accelerator="cpu", devices=1, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=str(output_dir),
+        max_steps=MAX_STEPS,
+        logger=build_loggers(cfg, output_dir),
+        callbacks=[callback],
+        log_every_n_steps=1,
+        accelerator="cpu",
+        devices=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(output_dir),
     )
     trainer.fit(TinyModule())
     assert trainer.state.finished and trainer.global_step == MAX_STEPS
@@ -129,8 +152,17 @@ def fit(cfg: Config, output_dir: Path, callback: L.Callback) -> L.Trainer:
 
 
 def config(output_dir: Path, *overrides: str) -> Config:
-    return load_config(None, ["eval_sets.easy.size=4", "logger.wandb.mode=offline", f"output_dir={output_dir}",
-                              "experiment_name=wb", "trial_name=t1", *overrides])
+    return load_config(
+        None,
+        [
+            "eval_sets.easy.size=4",
+            "logger.wandb.mode=offline",
+            f"output_dir={output_dir}",
+            "experiment_name=wb",
+            "trial_name=t1",
+            *overrides,
+        ],
+    )
 
 
 def csv_eval_rows(output_dir: Path) -> list[dict[str, Any]]:
@@ -184,8 +216,15 @@ def offline_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     wandb_mode_after_fit = os.environ.get("WANDB_MODE")
     finish_wandb(trainer.loggers)
     records = read_wandb_records(out)
-    return {"out": out, "cfg": cfg, "trainer": trainer, "records": records, "rows": wandb_history(records),
-            "wandb_mode_after_fit": wandb_mode_after_fit, "debug": [r.getMessage() for r in debug.records]}
+    return {
+        "out": out,
+        "cfg": cfg,
+        "trainer": trainer,
+        "records": records,
+        "rows": wandb_history(records),
+        "wandb_mode_after_fit": wandb_mode_after_fit,
+        "debug": [r.getMessage() for r in debug.records],
+    }
 
 
 def test_the_resolved_config_is_the_run_config_with_name_group_and_tags(offline_run: dict[str, Any]) -> None:
@@ -204,7 +243,8 @@ def test_the_resolved_config_is_the_run_config_with_name_group_and_tags(offline_
 def test_every_eval_metric_is_plotted_against_eval_step(offline_run: dict[str, Any]) -> None:
     definitions = wandb_metric_definitions(offline_run["records"])
     assert {"name": "eval/*", "glob": True, "step_metric": EVAL_STEP_KEY} in [
-        {k: d[k] for k in ("name", "glob", "step_metric")} for d in definitions]
+        {k: d[k] for k in ("name", "glob", "step_metric")} for d in definitions
+    ]
     assert any(d["name"] == EVAL_STEP_KEY and not d["glob"] for d in definitions)
     for key in expected_metrics(0):
         assert wandb_step_metric(definitions, key) == EVAL_STEP_KEY, key
@@ -240,10 +280,22 @@ def test_each_round_logs_a_sample_table_per_eval_set_with_rows(offline_run: dict
         # Columns are the rows' keys, in the order the rows first name them.
         assert table.columns == ["index", "prompt", "completion", "answer", "reward", "correct"]
         assert table.rows() == [
-            {"index": 0, "prompt": f"{step}+0=", "completion": f"0{step}", "answer": f"0{step}", "reward": 0.0,
-             "correct": False},
-            {"index": 1, "prompt": f"{step}+1=", "completion": f"0{step + 1}", "answer": f"0{step + 1}",
-             "reward": 1.0, "correct": True},
+            {
+                "index": 0,
+                "prompt": f"{step}+0=",
+                "completion": f"0{step}",
+                "answer": f"0{step}",
+                "reward": 0.0,
+                "correct": False,
+            },
+            {
+                "index": 1,
+                "prompt": f"{step}+1=",
+                "completion": f"0{step + 1}",
+                "answer": f"0{step + 1}",
+                "reward": 1.0,
+                "correct": True,
+            },
         ]
 
 
@@ -264,14 +316,19 @@ def test_offline_run_records_no_alert_and_keeps_the_users_wandb_mode(offline_run
 
 
 def test_samples_table_takes_its_columns_from_the_rows_and_accepts_tensors() -> None:
-    table = samples_table([{"index": 0, "prompt": "1+1=", "reward": torch.tensor(0.5)},
-                           {"index": 1, "prompt": "2+2=", "completion": "04", "reward": 1, "image_id": "g7"}])
+    table = samples_table(
+        [
+            {"index": 0, "prompt": "1+1=", "reward": torch.tensor(0.5)},
+            {"index": 1, "prompt": "2+2=", "completion": "04", "reward": 1, "image_id": "g7"},
+        ]
+    )
     assert table.columns == ["index", "prompt", "reward", "completion", "image_id"]
     assert table.data == [[0, "1+1=", 0.5, None, None], [1, "2+2=", 1, "04", "g7"]]
 
 
 def test_unusable_save_dir_is_reported_once_and_training_finishes(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
     out = tmp_path / "out"
@@ -309,7 +366,8 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 @pytest.mark.usefixtures("no_network")
 def test_online_run_without_network_is_reported_once_and_training_finishes(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     out = tmp_path / "out"
     trainer = fit(config(out, "logger.wandb.mode=online"), out, ScriptedEval({0: [0], 4: [4]}))
     finish_wandb(trainer.loggers)
@@ -319,7 +377,8 @@ def test_online_run_without_network_is_reported_once_and_training_finishes(
 
 
 def test_run_that_dies_mid_training_is_reported_once_and_csv_stays_complete(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     out = tmp_path / "out"
     trainer = fit(config(out), out, ScriptedEval({0: [0], 2: [2], 4: [4]}, kill_run_at=3))
     finish_wandb(trainer.loggers)
@@ -329,7 +388,6 @@ def test_run_that_dies_mid_training_is_reported_once_and_csv_stays_complete(
     rows = wandb_history(read_wandb_records(out))
     assert [r[EVAL_STEP_KEY] for r in rows if EVAL_STEP_KEY in r] == [0, 2]  # all it got before dying
     assert all(math.isfinite(r["_step"]) for r in rows)
-
 
 
 def test_a_rank_other_than_0_never_talks_to_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from wandb_reader import (
     WandbReadError,
     find_wandb_file,
@@ -50,9 +49,15 @@ MAKE_RUNS = textwrap.dedent("""
 def output_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run output dir holding ``wandb/offline-run-*`` for two runs, the second one newer."""
     out = tmp_path_factory.mktemp("wandb_out")
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(out),
-           "WANDB_CONFIG_DIR": str(out / ".config"), "WANDB_CACHE_DIR": str(out / ".cache"),
-           "WANDB_DATA_DIR": str(out / ".data")}
+    env = {
+        **os.environ,
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_DIR": str(out),
+        "WANDB_CONFIG_DIR": str(out / ".config"),
+        "WANDB_CACHE_DIR": str(out / ".cache"),
+        "WANDB_DATA_DIR": str(out / ".data"),
+    }
     subprocess.run([sys.executable, "-c", MAKE_RUNS], env=env, check=True, cwd=out)
     return out
 
@@ -60,8 +65,7 @@ def output_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def first_run(output_dir: Path) -> Path:
     """The ``offline-run-*`` directory of the run named "first" (the one that logged a table)."""
-    (run_dir,) = [d for d in (output_dir / "wandb").glob("offline-run-*")
-                  if (d / "files" / "media").is_dir()]
+    (run_dir,) = [d for d in (output_dir / "wandb").glob("offline-run-*") if (d / "files" / "media").is_dir()]
     return run_dir
 
 
@@ -71,8 +75,7 @@ def first_records(first_run: Path) -> list[dict]:
     return read_wandb_records(first_run)
 
 
-def test_history_rows_come_back_with_values_and_steps(
-        first_run: Path, first_records: list[dict]) -> None:
+def test_history_rows_come_back_with_values_and_steps(first_run: Path, first_records: list[dict]) -> None:
     rows = read_wandb_run(first_run)
     assert rows == wandb_history(first_records)
     assert [r["_step"] for r in rows] == [0, 1, 2, 3, 4]
@@ -84,8 +87,7 @@ def test_history_rows_come_back_with_values_and_steps(
     assert rows[4]["eval/easy/samples"]["_type"] == "table-file"
 
 
-def test_the_run_is_found_from_file_run_dir_and_output_dir(
-        output_dir: Path, first_run: Path) -> None:
+def test_the_run_is_found_from_file_run_dir_and_output_dir(output_dir: Path, first_run: Path) -> None:
     log = find_wandb_file(first_run)
     assert log.suffix == ".wandb" and log.parent == first_run
     assert find_wandb_file(log) == log
@@ -99,7 +101,9 @@ def test_define_metric_axis_config_summary_and_alerts(first_records: list[dict])
     records = first_records
     definitions = wandb_metric_definitions(records)
     assert [(d["name"], d["glob"], d["step_metric"]) for d in definitions] == [
-        ("eval/step", False, None), ("eval/*", True, "eval/step")]
+        ("eval/step", False, None),
+        ("eval/*", True, "eval/step"),
+    ]
     assert wandb_step_metric(definitions, "eval/easy/accuracy") == "eval/step"
     assert wandb_step_metric(definitions, "eval/step") is None
     assert wandb_step_metric(definitions, "train/loss") is None
@@ -107,7 +111,8 @@ def test_define_metric_axis_config_summary_and_alerts(first_records: list[dict])
     summary = wandb_summary(records)
     assert (summary["eval/easy/accuracy"], summary["eval/step"], summary["_step"]) == (0.75, 200, 4)
     assert [(a["title"], a["text"]) for a in wandb_alerts(records)] == [
-        ("accuracy threshold", "eval/easy/accuracy 0.75 >= 0.7")]
+        ("accuracy threshold", "eval/easy/accuracy 0.75 >= 0.7")
+    ]
     assert {r["type"] for r in records} >= {"run", "metric", "history", "config", "alert", "exit"}
 
 
@@ -120,8 +125,7 @@ def test_logged_table_comes_back(first_run: Path) -> None:
 
 
 def test_bad_paths_say_what_is_accepted(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError,
-                       match=r"path='.*nowhere'\) does not exist; pass a .wandb file"):
+    with pytest.raises(FileNotFoundError, match=r"path='.*nowhere'\) does not exist; pass a .wandb file"):
         read_wandb_run(tmp_path / "nowhere")
     with pytest.raises(FileNotFoundError, match=r"no W&B run found under .*; pass a .wandb file"):
         read_wandb_run(tmp_path)

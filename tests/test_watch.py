@@ -6,6 +6,7 @@ Every process runs in its own session and is killed with its whole process group
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -35,15 +36,20 @@ CONFIG = {
 
 def _start(*args: str, cwd: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "areal_lightning", *args], cwd=cwd, env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "areal_lightning", *args],
+        cwd=cwd,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _kill(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _wait_for(condition, what: str, deadline: float, procs: list[subprocess.Popen]) -> None:
@@ -91,8 +97,13 @@ def test_watch_follows_a_concurrent_fit_once_per_checkpoint_across_a_restart(tmp
     finally:
         for p in procs:
             _kill(p)
-    expected = sorted({int(torch.load(p, weights_only=True, mmap=True)["global_step"])
-                       for p in ckpts.glob("*.ckpt") if p.name != "step1000.ckpt"})
+    expected = sorted(
+        {
+            int(torch.load(p, weights_only=True, mmap=True)["global_step"])
+            for p in ckpts.glob("*.ckpt")
+            if p.name != "step1000.ckpt"
+        }
+    )
     assert expected == [2, 4, 6, 8]
     steps = _watch_steps(history)
     assert sorted(steps) == expected  # each once: none twice across the restart, none skipped
@@ -110,14 +121,35 @@ def test_watch_stops_cleanly_on_ctrl_c_and_on_idle_timeout(tmp_path: Path, how: 
     config = tmp_path / "cfg.yaml"
     config.write_text(yaml.safe_dump({**CONFIG, "output_dir": str(tmp_path / "run")}))
     log = tmp_path / "watch.log"
-    args = ["-m", "areal_lightning", "evaluate", "-c", str(config), "--watch", str(tmp_path / "empty"),
-            "--poll-secs", "0.2", *(["--idle-timeout", "1"] if how == "idle" else [])]
+    args = [
+        "-m",
+        "areal_lightning",
+        "evaluate",
+        "-c",
+        str(config),
+        "--watch",
+        str(tmp_path / "empty"),
+        "--poll-secs",
+        "0.2",
+        *(["--idle-timeout", "1"] if how == "idle" else []),
+    ]
     with open(log, "w") as sink:
-        proc = subprocess.Popen([sys.executable, *args], cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT,
-                                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            [sys.executable, *args],
+            cwd=tmp_path,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     try:
         if how == "sigint":
-            _wait_for(lambda: "watching" in log.read_text() or proc.poll() is not None, "the watcher to start", time.monotonic() + 120, [proc])
+            _wait_for(
+                lambda: "watching" in log.read_text() or proc.poll() is not None,
+                "the watcher to start",
+                time.monotonic() + 120,
+                [proc],
+            )
             os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C sends
         proc.wait(120)
     finally:

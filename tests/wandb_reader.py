@@ -65,7 +65,7 @@ class WandbTable:
 
     def rows(self) -> list[dict[str, Any]]:
         """The table as a list of ``{column: value}`` dicts."""
-        return [dict(zip(self.columns, row)) for row in self.data]
+        return [dict(zip(self.columns, row, strict=True)) for row in self.data]
 
 
 def _run_dir_sort_key(run_dir: Path) -> tuple[str, float]:
@@ -88,21 +88,25 @@ def find_wandb_file(path: str | Path) -> Path:
         FileNotFoundError: the path does not exist or holds no W&B run.
     """
     given = Path(path)
-    accepted = ("a .wandb file, an offline-run-* directory, a wandb/ directory, "
-                "or a directory containing wandb/offline-run-*")
+    accepted = (
+        "a .wandb file, an offline-run-* directory, a wandb/ directory, or a directory containing wandb/offline-run-*"
+    )
     if not given.exists():
-        raise FileNotFoundError(
-            f"read_wandb_run(path={str(path)!r}) does not exist; pass {accepted}")
+        raise FileNotFoundError(f"read_wandb_run(path={str(path)!r}) does not exist; pass {accepted}")
     if given.is_file():
         if given.suffix != ".wandb":
-            raise FileNotFoundError(
-                f"read_wandb_run(path={str(path)!r}) is not a .wandb file; pass {accepted}")
+            raise FileNotFoundError(f"read_wandb_run(path={str(path)!r}) is not a .wandb file; pass {accepted}")
         return given
     logs = sorted(given.glob("*.wandb"), key=lambda p: p.stat().st_mtime)
     if logs:
         return logs[-1]
-    run_dirs = [d for pattern in RUN_DIR_PATTERNS for base in (given, given / "wandb")
-                for d in base.glob(pattern) if d.is_dir() and any(d.glob("*.wandb"))]
+    run_dirs = [
+        d
+        for pattern in RUN_DIR_PATTERNS
+        for base in (given, given / "wandb")
+        for d in base.glob(pattern)
+        if d.is_dir() and any(d.glob("*.wandb"))
+    ]
     if not run_dirs:
         raise FileNotFoundError(f"no W&B run found under {str(path)!r}; pass {accepted}")
     newest = max(set(run_dirs), key=_run_dir_sort_key)
@@ -133,11 +137,9 @@ def read_wandb_records(path: str | Path) -> list[dict[str, Any]]:
     log = find_wandb_file(path)
     command = [*_wandb_command(), "leet", "inspect", "--json", str(log)]
     try:
-        done = subprocess.run(command, capture_output=True, text=True,
-                              timeout=WANDB_INSPECT_TIMEOUT_S, check=False)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=WANDB_INSPECT_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired as err:
-        raise WandbReadError(
-            f"`{' '.join(command)}` did not finish within {WANDB_INSPECT_TIMEOUT_S:.0f} s") from err
+        raise WandbReadError(f"`{' '.join(command)}` did not finish within {WANDB_INSPECT_TIMEOUT_S:.0f} s") from err
     if done.returncode != 0:
         try:
             version = metadata.version("wandb")
@@ -145,7 +147,8 @@ def read_wandb_records(path: str | Path) -> list[dict[str, Any]]:
             version = "not installed"
         raise WandbReadError(
             f"`{' '.join(command)}` failed with exit status {done.returncode} (wandb {version}; "
-            f"reading runs needs a wandb with `wandb leet inspect --json`): {done.stderr.strip()}")
+            f"reading runs needs a wandb with `wandb leet inspect --json`): {done.stderr.strip()}"
+        )
     records = []
     for line_no, line in enumerate(done.stdout.splitlines(), start=1):
         if not line.strip():
@@ -154,8 +157,8 @@ def read_wandb_records(path: str | Path) -> list[dict[str, Any]]:
             records.append(json.loads(line))
         except json.JSONDecodeError as err:
             raise WandbReadError(
-                f"`wandb leet inspect --json {log}` printed a non-JSON line {line_no}: "
-                f"{line[:200]!r} ({err.msg})") from None
+                f"`wandb leet inspect --json {log}` printed a non-JSON line {line_no}: {line[:200]!r} ({err.msg})"
+            ) from None
     return records
 
 
@@ -176,7 +179,7 @@ def _gather_media(item: Mapping[str, Any]) -> dict[str, Any]:
         if owner is None:
             row[key] = _decode(value)
         else:
-            row.setdefault(owner, {})[key[len(owner) + 1:]] = value
+            row.setdefault(owner, {})[key[len(owner) + 1 :]] = value
     return row
 
 
@@ -237,12 +240,14 @@ def wandb_metric_definitions(records: Iterable[Mapping[str, Any]]) -> list[dict[
     definitions = []
     for metric in _payloads(records, "metric"):
         glob = "glob_name" in metric
-        definitions.append({
-            "name": metric["glob_name"] if glob else metric.get("name", ""),
-            "glob": glob,
-            "step_metric": metric.get("step_metric") or None,
-            "options": dict(metric.get("options", {})),
-        })
+        definitions.append(
+            {
+                "name": metric["glob_name"] if glob else metric.get("name", ""),
+                "glob": glob,
+                "step_metric": metric.get("step_metric") or None,
+                "options": dict(metric.get("options", {})),
+            }
+        )
     return definitions
 
 
@@ -283,10 +288,15 @@ def read_wandb_tables(path: str | Path, key: str | None = None) -> list[WandbTab
                 continue
             table_path = files_dir / value["path"]
             if not table_path.is_file():
-                raise FileNotFoundError(
-                    f"table {name!r} at _step {row['_step']} names {table_path}, which is missing")
+                raise FileNotFoundError(f"table {name!r} at _step {row['_step']} names {table_path}, which is missing")
             content = json.loads(table_path.read_text(encoding="utf-8"))
-            tables.append(WandbTable(
-                key=name, step=int(row["_step"]), columns=list(content["columns"]),
-                data=[list(r) for r in content["data"]], path=table_path))
+            tables.append(
+                WandbTable(
+                    key=name,
+                    step=int(row["_step"]),
+                    columns=list(content["columns"]),
+                    data=[list(r) for r in content["data"]],
+                    path=table_path,
+                )
+            )
     return tables

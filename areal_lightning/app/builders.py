@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_lightning.app.config import Config, to_dict
-from areal_lightning.app.runs import CHECKPOINT_DIRNAME, CSV_DIRNAME, RunIdentity
+from areal_lightning.app.config import Config, lightning_precision, to_dict
 from areal_lightning.app.model_builders import build_policy, build_task  # noqa: F401 - re-exported: one place for builders
+from areal_lightning.app.runs import CHECKPOINT_DIRNAME, CSV_DIRNAME, RunIdentity
 from areal_lightning.eval_round import EvalSet, EvaluateFn
 from areal_lightning.eval_round.subsample import subsample
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # Lightning and W&B load only when a builder that needs them 
 
     from areal_lightning.callbacks import EvaluationCallback
     from areal_lightning.rl.grpo import GRPOModule
-    from areal_lightning.tasks.arithmetic import ArithmeticTask
+    from areal_lightning.rl.task import RLTask
     from areal_lightning.tracking.wandb_logger import SafeWandbLogger
 
 
@@ -46,10 +46,10 @@ def build_module(cfg: Config) -> GRPOModule:
     return GRPOModule.from_config(cfg)
 
 
-def build_eval_sets(cfg: Config, task: ArithmeticTask | None = None) -> list[EvalSet]:
-    """The config's eval sets, in config order: arithmetic sets made by `task` (default: the
-    config's arithmetic task), file sets read from their ``path`` with the task's prompt style
-    (the first ``size`` rows, or all). A sample's cost is its prompt length.
+def build_eval_sets(cfg: Config, task: RLTask | None = None) -> list[EvalSet]:
+    """The config's eval sets, in config order: arithmetic sets made by `task` when it is an
+    `ArithmeticTask` (else by the config's arithmetic task), file sets read from their ``path``
+    with the task's prompt style (the first ``size`` rows, or all). A sample's cost is its prompt length.
 
     Example:
         >>> from areal_lightning.app.config import load_config
@@ -65,28 +65,44 @@ def build_eval_sets(cfg: Config, task: ArithmeticTask | None = None) -> list[Eva
 
             assert es.path is not None
             # Only the samples are used: rewards come from the module's task, one verifier for all sets.
-            reader = MathTask(es.path, question_field=es.question_field, answer_field=es.answer_field,
-                              answer_format=es.answer_format, stratum_field=es.stratum_field,
-                              prompt_style=cfg.task.prompt_style, prompt_template=cfg.task.prompt_template,
-                              verifier="numeric")
+            reader = MathTask(
+                es.path,
+                question_field=es.question_field,
+                answer_field=es.answer_field,
+                answer_format=es.answer_format,
+                stratum_field=es.stratum_field,
+                prompt_style=cfg.task.prompt_style,
+                prompt_template=cfg.task.prompt_template,
+                verifier="numeric",
+            )
             samples: list[Any] = reader.samples()[: es.size]
         else:
-            if task is None:
-                from areal_lightning.tasks.arithmetic import ArithmeticTask
+            from areal_lightning.tasks.arithmetic import ArithmeticTask
 
+            if not isinstance(task, ArithmeticTask):
                 task = ArithmeticTask(cfg.task.train_digits, cfg.task.train_size, cfg.seed)
             samples = task.make_samples(name, es.digits or DEFAULT_DIGITS, es.size or ARITHMETIC_EVAL_SIZE)
-        eval_set = EvalSet(name=name, samples=samples, batch_size=es.batch_size,
-                           cost_fn=lambda s: float(len(s.prompt)), key_fn=lambda s: s.key,
-                           max_batch_cost=es.max_batch_cost, sampling=es.sampling(cfg.grpo.max_new_tokens))
+        eval_set = EvalSet(
+            name=name,
+            samples=samples,
+            batch_size=es.batch_size,
+            cost_fn=lambda s: float(len(s.prompt)),
+            key_fn=lambda s: s.key,
+            max_batch_cost=es.max_batch_cost,
+            sampling=es.sampling(cfg.grpo.max_new_tokens),
+        )
         if es.subsample is not None:  # chosen before the deal: the same subset on any number of devices
             eval_set = subsample(eval_set, es.subsample.build(cfg.seed))
         out.append(eval_set)
     return out
 
 
-def build_callback(cfg: Config, eval_sets: Mapping[str, Sequence[Any]] | Sequence[EvalSet] | None = None,
-                   evaluate_fn: EvaluateFn | None = None, **overrides: Any) -> EvaluationCallback:
+def build_callback(
+    cfg: Config,
+    eval_sets: Mapping[str, Sequence[Any]] | Sequence[EvalSet] | None = None,
+    evaluate_fn: EvaluateFn | None = None,
+    **overrides: Any,
+) -> EvaluationCallback:
     """`EvaluationCallback` from the config's `evaluator` block, `output_dir` and `seed`; unless
     `eval_sets` is given, the `eval_sets` block's sets (`build_eval_sets`).
     Keyword `overrides` replace single arguments.
@@ -104,22 +120,37 @@ def build_callback(cfg: Config, eval_sets: Mapping[str, Sequence[Any]] | Sequenc
         eval_sets = build_eval_sets(cfg)
     ev = cfg.evaluator
     options: dict[str, Any] = dict(
-        freq_epochs=ev.freq_epochs, freq_steps=ev.freq_steps, freq_secs=ev.freq_secs,
-        eval_before_train=ev.eval_before_train, eval_at_end=ev.eval_at_end, metric_thresholds=dict(ev.metric_thresholds),
-        threshold_action=ev.threshold_action, on_error=ev.on_error, output_dir=cfg.output_dir, seed=cfg.seed,
-        max_table_rows=ev.max_table_rows, mode=ev.mode, run_id=cfg.run_id,
-        adaptive=ev.adaptive.build() if ev.adaptive is not None else None, budget=ev.budget, use_cache=ev.cache,
-        precision=ev.precision, best_metrics=dict(ev.best_metrics) if ev.best_metrics is not None else None,
+        freq_epochs=ev.freq_epochs,
+        freq_steps=ev.freq_steps,
+        freq_secs=ev.freq_secs,
+        eval_before_train=ev.eval_before_train,
+        eval_at_end=ev.eval_at_end,
+        metric_thresholds=dict(ev.metric_thresholds),
+        threshold_action=ev.threshold_action,
+        on_error=ev.on_error,
+        output_dir=cfg.output_dir,
+        seed=cfg.seed,
+        max_table_rows=ev.max_table_rows,
+        mode=ev.mode,
+        run_id=cfg.run_id,
+        adaptive=ev.adaptive.build() if ev.adaptive is not None else None,
+        budget=ev.budget,
+        use_cache=ev.cache,
+        precision=ev.precision,
+        best_metrics=dict(ev.best_metrics) if ev.best_metrics is not None else None,
         reward_watch=ev.reward_watch.build() if ev.reward_watch is not None else None,
-        on_busy=ev.on_busy, async_device=ev.async_device,
-        async_threads=ev.async_threads, max_snapshot_mb=ev.max_snapshot_mb,
+        on_busy=ev.on_busy,
+        async_device=ev.async_device,
+        async_threads=ev.async_threads,
+        max_snapshot_mb=ev.max_snapshot_mb,
     )
     options.update(overrides)
     return EvaluationCallback(eval_sets, evaluate_fn, **options)
 
 
-def build_wandb_logger(cfg: Config, output_dir: str | Path, *,
-                       logged_eval_through: int | None = None) -> SafeWandbLogger | None:
+def build_wandb_logger(
+    cfg: Config, output_dir: str | Path, *, logged_eval_through: int | None = None
+) -> SafeWandbLogger | None:
     """The W&B logger of the config's ``logger.wandb`` block, or None when its mode is disabled.
 
     The run starts lazily (on the first log), so building it costs nothing and cannot fail on W&B.
@@ -160,8 +191,9 @@ def build_wandb_logger(cfg: Config, output_dir: str | Path, *,
     )
 
 
-def build_loggers(cfg: Config, output_dir: str | Path, *, csv_version: int | None = None,
-                  logged_eval_through: int | None = None) -> list[Logger]:
+def build_loggers(
+    cfg: Config, output_dir: str | Path, *, csv_version: int | None = None, logged_eval_through: int | None = None
+) -> list[Logger]:
     """The Trainer's loggers from the config's ``logger`` section: a CSV logger under
     ``<output_dir>/csv`` when ``logger.csv``, then a `SafeWandbLogger` unless ``logger.wandb.mode``
     is disabled. No W&B run starts here (it starts on the first log). A resumed run passes the
@@ -193,14 +225,26 @@ def build_trainer(cfg: Config, callbacks: list[Callback], **logger_options: Any)
 
     output_dir = Path(cfg.output_dir)
     t = cfg.trainer
-    checkpoints = ModelCheckpoint(dirpath=output_dir / CHECKPOINT_DIRNAME, filename="step{step}",
-                                  auto_insert_metric_name=False, every_n_train_steps=t.checkpoint_every_n_steps,
-                                  save_top_k=-1, save_last=True)
+    checkpoints = ModelCheckpoint(
+        dirpath=output_dir / CHECKPOINT_DIRNAME,
+        filename="step{step}",
+        auto_insert_metric_name=False,
+        every_n_train_steps=t.checkpoint_every_n_steps,
+        save_top_k=-1,
+        save_last=True,
+    )
     return L.Trainer(
-        max_steps=t.max_steps, max_epochs=t.max_epochs if t.max_epochs is not None else -1,
-        accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy, precision=t.precision,
-        log_every_n_steps=t.log_every_n_steps, enable_progress_bar=t.enable_progress_bar,
-        default_root_dir=str(output_dir), logger=build_loggers(cfg, output_dir, **logger_options) or False,
+        max_steps=t.max_steps,
+        max_epochs=t.max_epochs if t.max_epochs is not None else -1,
+        accelerator=t.accelerator,
+        devices=t.devices,
+        num_nodes=t.num_nodes,
+        strategy=t.strategy,
+        precision=lightning_precision(t.precision),
+        log_every_n_steps=t.log_every_n_steps,
+        enable_progress_bar=t.enable_progress_bar,
+        default_root_dir=str(output_dir),
+        logger=build_loggers(cfg, output_dir, **logger_options) or False,
         callbacks=[*callbacks, *([RunIdentity(cfg.run_id)] if cfg.run_id else []), checkpoints],
         enable_model_summary=False,
     )

@@ -1,4 +1,4 @@
-"""`areal-lightning fit | evaluate | plot` (also `python -m areal_lightning`)."""
+"""`areal-lightning fit | evaluate | plot | example` (also `python -m areal_lightning`)."""
 
 from __future__ import annotations
 
@@ -8,20 +8,22 @@ from collections.abc import Sequence
 
 
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-c", "--config", required=True, help="YAML config file (e.g. examples/arithmetic/grpo.yaml)")
+    parser.add_argument("-c", "--config", required=True, help="YAML config file (`areal-lightning example` writes one)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. trainer.max_steps=50")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one sub-command per user task; heavy imports wait until a command runs."""
+    from areal_lightning import __version__
     from areal_lightning.app.evaluate import add_evaluate_arguments
-    from areal_lightning.app.watch import add_watch_arguments, evaluate_command
+    from areal_lightning.app.example_configs import add_example_arguments, example_main
     from areal_lightning.app.fit import add_fit_arguments, fit_main
+    from areal_lightning.app.watch import add_watch_arguments, evaluate_command
     from areal_lightning.viz.plot import add_plot_arguments, plot_main
 
-    from areal_lightning import __version__
-
-    parser = argparse.ArgumentParser(prog="areal-lightning", description="RL training of language models with evaluation")
+    parser = argparse.ArgumentParser(
+        prog="areal-lightning", description="RL training of language models with evaluation"
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     fit = sub.add_parser("fit", help="train with RL, evaluating on the configured triggers")
@@ -35,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="draw eval curves from run directories")
     add_plot_arguments(plot)
     plot.set_defaults(main=plot_main)
+    example = sub.add_parser("example", help="print or write a packaged example config")
+    add_example_arguments(example)
+    example.set_defaults(main=example_main)
     return parser
 
 

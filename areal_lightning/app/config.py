@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -59,8 +59,18 @@ from areal_lightning.tasks.math import (
     reference_answer,
 )
 
+if TYPE_CHECKING:
+    from lightning.fabric.connector import _PRECISION_INPUT
+
 CONFIG_FILENAME = "config.yaml"
 LIGHTNING_PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
+
+
+def lightning_precision(precision: str) -> _PRECISION_INPUT:
+    """`precision` typed as the Trainer and Fabric take it; `TrainerConfig.check` has run Lightning's parser on it."""
+    return cast("_PRECISION_INPUT", precision)
+
+
 """The precisions a message suggests (Lightning also takes its aliases, such as ``32``)."""
 
 
@@ -178,10 +188,12 @@ class TrainerConfig:
         if self.strategy.lower() not in strategies:
             raise ConfigError(f"{path}.strategy must be one of {', '.join(strategies)}; got {self.strategy!r}")
         try:
-            _convert_precision_to_unified_args(self.precision)
+            _convert_precision_to_unified_args(lightning_precision(self.precision))
         except ValueError:
-            raise ConfigError(f"{path}.precision must be one of {', '.join(LIGHTNING_PRECISIONS)} (Lightning's "
-                              f"names); got {self.precision!r}") from None
+            raise ConfigError(
+                f"{path}.precision must be one of {', '.join(LIGHTNING_PRECISIONS)} (Lightning's "
+                f"names); got {self.precision!r}"
+            ) from None
 
 
 @dataclass
@@ -215,22 +227,32 @@ class PolicyConfig:
         for name in ("d_model", "n_layers", "n_heads", "max_len"):
             _at_least(f"{path}.{name}", getattr(self, name), 1)
         if self.d_model % self.n_heads:
-            raise ConfigError(f"{path}.n_heads must divide {path}.d_model, got d_model={self.d_model}, n_heads={self.n_heads}")
+            raise ConfigError(
+                f"{path}.n_heads must divide {path}.d_model, got d_model={self.d_model}, n_heads={self.n_heads}"
+            )
         if self.kind is PolicyKind.TINY and self.path is not None:
             # A path the run would silently ignore: the user believes a trained model is loaded.
-            raise ConfigError(f"{path}.path is not read by {path}.kind=tiny (built from d_model, n_layers, ...), "
-                              f"got {self.path!r}; remove {path}.path (or set kind: hf to load it)")
+            raise ConfigError(
+                f"{path}.path is not read by {path}.kind=tiny (built from d_model, n_layers, ...), "
+                f"got {self.path!r}; remove {path}.path (or set kind: hf to load it)"
+            )
         if self.kind is PolicyKind.HF:
             if self.path is None:
-                raise ConfigError(f"{path}.path is required for {path}.kind: hf; give the local directory of a model "
-                                  "saved with save_pretrained (models are never downloaded)")
+                raise ConfigError(
+                    f"{path}.path is required for {path}.kind: hf; give the local directory of a model "
+                    "saved with save_pretrained (models are never downloaded)"
+                )
             model_dir = Path(self.path).expanduser()
             if not model_dir.is_dir():
-                raise ConfigError(f"{path}.path {self.path!r} is not a local directory; give the directory of a "
-                                  "model saved with save_pretrained (models are never downloaded, hub names are refused)")
+                raise ConfigError(
+                    f"{path}.path {self.path!r} is not a local directory; give the directory of a "
+                    "model saved with save_pretrained (models are never downloaded, hub names are refused)"
+                )
             if not (model_dir / "config.json").is_file():
-                raise ConfigError(f"{path}.path {self.path!r} has no config.json, so it holds no saved model; give "
-                                  "the directory written by save_pretrained")
+                raise ConfigError(
+                    f"{path}.path {self.path!r} has no config.json, so it holds no saved model; give "
+                    "the directory written by save_pretrained"
+                )
         if any(not s for s in self.stop_strings):
             raise ConfigError(f"{path}.stop_strings must be non-empty strings, got {list(self.stop_strings)!r}")
 
@@ -265,8 +287,10 @@ class TaskConfig:
         _at_least(f"{path}.train_size", self.train_size, 1)
         if self.name is TaskName.MATH:
             if self.path is None:
-                raise ConfigError(f"{path}.path is required for {path}.name: math; give a local .jsonl, .json or "
-                                  ".parquet file of problems")
+                raise ConfigError(
+                    f"{path}.path is required for {path}.name: math; give a local .jsonl, .json or "
+                    ".parquet file of problems"
+                )
             check_math_file(path, self.path, self.question_field, self.answer_field, self.answer_format, None)
         if self.prompt_template is not None and "{question}" not in self.prompt_template:
             raise ConfigError(f"{path}.prompt_template must contain {{question}}, got {self.prompt_template!r}")
@@ -301,7 +325,9 @@ class GRPOConfig:
 
     def check(self, path: str) -> None:
         if self.group_size < 2:
-            raise ConfigError(f"{path}.group_size must be at least 2 (advantages are relative to the group), got {self.group_size}")
+            raise ConfigError(
+                f"{path}.group_size must be at least 2 (advantages are relative to the group), got {self.group_size}"
+            )
         _at_least(f"{path}.prompts_per_step", self.prompts_per_step, 1)
         _positive_number(f"{path}.lr", self.lr)
         _positive_number(f"{path}.clip_eps", self.clip_eps)
@@ -327,8 +353,12 @@ class SubsampleConfig:
     """Seed of the draw within each stratum; null: the run's seed."""
 
     def build(self, seed: int) -> Subsample:
-        return Subsample(max_prompts=self.max_prompts, fraction=self.fraction, stratify_by=self.stratify_by,
-                         seed=seed if self.seed is None else self.seed)
+        return Subsample(
+            max_prompts=self.max_prompts,
+            fraction=self.fraction,
+            stratify_by=self.stratify_by,
+            seed=seed if self.seed is None else self.seed,
+        )
 
 
 @dataclass
@@ -384,8 +414,9 @@ class EvalSetConfig:
         if self.path is not None:
             if self.digits is not None:
                 raise ConfigError(f"{path} has both digits (an arithmetic set) and path (a file set); give one of them")
-            check_math_file(path, self.path, self.question_field, self.answer_field, self.answer_format,
-                            self.stratum_field)
+            check_math_file(
+                path, self.path, self.question_field, self.answer_field, self.answer_format, self.stratum_field
+            )
         with _owned_by(path):
             EvalSet(path.rsplit(".", 1)[-1], [None], batch_size=self.batch_size, max_batch_cost=self.max_batch_cost)
         _positive_number(f"{path}.temperature", self.temperature, allow_zero=True)
@@ -398,9 +429,15 @@ class EvalSetConfig:
 
     def sampling(self, default_max_new_tokens: int | None) -> SamplingParams:
         """This set's complete sampling settings; `max_new_tokens` falls back to the given default."""
-        return SamplingParams(n_samples=self.n_samples, temperature=self.temperature, top_p=self.top_p,
-                              top_k=self.top_k, max_new_tokens=self.max_new_tokens or default_max_new_tokens,
-                              stop=list(self.stop), seed=self.seed)
+        return SamplingParams(
+            n_samples=self.n_samples,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_new_tokens=self.max_new_tokens or default_max_new_tokens,
+            stop=list(self.stop),
+            seed=self.seed,
+        )
 
 
 @dataclass
@@ -442,8 +479,14 @@ class RewardWatchConfig:
     """previous: compare with the previous round; best: with the best round of the eval metric."""
 
     def build(self) -> RewardWatch:
-        return RewardWatch(self.eval_metric, self.train_metric, eval_set=self.eval_set,
-                           min_train_rise=self.min_train_rise, tolerance=self.tolerance, since=self.since)
+        return RewardWatch(
+            self.eval_metric,
+            self.train_metric,
+            eval_set=self.eval_set,
+            min_train_rise=self.min_train_rise,
+            tolerance=self.tolerance,
+            since=self.since,
+        )
 
 
 @dataclass
@@ -470,7 +513,8 @@ class EvaluatorConfig:
     async_threads: int = DEFAULT_ASYNC_THREADS
     """async: torch threads of the worker process."""
     max_snapshot_mb: Optional[float] = DEFAULT_MAX_SNAPSHOT_MB
-    """async: the most MiB the weight snapshot may take (the run stops before training if it would not fit); null: no bound."""
+    """async: the most MiB the weight snapshot may take (the run stops before training if it would
+    not fit); null: no bound."""
     metric_thresholds: dict[str, float] = field(default_factory=dict)
     """Alert when a metric that reached its threshold falls below it, e.g. {accuracy: 0.7}."""
     threshold_action: ThresholdAction = ThresholdAction.ALERT
@@ -496,8 +540,13 @@ class EvaluatorConfig:
     def check(self, path: str) -> None:
         # The callback's own checks, at load time and with the config's key names.
         with _owned_by(path):
-            HybridTrigger(freq_epochs=self.freq_epochs, freq_steps=self.freq_steps, freq_secs=self.freq_secs,
-                          eval_before_train=self.eval_before_train, eval_at_end=self.eval_at_end)
+            HybridTrigger(
+                freq_epochs=self.freq_epochs,
+                freq_steps=self.freq_steps,
+                freq_secs=self.freq_secs,
+                eval_before_train=self.eval_before_train,
+                eval_at_end=self.eval_at_end,
+            )
             ThresholdMonitor(self.metric_thresholds)
             check_async_options(self.async_device, self.async_threads, self.max_snapshot_mb)
         _at_least(f"{path}.max_table_rows", self.max_table_rows, 0)
@@ -606,8 +655,10 @@ class Config:
         """Thresholds name metrics that the default evaluation logs; known here, before any round."""
         ev = self.evaluator
         if ev.threshold_action is ThresholdAction.STOP and not ev.metric_thresholds:
-            raise ConfigError("evaluator.threshold_action=stop needs evaluator.metric_thresholds, which is empty; "
-                              "add e.g. {accuracy: 0.7} or use threshold_action=alert")
+            raise ConfigError(
+                "evaluator.threshold_action=stop needs evaluator.metric_thresholds, which is empty; "
+                "add e.g. {accuracy: 0.7} or use threshold_action=alert"
+            )
         if not (ev.metric_thresholds or ev.best_metrics or ev.reward_watch):
             return  # nothing names a metric: the metric classes (torch) need not load
         from areal_lightning.rl.rollout_eval import (
@@ -620,8 +671,10 @@ class Config:
         if ev.reward_watch is not None:
             named.append(("evaluator.reward_watch.eval_metric", ev.reward_watch.eval_metric, False))
             if ev.reward_watch.eval_set is not None and ev.reward_watch.eval_set not in self.eval_sets:
-                raise ConfigError(f"evaluator.reward_watch.eval_set must name an eval set, got "
-                                  f"{ev.reward_watch.eval_set!r}; defined: {', '.join(self.eval_sets)}")
+                raise ConfigError(
+                    f"evaluator.reward_watch.eval_set must name an eval set, got "
+                    f"{ev.reward_watch.eval_set!r}; defined: {', '.join(self.eval_sets)}"
+                )
         for key, name, mean_too in named:
             if name not in logged and not (mean_too and f"{name}/mean" in logged):
                 close = difflib.get_close_matches(name, logged, n=1)
@@ -633,25 +686,38 @@ class Config:
 
     def _check_kinds_agree(self) -> None:
         if self.task.name is TaskName.MATH and self.policy.kind is PolicyKind.TINY:
-            raise ConfigError("task.name: math needs policy.kind: hf (the tiny policy's tokenizer knows only digits, "
-                              "'+' and '='); set policy.kind: hf and policy.path")
+            raise ConfigError(
+                "task.name: math needs policy.kind: hf (the tiny policy's tokenizer knows only digits, "
+                "'+' and '='); set policy.kind: hf and policy.path"
+            )
         chat = self.task.name is TaskName.MATH and self.task.prompt_style is PromptStyle.CHAT
         for key in ("chat_template", "system_prompt"):
             if not chat and getattr(self.policy, key) is not None:
-                raise ConfigError(f"policy.{key} is used only with chat prompts (task.name: math, task.prompt_style: "
-                                  "chat); remove it or set task.prompt_style: chat")
-        if chat and self.policy.path is not None and self.policy.chat_template is None \
-                and not has_chat_template(Path(self.policy.path).expanduser()):
-            raise ConfigError(f"task.prompt_style: chat needs a chat template, and the tokenizer in policy.path "
-                              f"{self.policy.path!r} has none; set policy.chat_template or task.prompt_style: plain")
+                raise ConfigError(
+                    f"policy.{key} is used only with chat prompts (task.name: math, task.prompt_style: "
+                    "chat); remove it or set task.prompt_style: chat"
+                )
+        if (
+            chat
+            and self.policy.path is not None
+            and self.policy.chat_template is None
+            and not has_chat_template(Path(self.policy.path).expanduser())
+        ):
+            raise ConfigError(
+                f"task.prompt_style: chat needs a chat template, and the tokenizer in policy.path "
+                f"{self.policy.path!r} has none; set policy.chat_template or task.prompt_style: plain"
+            )
         # Every eval set is scored by the task's reward: exact match for arithmetic, a math verifier for math.
         wanted_file_sets = self.task.name is TaskName.MATH
         for name, eval_set in self.eval_sets.items():
             if eval_set.is_file_set != wanted_file_sets:
-                given = f"path {eval_set.path!r} (a file set)" if eval_set.is_file_set else "no path (an arithmetic set)"
+                given = (
+                    f"path {eval_set.path!r} (a file set)" if eval_set.is_file_set else "no path (an arithmetic set)"
+                )
                 needed = "a path to a file of problems" if wanted_file_sets else "digits and size, no path"
-                raise ConfigError(f"eval_sets.{name} has {given}, but task.name is {self.task.name.value}; "
-                                  f"give it {needed}")
+                raise ConfigError(
+                    f"eval_sets.{name} has {given}, but task.name is {self.task.name.value}; give it {needed}"
+                )
 
 
 def has_chat_template(model_dir: Path) -> bool:
@@ -668,8 +734,9 @@ def has_chat_template(model_dir: Path) -> bool:
         return False
 
 
-def check_math_file(path: str, file: str, question_field: str, answer_field: str, answer_format: AnswerFormat,
-                    stratum_field: Optional[str]) -> None:
+def check_math_file(
+    path: str, file: str, question_field: str, answer_field: str, answer_format: AnswerFormat, stratum_field: str | None
+) -> None:
     """Reads the rows of `file` as `MathTask` will; a `ConfigError` under key `path` for a missing
     file, an unsupported suffix, no rows, a missing field (naming the fields present) or a row
     without a reference answer."""
@@ -685,12 +752,16 @@ def check_math_file(path: str, file: str, question_field: str, answer_field: str
     for key, name in wanted.items():
         missing = next((i for i, row in enumerate(rows) if name is not None and name not in row), None)
         if missing is not None:
-            raise ConfigError(f"{path}.{key} {name!r} is not a field of row {missing} of {file}; "
-                              f"fields present: {', '.join(sorted(map(str, rows[missing])))}")
+            raise ConfigError(
+                f"{path}.{key} {name!r} is not a field of row {missing} of {file}; "
+                f"fields present: {', '.join(sorted(map(str, rows[missing])))}"
+            )
     for i, row in enumerate(rows):
         if reference_answer(str(row[answer_field]), answer_format) is None:
-            raise ConfigError(f"{path}.answer_format {answer_format.value}: row {i} of {file} has no such answer in "
-                              f"{answer_field!r}: {str(row[answer_field])[-80:]!r}")
+            raise ConfigError(
+                f"{path}.answer_format {answer_format.value}: row {i} of {file} has no such answer in "
+                f"{answer_field!r}: {str(row[answer_field])[-80:]!r}"
+            )
 
 
 def _accepted_keys(object_type: Any) -> list[str]:
@@ -722,13 +793,13 @@ def _explain(err: oc_errors.OmegaConfBaseException, source: str) -> ConfigError:
         return ConfigError(f"{key} must be one of {accepted}; got {err.value!r} (from {source}).")
     detail = str(err.msg).splitlines()[0] if err.msg else type(err).__name__
     if isinstance(err, (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError)):
-        accepted = _accepted_keys(err.object_type)
+        keys = _accepted_keys(err.object_type)
         leaf = key.rsplit(".", 1)[-1]
-        close = difflib.get_close_matches(leaf, accepted, n=1)
+        close = difflib.get_close_matches(leaf, keys, n=1)
         hint = f" Did you mean `{close[0]}`?" if close else ""
         parent = key.rsplit(".", 1)[0] if "." in key else "the top level"
         return ConfigError(
-            f"unknown config key `{key}` (from {source}).{hint} Keys accepted at {parent}: {', '.join(accepted)}."
+            f"unknown config key `{key}` (from {source}).{hint} Keys accepted at {parent}: {', '.join(keys)}."
         )
     if isinstance(err, oc_errors.ValidationError):
         return ConfigError(f"config key `{key}` (from {source}) has a value of the wrong type: {detail}.")
@@ -742,7 +813,7 @@ def _as_plain(value: Any) -> Any:
 def _shape_mismatch(schema: Any, layer: Any, source: str, prefix: str = "") -> str:
     """The message for the first key of `layer` whose value is a list where `schema` has a mapping, or the reverse."""
     for key, value in layer.items_ex(resolve=False) if isinstance(layer, DictConfig) else []:
-        path = f"{prefix}{key}"
+        path = prefix + str(key)
         expected = schema.get(key) if isinstance(schema, DictConfig) and key in schema else None
         if isinstance(expected, DictConfig) and not isinstance(value, DictConfig):
             return f"config key `{path}` (from {source}) must be a mapping of keys to values, got {_as_plain(value)!r}"
@@ -770,7 +841,9 @@ def _read_yaml(path: Path) -> DictConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(path)!r} must hold a mapping of keys to values, got a {type(data).__name__}")
+        raise ConfigError(
+            f"config file {str(path)!r} must hold a mapping of keys to values, got a {type(data).__name__}"
+        )
     return OmegaConf.create(data)
 
 
@@ -851,4 +924,4 @@ def to_dict(cfg: Config) -> dict[str, Any]:
     return _plain(container)
 
 
-__all__ = ["Config", "ConfigError", "load_config", "save_config", "to_yaml", "to_dict"]
+__all__ = ["Config", "ConfigError", "load_config", "save_config", "to_dict", "to_yaml"]

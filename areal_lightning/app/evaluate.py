@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from areal_lightning.app.config import Config, ConfigError, lightning_precision, load_config
 from areal_lightning.app.console import fail, quiet_lightning
-from areal_lightning.app.config import Config, ConfigError, load_config
 
 if TYPE_CHECKING:  # heavy imports stay out of `areal-lightning --help` and `plot`
     from lightning.fabric import Fabric
@@ -42,7 +42,6 @@ METRIC_DECIMALS = 4
 SECS_DECIMALS = 2
 
 
-
 class CheckpointError(ValueError):
     """The ``--ckpt`` file is missing, unreadable, not a Lightning checkpoint, or of another model."""
 
@@ -52,11 +51,15 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> argparse._Mutuall
     returns the group that ``--ckpt`` is in (``--watch`` joins it: one of them is required)."""
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--ckpt", help="Lightning checkpoint to evaluate (e.g. <output_dir>/checkpoints/last.ckpt)")
-    parser.add_argument("--history", default=None,
-                        help="eval history file to append to; default: <output_dir>/eval_history.jsonl")
-    parser.add_argument("--trust-checkpoint", action="store_true",
-                        help="load the checkpoint with torch.load(weights_only=False); only for files you trust, "
-                             "when the safe loader refuses an object inside")
+    parser.add_argument(
+        "--history", default=None, help="eval history file to append to; default: <output_dir>/eval_history.jsonl"
+    )
+    parser.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="load the checkpoint with torch.load(weights_only=False); only for files you trust, "
+        "when the safe loader refuses an object inside",
+    )
     return what
 
 
@@ -99,21 +102,28 @@ def load_checkpoint(path: str | Path, *, trust: bool = False) -> dict[str, Any]:
 
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"--ckpt {str(path)!r} does not exist; pass a Lightning checkpoint file, "
-                              "e.g. <output_dir>/checkpoints/last.ckpt")
+        raise CheckpointError(
+            f"--ckpt {str(path)!r} does not exist; pass a Lightning checkpoint file, "
+            "e.g. <output_dir>/checkpoints/last.ckpt"
+        )
     refused = [] if trust else _unsafe_globals(path)
     if refused:
-        raise CheckpointError(f"--ckpt {str(path)!r} holds objects the safe loader refuses ({', '.join(refused)}); "
-                              "pass --trust-checkpoint if you trust this file")
+        raise CheckpointError(
+            f"--ckpt {str(path)!r} holds objects the safe loader refuses ({', '.join(refused)}); "
+            "pass --trust-checkpoint if you trust this file"
+        )
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=not trust)
     except Exception as err:  # noqa: BLE001 - any unreadable file gets the same one-line answer
-        raise CheckpointError(f"--ckpt {str(path)!r} is not a Lightning checkpoint: torch.load failed "
-                              f"({_first_words(err)})") from None
+        raise CheckpointError(
+            f"--ckpt {str(path)!r} is not a Lightning checkpoint: torch.load failed ({_first_words(err)})"
+        ) from None
     if not isinstance(ckpt, Mapping) or not isinstance(ckpt.get(STATE_DICT_KEY), Mapping) or "global_step" not in ckpt:
         found = sorted(map(str, ckpt))[:MAX_KEYS_SHOWN] if isinstance(ckpt, Mapping) else type(ckpt).__name__
-        raise CheckpointError(f"--ckpt {str(path)!r} is not a Lightning checkpoint: expected a dict with "
-                              f"'{STATE_DICT_KEY}' and 'global_step' entries, found {found}")
+        raise CheckpointError(
+            f"--ckpt {str(path)!r} is not a Lightning checkpoint: expected a dict with "
+            f"'{STATE_DICT_KEY}' and 'global_step' entries, found {found}"
+        )
     return dict(ckpt)
 
 
@@ -129,9 +139,13 @@ def load_weights(module: GRPOModule, state_dict: Mapping[str, Any], ckpt_path: s
     except RuntimeError as err:
         # torch lists every key; the first lines name the kinds of problem, which is what a person needs.
         lines = [line.strip() for line in str(err).splitlines()[1:] if line.strip()]
-        shown = "; ".join(line if len(line) <= MAX_PROBLEM_CHARS else line[:MAX_PROBLEM_CHARS] + " ..." for line in lines)
-        raise CheckpointError(f"--ckpt {str(ckpt_path)!r} does not match the model of the config: {shown}; "
-                              "use the config the checkpoint was trained with (policy and grpo.kl_coef)") from None
+        shown = "; ".join(
+            line if len(line) <= MAX_PROBLEM_CHARS else line[:MAX_PROBLEM_CHARS] + " ..." for line in lines
+        )
+        raise CheckpointError(
+            f"--ckpt {str(ckpt_path)!r} does not match the model of the config: {shown}; "
+            "use the config the checkpoint was trained with (policy and grpo.kl_coef)"
+        ) from None
 
 
 def _cell(value: float) -> str:
@@ -150,12 +164,22 @@ def format_table(results: Sequence[SetResult]) -> str:
     """
     names = list(dict.fromkeys(name for r in results for name in r.metrics))
     header = ["dataset", *names, "num_prompts", "num_samples", "secs"]
-    rows = [[r.dataset, *(_cell(r.metrics[n]) if n in r.metrics else "-" for n in names),
-             str(r.num_prompts), str(r.num_samples), f"{r.eval_secs:.{SECS_DECIMALS}f}"] for r in results]
+    rows = [
+        [
+            r.dataset,
+            *(_cell(r.metrics[n]) if n in r.metrics else "-" for n in names),
+            str(r.num_prompts),
+            str(r.num_samples),
+            f"{r.eval_secs:.{SECS_DECIMALS}f}",
+        ]
+        for r in results
+    ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     # Names left-aligned, numbers right-aligned, so that decimal points line up.
     return "\n".join(
-        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+        "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
         for row in [header, *rows]
     )
 
@@ -165,36 +189,67 @@ def _build_fabric(cfg: Config) -> Fabric:
 
     t = cfg.trainer
     # "auto" lets Fabric choose as the Trainer does: one device, or DDP over several.
-    return Fabric(accelerator=t.accelerator, devices=t.devices, strategy=t.strategy, precision=t.precision)
+    return Fabric(
+        accelerator=t.accelerator, devices=t.devices, strategy=t.strategy, precision=lightning_precision(t.precision)
+    )
 
 
 def _evaluate_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule, step: int, epoch: int) -> list[SetResult]:
     """Every rank: check the eval sets agree, run the round on the unwrapped module."""
-    from areal_lightning.eval_round import check_eval_sets_consistent, run_round
     from areal_lightning.app.builders import build_eval_sets
+    from areal_lightning.eval_round import check_eval_sets_consistent, run_round
+    from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     # No DDP wrapper: the round runs no collective inside a forward, so ranks dealt different
     # numbers of batches never wait on each other mid-round.
-    module = fabric.strategy.precision.convert_module(module).to(fabric.device)
+    converted = fabric.strategy.precision.convert_module(module)
+    assert isinstance(converted, GRPOModule)  # precision plugins convert in place, they do not wrap
+    module = converted.to(fabric.device)
     eval_sets = build_eval_sets(cfg, module.task)
     check_eval_sets_consistent(eval_sets)  # every rank raises together on a mismatch
     with fabric.autocast():
-        results = run_round(module, eval_sets, rollout_evaluate, seed=cfg.seed, global_step=step, epoch=epoch,
-                            show_progress=cfg.trainer.enable_progress_bar and sys.stderr.isatty())
+        results = run_round(
+            module,
+            eval_sets,
+            rollout_evaluate,
+            seed=cfg.seed,
+            global_step=step,
+            epoch=epoch,
+            show_progress=cfg.trainer.enable_progress_bar and sys.stderr.isatty(),
+        )
     fabric.barrier()  # every rank reaches this (run_round returns or raises on all ranks alike)
     return results
 
 
-def _record(cfg: Config, args: argparse.Namespace, step: int, epoch: int, run_id: str | None,
-            results: Sequence[SetResult], world_size: int) -> Path:
+def _record(
+    cfg: Config,
+    args: argparse.Namespace,
+    step: int,
+    epoch: int,
+    run_id: str | None,
+    results: Sequence[SetResult],
+    world_size: int,
+) -> Path:
     from areal_lightning.tracking.history import EvalHistory, eval_record
 
     history = EvalHistory(args.history) if args.history else EvalHistory.in_run_dir(cfg.output_dir)
     history.append_many(
-        eval_record(step, epoch, r.dataset, r.metrics, trigger=[EVALUATE_TRIGGER],
-                    num_samples=r.num_samples, num_prompts=r.num_prompts, eval_secs=r.eval_secs, mode="sync",
-                    world_size=world_size, sampling=r.sampling, run_id=run_id, source="standalone")
+        eval_record(
+            step,
+            epoch,
+            r.dataset,
+            r.metrics,
+            trigger=[EVALUATE_TRIGGER],
+            num_samples=r.num_samples,
+            num_prompts=r.num_prompts,
+            eval_secs=r.eval_secs,
+            mode="sync",
+            world_size=world_size,
+            sampling=r.sampling,
+            run_id=run_id,
+            source="standalone",
+        )
         for r in results
     )
     return history.path
@@ -232,10 +287,13 @@ def evaluate_main(args: argparse.Namespace) -> int:
     try:
         fabric = _build_fabric(cfg)
     except (MisconfigurationException, ValueError, RuntimeError) as err:
-        return fail(f"trainer settings (accelerator={cfg.trainer.accelerator!r}, devices={cfg.trainer.devices}, "
-                     f"strategy={cfg.trainer.strategy!r}, precision={cfg.trainer.precision!r}) are not usable: {err}")
+        return fail(
+            f"trainer settings (accelerator={cfg.trainer.accelerator!r}, devices={cfg.trainer.devices}, "
+            f"strategy={cfg.trainer.strategy!r}, precision={cfg.trainer.precision!r}) are not usable: {err}"
+        )
     try:
-        results = fabric.launch(_evaluate_on_rank, cfg, module, step, epoch)
+        # Fabric.launch passes its *args after the Fabric; its annotation says Callable[[Fabric], Any].
+        results = fabric.launch(_evaluate_on_rank, cfg, module, step, epoch)  # type: ignore[arg-type]
     except EvalSetMismatchError as err:
         return fail(str(err)) if fabric.global_rank == 0 else 0
     except EvalRoundError as err:
@@ -248,8 +306,10 @@ def evaluate_main(args: argparse.Namespace) -> int:
             torch.distributed.destroy_process_group()
     if fabric.global_rank == 0:
         path = _record(cfg, args, step, epoch, run_id, results, fabric.world_size)
-        print(f"checkpoint {args.ckpt} (run {run_id or 'unknown'}, step {step}, epoch {epoch}), "
-              f"{fabric.world_size} process(es):")
+        print(
+            f"checkpoint {args.ckpt} (run {run_id or 'unknown'}, step {step}, epoch {epoch}), "
+            f"{fabric.world_size} process(es):"
+        )
         print(format_table(results))
         print(f"appended to {path}")
     return 0

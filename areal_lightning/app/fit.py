@@ -29,12 +29,18 @@ class _Run:
 
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the options of `areal-lightning fit` (``-c`` and the overrides come from the CLI)."""
-    parser.add_argument("--ckpt", default=None,
-                        help="resume the run that wrote this checkpoint (e.g. <output_dir>/checkpoints/last.ckpt): "
-                             "same run id, eval history, W&B run and CSV version")
-    parser.add_argument("--new-run", action="store_true",
-                        help="if output_dir already holds a run, start this one in the next free trial "
-                             "directory beside it (trial_name <trial>-1, <trial>-2, ...) instead of stopping")
+    parser.add_argument(
+        "--ckpt",
+        default=None,
+        help="resume the run that wrote this checkpoint (e.g. <output_dir>/checkpoints/last.ckpt): "
+        "same run id, eval history, W&B run and CSV version",
+    )
+    parser.add_argument(
+        "--new-run",
+        action="store_true",
+        help="if output_dir already holds a run, start this one in the next free trial "
+        "directory beside it (trial_name <trial>-1, <trial>-2, ...) instead of stopping",
+    )
 
 
 def _is_launching_process() -> bool:
@@ -42,7 +48,7 @@ def _is_launching_process() -> bool:
     device, which must not re-decide the run (rank 0 may already have written into output_dir)."""
     from lightning.pytorch.utilities import rank_zero_only
 
-    return rank_zero_only.rank == 0 and int(os.environ.get("NODE_RANK", "0")) == 0
+    return getattr(rank_zero_only, "rank", 0) == 0 and int(os.environ.get("NODE_RANK", "0")) == 0
 
 
 def _decide_run(args: argparse.Namespace, cfg: Config) -> _Run | str:
@@ -66,12 +72,17 @@ def _decide_run(args: argparse.Namespace, cfg: Config) -> _Run | str:
         run_id = ckpt.run_id
         if run_id is None:
             run_id = new_run_id()
-            log.info("checkpoint %s has no run id (written before run ids existed); the run continues as %s",
-                     args.ckpt, run_id)
+            log.info(
+                "checkpoint %s has no run id (written before run ids existed); the run continues as %s",
+                args.ckpt,
+                run_id,
+            )
         other = run_id_in_dir(cfg.output_dir)
         if other is not None and other != run_id:
-            return (f"output_dir {cfg.output_dir!r} holds run {other}, but --ckpt {args.ckpt!r} is of run {run_id}; "
-                    "resume into the run's own output_dir, or a fresh one (another trial_name=...)")
+            return (
+                f"output_dir {cfg.output_dir!r} holds run {other}, but --ckpt {args.ckpt!r} is of run {run_id}; "
+                "resume into the run's own output_dir, or a fresh one (another trial_name=...)"
+            )
         cfg.run_id = run_id
         return _Run(cfg, resumed_from_step=ckpt.step)
     if args.new_run:
@@ -120,10 +131,15 @@ def _record_resume(run: _Run, ckpt: str) -> None:
     from areal_lightning.tracking.history import EvalHistory, event_record
 
     assert run.resumed_from_step is not None
-    EvalHistory.in_run_dir(run.cfg.output_dir).append(event_record(
-        "resume", run.resumed_from_step, run_id=run.cfg.run_id,
-        message=f"resumed from {ckpt} at step {run.resumed_from_step}; later records written before this one "
-                "are superseded"))
+    EvalHistory.in_run_dir(run.cfg.output_dir).append(
+        event_record(
+            "resume",
+            run.resumed_from_step,
+            run_id=run.cfg.run_id,
+            message=f"resumed from {ckpt} at step {run.resumed_from_step}; later records written before this one "
+            "are superseded",
+        )
+    )
 
 
 def fit_main(args: argparse.Namespace) -> int:
@@ -152,9 +168,11 @@ def fit_main(args: argparse.Namespace) -> int:
     module = GRPOModule.from_config(cfg)
     module.warmed_up = args.ckpt is not None  # the checkpoint holds warmed-up weights: no second warm-up
     trainer = build_trainer(
-        cfg, [build_callback(cfg)],
+        cfg,
+        [build_callback(cfg)],
         csv_version=latest_csv_version(cfg.output_dir) if resumed else None,
-        logged_eval_through=last_logged_eval_step(cfg.output_dir, cfg.run_id) if resumed else None)
+        logged_eval_through=last_logged_eval_step(cfg.output_dir, cfg.run_id) if resumed else None,
+    )
     if trainer.is_global_zero:
         log.info("run %s in %s; config saved to %s", cfg.run_id, cfg.output_dir, _save_config(run))
         if resumed:

@@ -24,9 +24,15 @@ def build_task(cfg: Config) -> RLTask:
         from areal_lightning.tasks.math import MathTask
 
         assert t.path is not None  # the config requires it
-        return MathTask(t.path, question_field=t.question_field, answer_field=t.answer_field,
-                        answer_format=t.answer_format, prompt_style=t.prompt_style,
-                        prompt_template=t.prompt_template, verifier=t.verifier)
+        return MathTask(
+            t.path,
+            question_field=t.question_field,
+            answer_field=t.answer_field,
+            answer_format=t.answer_format,
+            prompt_style=t.prompt_style,
+            prompt_template=t.prompt_template,
+            verifier=t.verifier,
+        )
     from areal_lightning.tasks.arithmetic import ArithmeticTask
 
     return ArithmeticTask(train_digits=t.train_digits, train_size=t.train_size, seed=cfg.seed)
@@ -43,9 +49,15 @@ def build_policy(cfg: Config, task: RLTask) -> Policy:
 
         assert p.path is not None  # the config requires it
         chat = cfg.task.name is TaskName.MATH and cfg.task.prompt_style is PromptStyle.CHAT
-        return HFPolicy.from_pretrained(p.path, dtype=p.dtype.value, attn_implementation=p.attn_implementation,
-                                        chat=chat, chat_template=p.chat_template, system_prompt=p.system_prompt,
-                                        stop_strings=list(p.stop_strings))
+        return HFPolicy.from_pretrained(
+            p.path,
+            dtype=p.dtype.value,
+            attn_implementation=p.attn_implementation,
+            chat=chat,
+            chat_template=p.chat_template,
+            system_prompt=p.system_prompt,
+            stop_strings=list(p.stop_strings),
+        )
     from areal_lightning.rl.policy import TinyPolicy
 
     tok = task.tokenizer  # type: ignore[attr-defined]  # the config pairs the tiny policy with arithmetic

@@ -87,7 +87,8 @@ def next_free_trial(cfg: Config, load: Callable[[list[str]], Config]) -> Config:
         if Path(candidate.output_dir) == Path(cfg.output_dir):
             raise RunDirError(
                 f"{NEW_RUN_OPTION} picks the next free trial_name, but output_dir={cfg.output_dir!r} does not "
-                "contain ${trial_name}; give a new output_dir=... instead")
+                "contain ${trial_name}; give a new output_dir=... instead"
+            )
         if not run_files(candidate.output_dir):
             return candidate
         k += 1
@@ -119,8 +120,11 @@ def checkpoint_run(ckpt: dict[str, Any]) -> CheckpointRun:
 
 def latest_csv_version(output_dir: str | Path) -> int | None:
     """The highest ``<output_dir>/csv/version_<n>``: the version of the run the directory holds."""
-    versions = [int(m.group(1)) for d in (Path(output_dir) / CSV_DIRNAME).glob("version_*")
-                if (m := _CSV_VERSION.fullmatch(d.name)) and d.is_dir()]
+    versions = [
+        int(m.group(1))
+        for d in (Path(output_dir) / CSV_DIRNAME).glob("version_*")
+        if (m := _CSV_VERSION.fullmatch(d.name)) and d.is_dir()
+    ]
     return max(versions, default=None)
 
 
@@ -131,8 +135,11 @@ def last_logged_eval_step(output_dir: str | Path, run_id: str) -> int | None:
         records = read_history(output_dir)
     except FileNotFoundError:
         return None
-    steps = [int(r["step"]) for r in eval_rows(split_runs(records).get(run_id, []))
-             if r.get("source", "training") == "training"]
+    steps = [
+        int(r["step"])
+        for r in eval_rows(split_runs(records).get(run_id, []))
+        if r.get("source", "training") == "training"
+    ]
     return max(steps, default=None)
 
 

@@ -79,7 +79,9 @@ class DirectoryState:
 
     def poll(self, directory: Path) -> tuple[list[Path], list[Path]]:
         """(stable, unstable) checkpoint files of `directory` now."""
-        stable, unstable, now = [], [], {}
+        stable: list[Path] = []
+        unstable: list[Path] = []
+        now: dict[Path, tuple[int, int]] = {}
         for path in sorted(directory.glob(f"*{CHECKPOINT_SUFFIX}")):
             try:
                 st = path.stat()
@@ -108,8 +110,11 @@ def done_steps(history_file: Path) -> set[int]:
 
     if not history_file.is_file():
         return set()
-    return {int(r["step"]) for r in read_history(history_file)
-            if WATCH_TRIGGER in r.get("trigger", ()) or r.get("source") == WATCH_TRIGGER}
+    return {
+        int(r["step"])
+        for r in read_history(history_file)
+        if WATCH_TRIGGER in r.get("trigger", ()) or r.get("source") == WATCH_TRIGGER
+    }
 
 
 @dataclass(frozen=True)
@@ -130,8 +135,11 @@ def next_checkpoint(steps: Mapping[Path, tuple[int, int]], done: set[int]) -> tu
         >>> next_checkpoint({Path("last.ckpt"): (8, 0), Path("step4.ckpt"): (4, 0), Path("step8.ckpt"): (8, 0)}, {4})
         (PosixPath('step8.ckpt'), 8, 0)
     """
-    todo = sorted((step, path.name == "last.ckpt", path.name, path, epoch)
-                  for path, (step, epoch) in steps.items() if step not in done)
+    todo = sorted(
+        (step, path.name == "last.ckpt", path.name, path, epoch)
+        for path, (step, epoch) in steps.items()
+        if step not in done
+    )
     return (todo[0][3], todo[0][0], todo[0][4]) if todo else None
 
 
@@ -236,14 +244,18 @@ class _Watch:
                     self.state.given_up.add(path)
                     message = f"checkpoint {path} did not load at {failures} polls; left alone"
                     log.error("%s", message)
-                    EvalHistory(self.history_file).append(event_record("error", 0, message=message, checkpoint=str(path)))
+                    EvalHistory(self.history_file).append(
+                        event_record("error", 0, message=message, checkpoint=str(path))
+                    )
                 continue
             if path not in self.state.steps:
                 self.last_progress = time.monotonic()  # a new checkpoint
             self.state.steps[path] = (sig, *read)
         done = done_steps(self.history_file)
         # Only files whose step was read at their current, stable size and time (last.ckpt is rewritten).
-        present = {p: (s, e) for p, (sig, s, e) in self.state.steps.items() if p in stable and sig == self.state.seen[p]}
+        present = {
+            p: (s, e) for p, (sig, s, e) in self.state.steps.items() if p in stable and sig == self.state.seen[p]
+        }
         found = next_checkpoint(present, done)
         if found is not None:
             path, step, epoch = found
@@ -258,7 +270,9 @@ class _Watch:
         return Decision("wait")
 
 
-def _load_on_every_rank(fabric: Fabric, module: GRPOModule, path: str, step: int, trust: bool) -> tuple[bool, str | None]:
+def _load_on_every_rank(
+    fabric: Fabric, module: GRPOModule, path: str, step: int, trust: bool
+) -> tuple[bool, str | None]:
     """Every rank loads the weights; all agree whether it worked (and on the run id)."""
     from areal_lightning.app.evaluate import STATE_DICT_KEY, CheckpointError, load_checkpoint, load_weights
     from areal_lightning.eval_round.ranks import all_gather_object
@@ -285,11 +299,14 @@ def _watch_on_rank(fabric: Fabric, watch: _Watch) -> int:
     from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.rl.rollout_eval import rollout_evaluate
     from areal_lightning.tracking.history import EvalHistory, eval_record, event_record
-    from areal_lightning.tracking.loggers import finish_wandb, log_eval_results
+    from areal_lightning.tracking.loggers import log_eval_results
+    from areal_lightning.tracking.wandb_logger import finish_wandb
 
     cfg = watch.cfg
     module = GRPOModule.from_config(cfg)
-    module = fabric.strategy.precision.convert_module(module).to(fabric.device)
+    converted = fabric.strategy.precision.convert_module(module)
+    assert isinstance(converted, GRPOModule)  # precision plugins convert in place, they do not wrap
+    module = converted.to(fabric.device)
     eval_sets = build_eval_sets(cfg, module.task)
     check_eval_sets_consistent(eval_sets)
     loggers: list[Logger] | None = None
@@ -297,12 +314,16 @@ def _watch_on_rank(fabric: Fabric, watch: _Watch) -> int:
     evaluated = 0
     with StopRequest() as stop:
         if fabric.global_rank == 0:  # after the handlers are in place: from here on Ctrl-C stops cleanly
-            print(f"watching {watch.directory} for checkpoints; stop with Ctrl-C, --idle-timeout or "
-                  f"{watch.directory / STOP_FILENAME}", flush=True)
+            print(
+                f"watching {watch.directory} for checkpoints; stop with Ctrl-C, --idle-timeout or "
+                f"{watch.directory / STOP_FILENAME}",
+                flush=True,
+            )
         try:
             while True:
-                decision = watch.decide(stop) if fabric.global_rank == 0 else None
-                decision = fabric.broadcast(decision, src=0)  # one decision for every rank
+                mine = watch.decide(stop) if fabric.global_rank == 0 else None
+                decision = fabric.broadcast(mine, src=0)  # one decision for every rank
+                assert decision is not None  # rank 0 always decides
                 if decision.action == "stop":
                     if fabric.global_rank == 0:
                         print(f"watch stopped: {decision.reason}; {evaluated} checkpoint(s) evaluated", flush=True)
@@ -319,23 +340,45 @@ def _watch_on_rank(fabric: Fabric, watch: _Watch) -> int:
                     continue
                 try:
                     with fabric.autocast():
-                        results = run_round(module, eval_sets, rollout_evaluate, seed=cfg.seed,
-                                            global_step=decision.step, epoch=decision.epoch)
+                        results = run_round(
+                            module,
+                            eval_sets,
+                            rollout_evaluate,
+                            seed=cfg.seed,
+                            global_step=decision.step,
+                            epoch=decision.epoch,
+                        )
                 except EvalRoundError as err:
                     if fabric.global_rank == 0:  # recorded, so that a restart does not retry it forever
                         log.error("evaluation of %s failed: %s", decision.path, err)
-                        history.append(event_record("error", decision.step, message=str(err), source=WATCH_TRIGGER,
-                                                    checkpoint=decision.path))
+                        history.append(
+                            event_record(
+                                "error", decision.step, message=str(err), source=WATCH_TRIGGER, checkpoint=decision.path
+                            )
+                        )
                     continue
                 evaluated += 1
                 if fabric.global_rank != 0:
                     continue
                 watch.last_progress = time.monotonic()
-                records = [eval_record(decision.step, decision.epoch, r.dataset, r.metrics, trigger=[WATCH_TRIGGER],
-                                       num_samples=r.num_samples, num_prompts=r.num_prompts, eval_secs=r.eval_secs,
-                                       mode="sync", world_size=fabric.world_size, sampling=r.sampling,
-                                       run_id=run_id, source="standalone")
-                           for r in results]
+                records = [
+                    eval_record(
+                        decision.step,
+                        decision.epoch,
+                        r.dataset,
+                        r.metrics,
+                        trigger=[WATCH_TRIGGER],
+                        num_samples=r.num_samples,
+                        num_prompts=r.num_prompts,
+                        eval_secs=r.eval_secs,
+                        mode="sync",
+                        world_size=fabric.world_size,
+                        sampling=r.sampling,
+                        run_id=run_id,
+                        source="standalone",
+                    )
+                    for r in results
+                ]
                 history.append_many({**rec, "checkpoint": decision.path} for rec in records)
                 if loggers is None:
                     loggers = watch_loggers(cfg, Path(cfg.output_dir), wandb_run_id(run_id, Path(cfg.output_dir)))
@@ -349,13 +392,26 @@ def _watch_on_rank(fabric: Fabric, watch: _Watch) -> int:
 
 def add_watch_arguments(parser: argparse.ArgumentParser, ckpt_group: argparse._MutuallyExclusiveGroup) -> None:
     """The watcher's options of `areal-lightning evaluate`; ``--watch`` goes into ``--ckpt``'s group."""
-    ckpt_group.add_argument("--watch", metavar="CHECKPOINT_DIR",
-                            help="evaluate each new checkpoint of this directory as it appears, oldest first, once "
-                                 f"each; stops on Ctrl-C, --idle-timeout or a file {STOP_FILENAME} in the directory")
-    parser.add_argument("--idle-timeout", type=float, default=None, metavar="SECS",
-                        help="with --watch: stop after SECS without a new checkpoint (default: never)")
-    parser.add_argument("--poll-secs", type=float, default=DEFAULT_POLL_SECS, metavar="SECS",
-                        help=f"with --watch: seconds between looks at the directory (default {DEFAULT_POLL_SECS:g})")
+    ckpt_group.add_argument(
+        "--watch",
+        metavar="CHECKPOINT_DIR",
+        help="evaluate each new checkpoint of this directory as it appears, oldest first, once "
+        f"each; stops on Ctrl-C, --idle-timeout or a file {STOP_FILENAME} in the directory",
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=None,
+        metavar="SECS",
+        help="with --watch: stop after SECS without a new checkpoint (default: never)",
+    )
+    parser.add_argument(
+        "--poll-secs",
+        type=float,
+        default=DEFAULT_POLL_SECS,
+        metavar="SECS",
+        help=f"with --watch: seconds between looks at the directory (default {DEFAULT_POLL_SECS:g})",
+    )
 
 
 def evaluate_command(args: argparse.Namespace) -> int:
@@ -384,9 +440,12 @@ def watch_main(args: argparse.Namespace) -> int:
             return fail(f"--{name.replace('_', '-')} must be a positive number of seconds, got {value}")
     directory = Path(args.watch)
     if directory.exists() and not directory.is_dir():
-        return fail(f"--watch {args.watch!r} is a file; pass the directory the checkpoints are written to, "
-                    "e.g. <output_dir>/checkpoints")
+        return fail(
+            f"--watch {args.watch!r} is a file; pass the directory the checkpoints are written to, "
+            "e.g. <output_dir>/checkpoints"
+        )
     history_file = Path(args.history) if args.history else Path(cfg.output_dir) / HISTORY_FILENAME
     watch = _Watch(cfg, directory, history_file, args.poll_secs, args.idle_timeout, args.trust_checkpoint)
     fabric = _build_fabric(cfg)
-    return int(fabric.launch(_watch_on_rank, watch))
+    # Fabric.launch passes its *args after the Fabric; its annotation says Callable[[Fabric], Any].
+    return int(fabric.launch(_watch_on_rank, watch))  # type: ignore[arg-type]

@@ -7,11 +7,14 @@ option Enums are pure Python and import without it.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS, ErrorPolicy, EvalMode, OnBusy, ThresholdAction
 from areal_lightning.callbacks.thresholds import Alert, ThresholdMonitor
 from areal_lightning.callbacks.trigger import Cause, HybridTrigger
+
+if TYPE_CHECKING:  # type checkers see the class; at run time `__getattr__` loads it (and Lightning)
+    from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
 
 __all__ = [
     "DEFAULT_TABLE_ROWS",

@@ -17,8 +17,9 @@ _KEY_INTERVAL = "interval"
 _KEY_LAST_STEP = "last_step"
 
 
-def next_interval(interval: int, moved: bool | None, min_steps: int, max_steps: int,
-                  factor: float = DEFAULT_FACTOR) -> int:
+def next_interval(
+    interval: int, moved: bool | None, min_steps: int, max_steps: int, factor: float = DEFAULT_FACTOR
+) -> int:
     """The next interval: divided by `factor` when the metric moved, multiplied when it did not,
     kept when nothing is known (None: no previous round to compare with); within the bounds.
 
@@ -75,22 +76,41 @@ class AdaptiveSchedule:
         (IntervalChange(step=20, old=10, new=20, moved=False), False, True)
     """
 
-    def __init__(self, metric: str, min_steps: int, max_steps: int, *, dataset: str | None = None,
-                 factor: float = DEFAULT_FACTOR, start_steps: int | None = None) -> None:
+    def __init__(
+        self,
+        metric: str,
+        min_steps: int,
+        max_steps: int,
+        *,
+        dataset: str | None = None,
+        factor: float = DEFAULT_FACTOR,
+        start_steps: int | None = None,
+    ) -> None:
         if not isinstance(metric, str) or not metric:
             raise ArgumentError("AdaptiveSchedule", "metric", metric, "a metric name such as accuracy")
         self.metric, self.dataset = metric, dataset
         self.min_steps = _positive_int("min_steps", min_steps)
         self.max_steps = _positive_int("max_steps", max_steps)
         if min_steps > max_steps:
-            raise ArgumentError("AdaptiveSchedule", "", (min_steps, max_steps),
-                                f"min_steps must be at most max_steps, got min_steps={min_steps}, max_steps={max_steps}")
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1 or not math.isfinite(factor):
+            raise ArgumentError(
+                "AdaptiveSchedule",
+                "",
+                (min_steps, max_steps),
+                f"min_steps must be at most max_steps, got min_steps={min_steps}, max_steps={max_steps}",
+            )
+        if (
+            isinstance(factor, bool)
+            or not isinstance(factor, (int, float))
+            or not factor > 1
+            or not math.isfinite(factor)
+        ):
             raise ArgumentError("AdaptiveSchedule", "factor", factor, "a finite number above 1")
         self.factor = float(factor)
         start = min_steps if start_steps is None else _positive_int("start_steps", start_steps)
         if not min_steps <= start <= max_steps:
-            raise ArgumentError("AdaptiveSchedule", "start_steps", start_steps, f"a number of steps in [{min_steps}, {max_steps}]")
+            raise ArgumentError(
+                "AdaptiveSchedule", "start_steps", start_steps, f"a number of steps in [{min_steps}, {max_steps}]"
+            )
         self.interval = start
         self.last_step = 0  # rounds count from the start of training
 
@@ -105,9 +125,13 @@ class AdaptiveSchedule:
     def moved(self, intervals: Mapping[str, Mapping[str, tuple[float, float]]]) -> bool | None:
         """Whether the watched metric's change interval excludes 0 on a watched eval set; None when
         no watched set has one (the first round, or a round answered from the cache)."""
-        found = [bounds for name, per_metric in intervals.items() if self.dataset in (None, name)
-                 for metric, bounds in per_metric.items() if metric == self.metric
-                 and not (math.isnan(bounds[0]) or math.isnan(bounds[1]))]
+        found = [
+            bounds
+            for name, per_metric in intervals.items()
+            if self.dataset in (None, name)
+            for metric, bounds in per_metric.items()
+            if metric == self.metric and not (math.isnan(bounds[0]) or math.isnan(bounds[1]))
+        ]
         if not found:
             return None
         return any(low > 0 or high < 0 for low, high in found)

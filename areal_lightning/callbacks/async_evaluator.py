@@ -94,8 +94,10 @@ def _worker_main(conn: Connection, threads: int, device: str) -> None:
         try:
             if device != "cpu":
                 replica.load_state_dict(shared)
-            results = [evaluate_local(replica, s, evaluate_fn, global_step=job.step, epoch=job.epoch, batches=b,
-                                      **options) for s, b in sets]
+            results = [
+                evaluate_local(replica, s, evaluate_fn, global_step=job.step, epoch=job.epoch, batches=b, **options)
+                for s, b in sets
+            ]
             conn.send(_Done(job.step, results, None))
         except BaseException:  # noqa: BLE001 - reported to the training process
             conn.send(_Done(job.step, None, traceback.format_exc()))
@@ -133,8 +135,12 @@ class AsyncEvaluator:
         True
     """
 
-    def __init__(self, device: str | None = None, threads: int = DEFAULT_ASYNC_THREADS,
-                 max_snapshot_mb: float | None = DEFAULT_MAX_SNAPSHOT_MB) -> None:
+    def __init__(
+        self,
+        device: str | None = None,
+        threads: int = DEFAULT_ASYNC_THREADS,
+        max_snapshot_mb: float | None = DEFAULT_MAX_SNAPSHOT_MB,
+    ) -> None:
         check_async_options(device, threads, max_snapshot_mb)
         self.device, self.threads, self.max_snapshot_mb = device, threads, max_snapshot_mb
         self.in_flight: Snapshot | None = None
@@ -148,8 +154,17 @@ class AsyncEvaluator:
 
     # ---- lifetime ------------------------------------------------------------------------------
 
-    def start(self, module: nn.Module, eval_sets: Sequence[EvalSet], evaluate_fn: EvaluateFn, *, seed: int,
-              rank: int, world_size: int, max_table_rows: int) -> None:
+    def start(
+        self,
+        module: nn.Module,
+        eval_sets: Sequence[EvalSet],
+        evaluate_fn: EvaluateFn,
+        *,
+        seed: int,
+        rank: int,
+        world_size: int,
+        max_table_rows: int,
+    ) -> None:
         """Builds the shared replica, checks its size and starts the worker.
 
         Raises:
@@ -161,7 +176,8 @@ class AsyncEvaluator:
         if self.max_snapshot_mb is not None and self.snapshot_mb > self.max_snapshot_mb:
             raise ValueError(
                 f"async evaluation needs a {self.snapshot_mb:.1f} MiB snapshot of {type(module).__name__}'s weights, "
-                f"more than max_snapshot_mb={self.max_snapshot_mb:g}; raise max_snapshot_mb (evaluator.max_snapshot_mb) "
+                f"more than max_snapshot_mb={self.max_snapshot_mb:g}; raise max_snapshot_mb "
+                "(evaluator.max_snapshot_mb) "
                 "if the memory is there, or use mode='sync'"
             )
         device = self.device or str(next(iter(state.values())).device if state else "cpu")
@@ -169,8 +185,13 @@ class AsyncEvaluator:
         self._replica = copy.deepcopy(module).cpu().requires_grad_(False).share_memory()
         # The worker gets this rank's deal, computed here: the eval sets' cost and key functions
         # (often lambdas) never travel.
-        sets = [(dataclasses.replace(s, cost_fn=None, key_fn=repr),
-                 local_batches(s, resolved_seed(s, seed), rank, world_size)) for s in eval_sets]
+        sets = [
+            (
+                dataclasses.replace(s, cost_fn=None, key_fn=repr),
+                local_batches(s, resolved_seed(s, seed), rank, world_size),
+            )
+            for s in eval_sets
+        ]
         options = dict(seed=seed, rank=rank, world_size=world_size, max_table_rows=max_table_rows)
         self._payload = (self._replica, sets, evaluate_fn, options)
         self._spawn()
@@ -187,8 +208,12 @@ class AsyncEvaluator:
             ) from err
         ctx = tmp.get_context("spawn")  # fork would copy the training threads' locks mid-use
         self._conn, child = ctx.Pipe()
-        self._process = ctx.Process(target=_worker_main, args=(child, self.threads, self._device), daemon=True,
-                                    name="areal-lightning-async-eval")
+        self._process = ctx.Process(
+            target=_worker_main,
+            args=(child, self.threads, self._device),
+            daemon=True,
+            name="areal-lightning-async-eval",
+        )
         self._process.start()
         child.close()
         self._conn.send_bytes(payload)
@@ -244,8 +269,9 @@ class AsyncEvaluator:
         self.in_flight = Snapshot(step, epoch, [str(c) for c in causes], self.snapshot_mb, copy_secs)
         assert self._conn is not None
         self._conn.send(_Job(step, epoch))
-        log.debug("async round for step %d submitted: %.2f MiB snapshot copied in %.4f s", step, self.snapshot_mb,
-                  copy_secs)
+        log.debug(
+            "async round for step %d submitted: %.2f MiB snapshot copied in %.4f s", step, self.snapshot_mb, copy_secs
+        )
         return self.in_flight
 
     def ready(self) -> bool:
@@ -276,14 +302,19 @@ class AsyncEvaluator:
             closed = False
             if self._conn.poll(_POLL_SECS if block else 0):
                 try:
-                    return self._conn.recv()
+                    done: _Done = self._conn.recv()  # the worker sends only _Done
+                    return done
                 except (EOFError, OSError):
                     closed = True  # the worker's end is closed: it exited
             if closed or not self._process.is_alive():
                 self._process.join(_STOP_SECS)
                 code = self._process.exitcode
                 self._stop_worker(cancel=True)
-                return _Done(-1, None, f"the worker process exited with code {code} (killed, out of memory, or "
-                                       "os._exit) before it returned a result")
+                return _Done(
+                    -1,
+                    None,
+                    f"the worker process exited with code {code} (killed, out of memory, or "
+                    "os._exit) before it returned a result",
+                )
             if not block:
                 return None

@@ -63,8 +63,12 @@ class BestValues:
 
     def __init__(self, directions: Mapping[str, Direction | str] | None = None) -> None:
         if directions is not None and not isinstance(directions, Mapping):
-            raise ArgumentError("EvaluationCallback", "best_metrics", directions,
-                                'a mapping of metric names to "max" or "min", e.g. {"accuracy": "max"}')
+            raise ArgumentError(
+                "EvaluationCallback",
+                "best_metrics",
+                directions,
+                'a mapping of metric names to "max" or "min", e.g. {"accuracy": "max"}',
+            )
         self.directions: dict[str, Direction] = {}
         for name, direction in (directions or {}).items():
             if not isinstance(name, str) or not name:
@@ -96,5 +100,6 @@ class BestValues:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores a `state_dict`; a missing key leaves nothing recorded (a checkpoint from before best values)."""
-        self._best = {d: {m: (float(v), int(s)) for m, (v, s) in per.items()}
-                      for d, per in state.get(_KEY_BEST, {}).items()}
+        self._best = {
+            d: {m: (float(v), int(s)) for m, (v, s) in per.items()} for d, per in state.get(_KEY_BEST, {}).items()
+        }

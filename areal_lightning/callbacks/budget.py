@@ -43,7 +43,12 @@ class EvalBudget:
     """
 
     def __init__(self, share: float, clock: Callable[[], float] = time.monotonic) -> None:
-        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1 or not math.isfinite(share):
+        if (
+            isinstance(share, bool)
+            or not isinstance(share, (int, float))
+            or not 0 < share <= 1
+            or not math.isfinite(share)
+        ):
             raise ArgumentError("EvaluationCallback", "budget", share, "a share of wall time in (0, 1] or None")
         self.share = float(share)
         self._clock = clock

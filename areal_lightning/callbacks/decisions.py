@@ -73,12 +73,14 @@ def early_stopping_before(callbacks: Sequence[Callback], evaluation: Callback) -
     return found
 
 
-
 def warn_early_stopping_order(callbacks: Sequence[Callback], evaluation: Callback) -> None:
     """A warning per `early_stopping_before`; call it from `setup`."""
     for es in early_stopping_before(callbacks, evaluation):
-        warnings.warn(f"EarlyStopping(monitor={es.monitor!r}) comes before EvaluationCallback in the Trainer's "
-                      "callbacks, so at an epoch end it decides on the previous round; list it after", stacklevel=3)
+        warnings.warn(
+            f"EarlyStopping(monitor={es.monitor!r}) comes before EvaluationCallback in the Trainer's "
+            "callbacks, so at an epoch end it decides on the previous round; list it after",
+            stacklevel=3,
+        )
 
 
 def read_train_metric(trainer: L.Trainer, name: str) -> float | None:
@@ -100,15 +102,35 @@ def report_alert(trainer: L.Trainer, alert: HackingAlert, history: EvalHistory |
         return
     log.warning("reward watch: %s", alert.message)
     if history is not None:
-        history.append(event_record("alert", alert.step, dataset=alert.dataset, message=alert.message, run_id=run_id,
-                                    kind=ALERT_KIND, metric=alert.metric, train_metric=alert.train_metric,
-                                    train_rise=alert.train_rise, change=alert.eval_change,
-                                    change_ci_high=alert.eval_change_ci_high, reference_step=alert.reference_step))
-    send_alert(trainer.loggers, title=f"areal-lightning: possible reward hacking on {alert.dataset}", text=alert.message)
+        history.append(
+            event_record(
+                "alert",
+                alert.step,
+                dataset=alert.dataset,
+                message=alert.message,
+                run_id=run_id,
+                kind=ALERT_KIND,
+                metric=alert.metric,
+                train_metric=alert.train_metric,
+                train_rise=alert.train_rise,
+                change=alert.eval_change,
+                change_ci_high=alert.eval_change_ci_high,
+                reference_step=alert.reference_step,
+            )
+        )
+    send_alert(
+        trainer.loggers, title=f"areal-lightning: possible reward hacking on {alert.dataset}", text=alert.message
+    )
 
 
-def watch_round(trainer: L.Trainer, watch: RewardWatch, results: Sequence[SetResult], step: int,
-                history: EvalHistory | None, run_id: str | None) -> list[HackingAlert]:
+def watch_round(
+    trainer: L.Trainer,
+    watch: RewardWatch,
+    results: Sequence[SetResult],
+    step: int,
+    history: EvalHistory | None,
+    run_id: str | None,
+) -> list[HackingAlert]:
     """Runs the reward watch on a round (every rank) and reports its alerts (rank 0)."""
     train_value = read_train_metric(trainer, watch.train_metric)
     alerts = watch.observe(step, train_value, {r.dataset: r.metrics for r in results})

@@ -15,8 +15,6 @@ from typing_extensions import override
 
 from areal_lightning.callbacks.adaptive import AdaptiveSchedule
 from areal_lightning.callbacks.async_evaluator import (
-    DEFAULT_ASYNC_THREADS,
-    DEFAULT_MAX_SNAPSHOT_MB,
     AsyncEvaluator,
     Snapshot,
     module_evaluate,
@@ -31,6 +29,8 @@ from areal_lightning.callbacks.decisions import (
 )
 from areal_lightning.callbacks.imports import import_object
 from areal_lightning.callbacks.options import (
+    DEFAULT_ASYNC_THREADS,
+    DEFAULT_MAX_SNAPSHOT_MB,
     DEFAULT_TABLE_ROWS,
     Direction,
     ErrorPolicy,
@@ -74,6 +74,7 @@ from areal_lightning.tracking.history import (
 from areal_lightning.tracking.loggers import log_eval_results, send_alert
 
 log = logging.getLogger(__name__)
+
 
 def _epoch_ran_to_end(trainer: L.Trainer) -> bool:
     """The epoch loop consumed its last batch (or its `limit_train_batches`), the same on every rank."""
@@ -183,8 +184,9 @@ class EvaluationCallback(Callback):
     ) -> None:
         if isinstance(eval_sets, str):  # a factory (or a value) named in a YAML file
             found = import_object(eval_sets, "EvaluationCallback", "eval_sets")
-            eval_sets = found() if callable(found) else found
-        self.eval_sets = as_eval_sets(eval_sets)
+            self.eval_sets = as_eval_sets(found() if callable(found) else found)
+        else:
+            self.eval_sets = as_eval_sets(eval_sets)
         if isinstance(evaluate_fn, str):  # e.g. LightningCLI's init_args: evaluate_fn: my_project.evals.evaluate
             evaluate_fn = import_object(evaluate_fn, "EvaluationCallback", "evaluate_fn")
         if evaluate_fn is not None and not callable(evaluate_fn):
@@ -199,8 +201,14 @@ class EvaluationCallback(Callback):
         # Checked here, not at the first round: a negative count would silently keep no table rows.
         if isinstance(max_table_rows, bool) or not isinstance(max_table_rows, int) or max_table_rows < 0:
             raise ArgumentError("EvaluationCallback", "max_table_rows", max_table_rows, "a non-negative integer")
-        self.trigger = HybridTrigger(freq_epochs=freq_epochs, freq_steps=freq_steps, freq_secs=freq_secs,
-                                     eval_before_train=eval_before_train, eval_at_end=eval_at_end, clock=clock)
+        self.trigger = HybridTrigger(
+            freq_epochs=freq_epochs,
+            freq_steps=freq_steps,
+            freq_secs=freq_secs,
+            eval_before_train=eval_before_train,
+            eval_at_end=eval_at_end,
+            clock=clock,
+        )
         self.thresholds = ThresholdMonitor(metric_thresholds)
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise ArgumentError("EvaluationCallback", "run_id", run_id, "a non-empty string or None")
@@ -208,7 +216,9 @@ class EvaluationCallback(Callback):
         # ---- smarter evaluation (issue 13): each piece lives in its own module
         if adaptive is not None and not isinstance(adaptive, AdaptiveSchedule):
             if not isinstance(adaptive, Mapping):
-                raise ArgumentError("EvaluationCallback", "adaptive", adaptive, "an AdaptiveSchedule, a mapping or None")
+                raise ArgumentError(
+                    "EvaluationCallback", "adaptive", adaptive, "an AdaptiveSchedule, a mapping or None"
+                )
             adaptive = AdaptiveSchedule(**adaptive)
         self.adaptive = adaptive
         self.budget = EvalBudget(budget, clock) if budget is not None else None
@@ -238,8 +248,11 @@ class EvaluationCallback(Callback):
         # Lightning reads `state_key` around every hook call of every step (profiler labels), and
         # the arguments it depends on never change: build the string once.
         self._state_key = self._generate_state_key(
-            freq_epochs=self.trigger.freq_epochs, freq_steps=self.trigger.freq_steps, freq_secs=self.trigger.freq_secs,
-            eval_sets=[s.name for s in self.eval_sets])
+            freq_epochs=self.trigger.freq_epochs,
+            freq_steps=self.trigger.freq_steps,
+            freq_secs=self.trigger.freq_secs,
+            eval_sets=[s.name for s in self.eval_sets],
+        )
 
     @property
     @override
@@ -266,7 +279,8 @@ class EvaluationCallback(Callback):
             self.cache_dir = self.output_dir / CACHE_DIRNAME
         if self._async is not None:
             refuse_sharded(trainer.strategy)
-        warn_early_stopping_order(trainer.callbacks, self)  # issue 16
+        # `Trainer.callbacks` is public, set by its callback connector rather than declared on the class.
+        warn_early_stopping_order(trainer.callbacks, self)  # type: ignore[attr-defined]
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -280,15 +294,23 @@ class EvaluationCallback(Callback):
             self.budget.start()
         self._last_seen_step = trainer.global_step
         if self._async is not None:
-            self._async.start(pl_module, self.eval_sets, self._evaluate_fn or module_evaluate, seed=int(self.seed or 0),
-                              rank=trainer.global_rank, world_size=trainer.world_size, max_table_rows=self.max_table_rows)
+            self._async.start(
+                pl_module,
+                self.eval_sets,
+                self._evaluate_fn or module_evaluate,
+                seed=int(self.seed or 0),
+                rank=trainer.global_rank,
+                world_size=trainer.world_size,
+                max_table_rows=self.max_table_rows,
+            )
         causes = self.trigger.before_train(trainer.global_step)
         if causes:
             self._evaluate(trainer, pl_module, causes)
 
     @override
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         step = trainer.global_step  # read once: it is a chain of Lightning properties, and this runs every step
         if step == self._last_seen_step:
             return  # gradient accumulation: no optimizer step since the last call
@@ -309,7 +331,9 @@ class EvaluationCallback(Callback):
             # Lightning calls this hook also when max_steps or a stop request cut the epoch short;
             # a partial epoch is no completed epoch (it would fire `freq_epochs` at the last step).
             return
-        causes = self._within_budget(trainer.global_step, self.trigger.after_epoch(trainer.global_step, trainer.current_epoch))
+        causes = self._within_budget(
+            trainer.global_step, self.trigger.after_epoch(trainer.global_step, trainer.current_epoch)
+        )
         causes = self._agree(trainer, causes)
         if causes:
             self._evaluate(trainer, pl_module, causes)
@@ -352,9 +376,13 @@ class EvaluationCallback(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        state = {"run_id": self.run_id, "trigger": self.trigger.state_dict(),
-                 "thresholds": self.thresholds.state_dict(), "drift": self.drift.state_dict(),
-                 "best": self.best.state_dict()}
+        state = {
+            "run_id": self.run_id,
+            "trigger": self.trigger.state_dict(),
+            "thresholds": self.thresholds.state_dict(),
+            "drift": self.drift.state_dict(),
+            "best": self.best.state_dict(),
+        }
         if self.reward_watch is not None:
             state["reward_watch"] = self.reward_watch.state_dict()
         if self.adaptive is not None:
@@ -405,12 +433,17 @@ class EvaluationCallback(Callback):
 
     def _cache_keys(self, pl_module: L.LightningModule, evaluate_fn: EvaluateFn) -> dict[str, str]:
         weights = weights_digest(pl_module)
-        settings = {"seed": int(self.seed or 0), "precision": str(self.precision.value),
-                    "evaluate_fn": function_identity(evaluate_fn), "max_table_rows": self.max_table_rows}
+        settings = {
+            "seed": int(self.seed or 0),
+            "precision": str(self.precision.value),
+            "evaluate_fn": function_identity(evaluate_fn),
+            "max_table_rows": self.max_table_rows,
+        }
         return {s.name: result_key(weights, s, **settings) for s in self.eval_sets}
 
-    def _cached_results(self, trainer: L.Trainer, pl_module: L.LightningModule,
-                        evaluate_fn: EvaluateFn) -> tuple[dict[str, SetResult], dict[str, str]]:
+    def _cached_results(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, evaluate_fn: EvaluateFn
+    ) -> tuple[dict[str, SetResult], dict[str, str]]:
         """The eval sets answered from the cache (rank 0 looks, every rank gets its answer) and,
         on rank 0, every set's key."""
         if not self.use_cache:
@@ -432,16 +465,25 @@ class EvaluationCallback(Callback):
         step, epoch = trainer.global_step, trainer.current_epoch
         started = self._clock()
         # The module's own method as a plain function: its qualified name and code key the cache.
-        evaluate_fn = self._evaluate_fn or getattr(type(pl_module), "evaluate", None) or (
-            lambda module, batches, ctx: module.evaluate(batches, ctx))
+        evaluate_fn = (
+            self._evaluate_fn
+            or getattr(type(pl_module), "evaluate", None)
+            or (lambda module, batches, ctx: module.evaluate(batches, ctx))
+        )
         cached, keys = self._cached_results(trainer, pl_module, evaluate_fn)
         try:
             with eval_precision(pl_module, self.precision):
-                fresh = run_round(pl_module, [s for s in self.eval_sets if s.name not in cached], evaluate_fn,
-                                  seed=int(self.seed or 0), global_step=step, epoch=epoch,
-                                  max_table_rows=self.max_table_rows,
-                                  show_progress=trainer.progress_bar_callback is not None,
-                                  lockstep=self._lockstep)
+                fresh = run_round(
+                    pl_module,
+                    [s for s in self.eval_sets if s.name not in cached],
+                    evaluate_fn,
+                    seed=int(self.seed or 0),
+                    global_step=step,
+                    epoch=epoch,
+                    max_table_rows=self.max_table_rows,
+                    show_progress=trainer.progress_bar_callback is not None,
+                    lockstep=self._lockstep,
+                )
         except EvalRoundError as err:
             self.trigger.mark_evaluated(step)
             if self.on_error is ErrorPolicy.RAISE:
@@ -449,11 +491,13 @@ class EvaluationCallback(Callback):
             self._record_error(trainer, step, err)
             return
         if keys:
+            assert self.cache_dir is not None  # keys exist only with the cache on, and then it has a directory
             for r in fresh:
                 ResultCache(self.cache_dir).put(keys[r.dataset], r)  # rank 0 only: `keys` is empty elsewhere
         for r in fresh:  # every rank, the same sets: one reduction per metric and reference
-            r.metrics.update(self.pairs.update(r.dataset, r.outcomes, r.outcome_names, r.metrics,
-                                               trainer.strategy.root_device))
+            r.metrics.update(
+                self.pairs.update(r.dataset, r.outcomes, r.outcome_names, r.metrics, trainer.strategy.root_device)
+            )
         by_name = {r.dataset: r for r in fresh} | cached
         results = [by_name[s.name] for s in self.eval_sets]
         self.trigger.mark_evaluated(step)
@@ -463,9 +507,13 @@ class EvaluationCallback(Callback):
             self.budget.add_round(self._clock() - started)
             extras["budget_share"] = self.budget.spent_share()
         if self.adaptive is not None:
-            change = self.adaptive.observe(step, {r.dataset: {m: (c.low, c.high) for m, c in
-                                                              self.pairs.last_changes.get(r.dataset, {}).items()}
-                                                  for r in fresh})
+            change = self.adaptive.observe(
+                step,
+                {
+                    r.dataset: {m: (c.low, c.high) for m, c in self.pairs.last_changes.get(r.dataset, {}).items()}
+                    for r in fresh
+                },
+            )
             extras["adaptive_interval"] = float(self.adaptive.interval)
             if change.old != change.new and trainer.is_global_zero:
                 self._record_interval_change(step, change.old, change.new, change.moved)
@@ -500,18 +548,27 @@ class EvaluationCallback(Callback):
             self._skipped_step = step
             if trainer.is_global_zero:
                 assert self._history is not None
-                message = (f"evaluation of step {step} skipped: the round of step {running.step} is still running "
-                           "(on_busy='skip')")
+                message = (
+                    f"evaluation of step {step} skipped: the round of step {running.step} is still running "
+                    "(on_busy='skip')"
+                )
                 log.warning(message)
-                self._history.append(event_record("skipped", step, message=message, trigger=[str(c) for c in causes],
-                                                  running_step=running.step))
+                self._history.append(
+                    event_record(
+                        "skipped", step, message=message, trigger=[str(c) for c in causes], running_step=running.step
+                    )
+                )
             return
         if running is not None:
             self._finish_async(trainer, pl_module, wait=True)
         snapshot = self._async.submit(pl_module, step, trainer.current_epoch, causes)
         self.trigger.mark_evaluated(step)  # training time counts from the snapshot: training goes on
-        log.info("async evaluation of step %d started: %.2f MiB snapshot copied in %.4f s", step, snapshot.mb,
-                 snapshot.copy_secs)
+        log.info(
+            "async evaluation of step %d started: %.2f MiB snapshot copied in %.4f s",
+            step,
+            snapshot.mb,
+            snapshot.copy_secs,
+        )
 
     def _finish_async(self, trainer: L.Trainer, pl_module: L.LightningModule, wait: bool) -> None:
         if self._async is None or self._async.in_flight is None:
@@ -525,47 +582,83 @@ class EvaluationCallback(Callback):
         snapshot, local = self._async.collect(self.eval_sets)
         self._merge(trainer, pl_module, snapshot, local)
 
-    def _merge(self, trainer: L.Trainer, pl_module: L.LightningModule, snapshot: Snapshot,
-               local: list[LocalSetResult]) -> None:
+    def _merge(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, snapshot: Snapshot, local: list[LocalSetResult]
+    ) -> None:
         try:
-            results = [reduce_set(r, s, device=pl_module.device) for r, s in zip(local, self.eval_sets)]
+            results = [reduce_set(r, s, device=pl_module.device) for r, s in zip(local, self.eval_sets, strict=True)]
         except EvalRoundError as err:
             if self.on_error is ErrorPolicy.RAISE:
                 raise
             self._record_error(trainer, snapshot.step, err)
             return
         for r in results:  # every rank, the same sets: one reduction per metric and reference
-            r.metrics.update(self.pairs.update(r.dataset, r.outcomes, r.outcome_names, r.metrics,
-                                               trainer.strategy.root_device))
+            r.metrics.update(
+                self.pairs.update(r.dataset, r.outcomes, r.outcome_names, r.metrics, trainer.strategy.root_device)
+            )
         self.evaluated_steps.append(snapshot.step)
         self._decide(trainer, results, snapshot.step)  # every rank, before the record
         if trainer.is_global_zero:
-            extra = {"lag_steps": trainer.global_step - snapshot.step, "snapshot_mb": snapshot.mb,
-                     "snapshot_secs": snapshot.copy_secs}
-            self._record(trainer, results, snapshot.step, snapshot.epoch, [Cause(c) for c in snapshot.causes],
-                         fields=extra)
+            extra = {
+                "lag_steps": trainer.global_step - snapshot.step,
+                "snapshot_mb": snapshot.mb,
+                "snapshot_secs": snapshot.copy_secs,
+            }
+            self._record(
+                trainer, results, snapshot.step, snapshot.epoch, [Cause(c) for c in snapshot.causes], fields=extra
+            )
         self._check_thresholds(trainer, results, snapshot.step)
         self._watch_rewards(trainer, results, snapshot.step)
 
     def _record_interval_change(self, step: int, old: int, new: int, moved: bool) -> None:
         assert self.adaptive is not None and self._history is not None
         how = "moved beyond" if moved else "stayed within"
-        message = (f"{self.adaptive.metric} {how} its paired 95% interval: the next adaptive round comes "
-                   f"{new} steps after step {step} (was {old})")
+        message = (
+            f"{self.adaptive.metric} {how} its paired 95% interval: the next adaptive round comes "
+            f"{new} steps after step {step} (was {old})"
+        )
         log.info("adaptive evaluation: %s", message)
-        self._history.append(event_record("adaptive", step, message=message, metric=self.adaptive.metric,
-                                          old_interval=old, new_interval=new, moved=moved))
+        self._history.append(
+            event_record(
+                "adaptive",
+                step,
+                message=message,
+                metric=self.adaptive.metric,
+                old_interval=old,
+                new_interval=new,
+                moved=moved,
+            )
+        )
 
-    def _record(self, trainer: L.Trainer, results: list[SetResult], step: int, epoch: int, causes: list[Cause],
-                cached: set[str] | None = None, extras: Mapping[str, float] | None = None,
-                fields: Mapping[str, Any] | None = None) -> None:
+    def _record(
+        self,
+        trainer: L.Trainer,
+        results: list[SetResult],
+        step: int,
+        epoch: int,
+        causes: list[Cause],
+        cached: set[str] | None = None,
+        extras: Mapping[str, float] | None = None,
+        fields: Mapping[str, Any] | None = None,
+    ) -> None:
         cached, extras = cached or set(), extras or {}
         assert self._history is not None
         records = []
         for r in results:
-            record = eval_record(step, epoch, r.dataset, r.metrics, trigger=causes, num_samples=r.num_samples,
-                                 num_prompts=r.num_prompts, eval_secs=r.eval_secs, mode=self.mode.value,
-                                 world_size=trainer.world_size, sampling=r.sampling, run_id=self.run_id)
+            record = eval_record(
+                step,
+                epoch,
+                r.dataset,
+                r.metrics,
+                trigger=causes,
+                num_samples=r.num_samples,
+                num_prompts=r.num_prompts,
+                eval_secs=r.eval_secs,
+                mode=self.mode.value,
+                world_size=trainer.world_size,
+                sampling=r.sampling,
+                run_id=self.run_id,
+            )
             record.update(fields or {})  # async: lag_steps, snapshot_mb, snapshot_secs
             if r.dataset in cached:
                 record["cached"] = True
@@ -579,8 +672,11 @@ class EvaluationCallback(Callback):
             # Run-level numbers of the round, e.g. eval/budget_share, on the same eval x axis.
             for logger in trainer.loggers:
                 logger.log_metrics({**{f"eval/{k}": v for k, v in extras.items()}, "eval/step": step}, step=step)
-        summary = ", ".join(f"{r.dataset}: " + " ".join(f"{k}={v:.3f}" for k, v in r.metrics.items()
-                                                         if k in ("accuracy", "reward/mean")) for r in results)
+        summary = ", ".join(
+            f"{r.dataset}: "
+            + " ".join(f"{k}={v:.3f}" for k, v in r.metrics.items() if k in ("accuracy", "reward/mean"))
+            for r in results
+        )
         log.info("evaluation at step %d (%s): %s", step, "+".join(causes), summary)
 
     def _record_error(self, trainer: L.Trainer, step: int, err: Exception) -> None:
@@ -599,11 +695,23 @@ class EvaluationCallback(Callback):
             for alert in alerts:
                 log.warning("threshold alert: %s", alert.message)
                 assert self._history is not None
-                self._history.append(event_record("alert", step, dataset=alert.dataset, message=alert.message,
-                                                  run_id=self.run_id, metric=alert.metric, value=alert.value,
-                                                  threshold=alert.threshold))
-                send_alert(trainer.loggers, title=f"areal-lightning: {alert.dataset}/{alert.metric} below threshold",
-                           text=alert.message)
+                self._history.append(
+                    event_record(
+                        "alert",
+                        step,
+                        dataset=alert.dataset,
+                        message=alert.message,
+                        run_id=self.run_id,
+                        metric=alert.metric,
+                        value=alert.value,
+                        threshold=alert.threshold,
+                    )
+                )
+                send_alert(
+                    trainer.loggers,
+                    title=f"areal-lightning: {alert.dataset}/{alert.metric} below threshold",
+                    text=alert.message,
+                )
         if self.threshold_action is ThresholdAction.STOP:
             # Reduced metrics are identical on every rank, but a stop decided alone would leave
             # the other ranks in the next step's collectives: agree explicitly.

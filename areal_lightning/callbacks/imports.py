@@ -29,13 +29,13 @@ def import_object(path: str, owner: str, arg: str) -> Any:
         >>> import_object("os.path.nope", "EvaluationCallback", "evaluate_fn")
         Traceback (most recent call last):
         ...
-        areal_lightning.errors.ArgumentError: `EvaluationCallback(evaluate_fn='os.path.nope')`: module 'posixpath' has no attribute 'nope'
+        areal_lightning.errors.ArgumentError: `EvaluationCallback(evaluate_fn='os.path.nope')`: ... attribute 'nope'
     """
     if not isinstance(path, str) or not path.strip(". :"):
         raise ArgumentError(owner, arg, path, ACCEPTED)
     if ":" in path:
-        module_name, _, attrs = path.partition(":")
-        candidates = [(module_name, attrs.split("."))]
+        module_name, _, attr_path = path.partition(":")
+        candidates = [(module_name, attr_path.split("."))]
     else:
         parts = path.split(".")
         # The longest importable prefix is the module; the rest are attributes.

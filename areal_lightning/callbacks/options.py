@@ -66,9 +66,13 @@ def choice(arg: str, value: Any, enum: type[E], owner: str = "EvaluationCallback
         return enum(value)
     except ValueError:
         choices = ", ".join(m.value for m in enum)
-        raise ArgumentError(owner, arg, value, f"one of {choices}",
-                            f"Unsupported parameter value `{owner}({arg}={value!r})`. "
-                            f"Possible choices are: {choices}") from None
+        raise ArgumentError(
+            owner,
+            arg,
+            value,
+            f"one of {choices}",
+            f"Unsupported parameter value `{owner}({arg}={value!r})`. Possible choices are: {choices}",
+        ) from None
 
 
 DEFAULT_MAX_SNAPSHOT_MB = 4096.0
@@ -90,6 +94,12 @@ def check_async_options(device: Any, threads: Any, max_snapshot_mb: Any) -> None
         raise ArgumentError("EvaluationCallback", "async_device", device, "a device string (cpu, cuda:1) or None")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ArgumentError("EvaluationCallback", "async_threads", threads, "a positive integer")
-    if max_snapshot_mb is not None and (isinstance(max_snapshot_mb, bool) or not isinstance(max_snapshot_mb, (int, float))
-                                        or not max_snapshot_mb > 0 or max_snapshot_mb == float("inf")):
-        raise ArgumentError("EvaluationCallback", "max_snapshot_mb", max_snapshot_mb, "a positive number of MiB or None")
+    if max_snapshot_mb is not None and (
+        isinstance(max_snapshot_mb, bool)
+        or not isinstance(max_snapshot_mb, (int, float))
+        or not max_snapshot_mb > 0
+        or max_snapshot_mb == float("inf")
+    ):
+        raise ArgumentError(
+            "EvaluationCallback", "max_snapshot_mb", max_snapshot_mb, "a positive number of MiB or None"
+        )

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import logging
 
-from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, SingleDeviceStrategy, Strategy
+from lightning.pytorch.strategies import (
+    DDPStrategy,
+    FSDPStrategy,
+    ModelParallelStrategy,
+    SingleDeviceStrategy,
+    Strategy,
+)
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -81,6 +87,8 @@ def forwards_in_lockstep(strategy: Strategy, module: nn.Module) -> bool:
         return True
     if isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)):  # DDP, DDP-spawn, XLA, DeepSpeed stage 1-2
         return False
-    log.info("strategy %s is unknown to EvaluationCallback: evaluating with every rank's forwards in lockstep",
-             type(strategy).__name__)
+    log.info(
+        "strategy %s is unknown to EvaluationCallback: evaluating with every rank's forwards in lockstep",
+        type(strategy).__name__,
+    )
     return True

@@ -34,8 +34,14 @@ ALERT_KIND = "reward_hacking"
 _KEY_REFS, _KEY_ALERTING = "references", "alerting"
 
 
-def reward_hacking(train_rise: float, eval_change: float, eval_change_ci_high: float | None, *,
-                   min_train_rise: float, tolerance: float | None) -> bool:
+def reward_hacking(
+    train_rise: float,
+    eval_change: float,
+    eval_change_ci_high: float | None,
+    *,
+    min_train_rise: float,
+    tolerance: float | None,
+) -> bool:
     """Whether a round diverges from its reference round.
 
     Args:
@@ -79,11 +85,16 @@ class HackingAlert:
 
     @property
     def message(self) -> str:
-        noise = (f"paired 95% interval upper end {self.eval_change_ci_high:+.4g} < 0"
-                 if self.eval_change_ci_high is not None else "beyond the set tolerance")
-        return (f"possible reward hacking at step {self.step}: {self.train_metric} rose by {self.train_rise:+.4g} "
-                f"since step {self.reference_step} while eval/{self.dataset}/{self.metric} changed by "
-                f"{self.eval_change:+.4g} ({noise})")
+        noise = (
+            f"paired 95% interval upper end {self.eval_change_ci_high:+.4g} < 0"
+            if self.eval_change_ci_high is not None
+            else "beyond the set tolerance"
+        )
+        return (
+            f"possible reward hacking at step {self.step}: {self.train_metric} rose by {self.train_rise:+.4g} "
+            f"since step {self.reference_step} while eval/{self.dataset}/{self.metric} changed by "
+            f"{self.eval_change:+.4g} ({noise})"
+        )
 
 
 def _number(name: str, value: Any, *, allow_none: bool = False) -> float | None:
@@ -118,9 +129,16 @@ class RewardWatch:
         [20]
     """
 
-    def __init__(self, eval_metric: str, train_metric: str = DEFAULT_TRAIN_METRIC, *, eval_set: str | None = None,
-                 min_train_rise: float = DEFAULT_MIN_TRAIN_RISE, tolerance: float | None = None,
-                 since: WatchReference | str = WatchReference.PREVIOUS) -> None:
+    def __init__(
+        self,
+        eval_metric: str,
+        train_metric: str = DEFAULT_TRAIN_METRIC,
+        *,
+        eval_set: str | None = None,
+        min_train_rise: float = DEFAULT_MIN_TRAIN_RISE,
+        tolerance: float | None = None,
+        since: WatchReference | str = WatchReference.PREVIOUS,
+    ) -> None:
         for name, value in (("eval_metric", eval_metric), ("train_metric", train_metric)):
             if not isinstance(value, str) or not value:
                 raise ArgumentError("RewardWatch", name, value, "a metric name such as accuracy or train/reward")
@@ -136,9 +154,13 @@ class RewardWatch:
 
     def describe(self) -> str:
         where = f"eval/{self.eval_set}/{self.eval_metric}" if self.eval_set else f"eval/*/{self.eval_metric}"
-        return f"alert when {self.train_metric} rises by >= {self.min_train_rise:g} while {where} falls beyond its noise"
+        return (
+            f"alert when {self.train_metric} rises by >= {self.min_train_rise:g} while {where} falls beyond its noise"
+        )
 
-    def observe(self, step: int, train_value: float | None, metrics: Mapping[str, Mapping[str, float]]) -> list[HackingAlert]:
+    def observe(
+        self, step: int, train_value: float | None, metrics: Mapping[str, Mapping[str, float]]
+    ) -> list[HackingAlert]:
         """After a round at `step`: the alerts it raises.
 
         Args:
@@ -157,11 +179,22 @@ class RewardWatch:
                 suffix = "delta" if self.since is WatchReference.PREVIOUS else "delta_best"
                 ci_high = values.get(f"{self.eval_metric}/{suffix}_ci_high")
                 ci = None if ci_high is None or math.isnan(float(ci_high)) else float(ci_high)
-                diverging = reward_hacking(train - ref[1], value - ref[2], ci, min_train_rise=self.min_train_rise,
-                                           tolerance=self.tolerance)
+                diverging = reward_hacking(
+                    train - ref[1], value - ref[2], ci, min_train_rise=self.min_train_rise, tolerance=self.tolerance
+                )
                 if diverging and not self._alerting.get(dataset, False):
-                    alerts.append(HackingAlert(dataset, self.eval_metric, self.train_metric, int(step), int(ref[0]),
-                                               train - ref[1], value - ref[2], ci))
+                    alerts.append(
+                        HackingAlert(
+                            dataset,
+                            self.eval_metric,
+                            self.train_metric,
+                            int(step),
+                            int(ref[0]),
+                            train - ref[1],
+                            value - ref[2],
+                            ci,
+                        )
+                    )
                 self._alerting[dataset] = diverging
             refs[WatchReference.PREVIOUS.value] = [float(step), train, value]
             best = refs.get(WatchReference.BEST.value)
@@ -171,8 +204,10 @@ class RewardWatch:
         return alerts
 
     def state_dict(self) -> dict[str, Any]:
-        return {_KEY_REFS: {d: {k: list(v) for k, v in r.items()} for d, r in self._refs.items()},
-                _KEY_ALERTING: dict(self._alerting)}
+        return {
+            _KEY_REFS: {d: {k: list(v) for k, v in r.items()} for d, r in self._refs.items()},
+            _KEY_ALERTING: dict(self._alerting),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores a `state_dict`; missing keys leave no reference (the next round starts over).
@@ -180,8 +215,10 @@ class RewardWatch:
         The best round is not restored: `PairedRounds` cannot keep its outcomes across a resume and
         starts its best round over, and the watch's training reward rise must be measured from the
         same round as the paired ``delta_best`` interval."""
-        self._refs = {d: {k: [float(x) for x in v] for k, v in r.items() if k != WatchReference.BEST.value}
-                      for d, r in state.get(_KEY_REFS, {}).items()}
+        self._refs = {
+            d: {k: [float(x) for x in v] for k, v in r.items() if k != WatchReference.BEST.value}
+            for d, r in state.get(_KEY_REFS, {}).items()
+        }
         self._alerting = {d: bool(a) for d, a in state.get(_KEY_ALERTING, {}).items()}
 
 

@@ -22,8 +22,10 @@ class Alert:
 
     @property
     def message(self) -> str:
-        return (f"eval/{self.dataset}/{self.metric} fell to {self.value:.4g} at step {self.step}, "
-                f"below its threshold {self.threshold:g} (it had reached it before)")
+        return (
+            f"eval/{self.dataset}/{self.metric} fell to {self.value:.4g} at step {self.step}, "
+            f"below its threshold {self.threshold:g} (it had reached it before)"
+        )
 
 
 class ThresholdMonitor:
@@ -50,8 +52,13 @@ class ThresholdMonitor:
         self.thresholds = dict(thresholds or {})
         for name, value in self.thresholds.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ArgumentError("ThresholdMonitor", f"metric_thresholds.{name}", value, "a finite number",
-                                    f"`metric_thresholds[{name!r}]` must be a finite number, got {value!r}")
+                raise ArgumentError(
+                    "ThresholdMonitor",
+                    f"metric_thresholds.{name}",
+                    value,
+                    "a finite number",
+                    f"`metric_thresholds[{name!r}]` must be a finite number, got {value!r}",
+                )
         self._names: dict[str, str] = {}
         self._armed: dict[str, bool] = {}
 

@@ -147,13 +147,13 @@ class HybridTrigger:
         self._eval_before_train = _check_bool("eval_before_train", eval_before_train)
         self._eval_at_end = _check_bool("eval_at_end", eval_at_end)
         if not callable(clock):
-            raise ValueError(
-                f"`HybridTrigger(clock=...)` must be a callable returning seconds, got {clock!r}"
-            )
+            raise ValueError(f"`HybridTrigger(clock=...)` must be a callable returning seconds, got {clock!r}")
         no_frequency = self._freq_epochs is None and self._freq_steps is None and self._freq_secs is None
         if no_frequency and not self._eval_before_train and not self._eval_at_end:
             raise ArgumentError(
-                "HybridTrigger", "", None,
+                "HybridTrigger",
+                "",
+                None,
                 "would never evaluate: freq_epochs, freq_steps and freq_secs are all null and eval_before_train and"
                 " eval_at_end are false; set at least one of them",
                 "`HybridTrigger()` would never evaluate anything: freq_epochs, freq_steps and freq_secs are"
@@ -257,11 +257,7 @@ class HybridTrigger:
         in this run's history (a resumed state says it has) and ``global_step`` was not
         evaluated yet; otherwise ``[]``.
         """
-        due = (
-            self._eval_before_train
-            and not self._training_started
-            and global_step != self._last_evaluated_step
-        )
+        due = self._eval_before_train and not self._training_started and global_step != self._last_evaluated_step
         self._training_started = True
         return [Cause.BEFORE_TRAIN] if due else []
 
@@ -312,8 +308,7 @@ class HybridTrigger:
         return [Cause.EPOCHS] if self._epochs_due() else []
 
     def at_end(self, global_step: int) -> list[Cause]:
-        """Call when training ends; ``["end"]`` if ``eval_at_end`` and ``global_step`` was not evaluated.
-        """
+        """Call when training ends; ``["end"]`` if ``eval_at_end`` and ``global_step`` was not evaluated."""
         return [Cause.END] if self._eval_at_end and global_step != self._last_evaluated_step else []
 
     def mark_evaluated(self, global_step: int) -> None:

@@ -48,7 +48,7 @@ def weights_digest(module: nn.Module) -> str:
         t = tensor.detach().cpu().contiguous()
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         digest.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return digest.hexdigest()
+    return str(digest.hexdigest())
 
 
 def function_identity(fn: Callable[..., Any]) -> str:
@@ -79,7 +79,7 @@ def cache_key(parts: Mapping[str, Any]) -> str:
     """
     digest = _digest()
     digest.update(json.dumps(parts, sort_keys=True, default=repr).encode())
-    return digest.hexdigest()
+    return str(digest.hexdigest())
 
 
 def result_key(weights: str, eval_set: EvalSet, **settings: Any) -> str:
@@ -109,19 +109,28 @@ class ResultCache:
         """The stored result, or None (also for an unreadable file: a miss, never an error)."""
         try:
             data = json.loads(self._path(key).read_text(encoding="utf-8"))
-            return SetResult(dataset=data["dataset"], metrics={k: float("nan") if v is None else float(v)
-                                                               for k, v in data["metrics"].items()},
-                             num_samples=int(data["num_samples"]), num_prompts=int(data["num_prompts"]),
-                             eval_secs=float(data["eval_secs"]), table_rows=list(data["table_rows"]))
+            return SetResult(
+                dataset=data["dataset"],
+                metrics={k: float("nan") if v is None else float(v) for k, v in data["metrics"].items()},
+                num_samples=int(data["num_samples"]),
+                num_prompts=int(data["num_prompts"]),
+                eval_secs=float(data["eval_secs"]),
+                table_rows=list(data["table_rows"]),
+            )
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
     def put(self, key: str, result: SetResult) -> None:
         """Stores `result` (atomically: a reader sees the whole file or none)."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        data = {"dataset": result.dataset, "num_samples": result.num_samples, "num_prompts": result.num_prompts,
-                "eval_secs": result.eval_secs, "table_rows": result.table_rows,
-                "metrics": {k: (v if v == v else None) for k, v in result.metrics.items()}}
+        data = {
+            "dataset": result.dataset,
+            "num_samples": result.num_samples,
+            "num_prompts": result.num_prompts,
+            "eval_secs": result.eval_secs,
+            "table_rows": result.table_rows,
+            "metrics": {k: (v if v == v else None) for k, v in result.metrics.items()},
+        }
         tmp = self._path(key).with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(data, default=str), encoding="utf-8")
         os.replace(tmp, self._path(key))

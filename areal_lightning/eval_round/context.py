@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, overload
 
 import torch
-
 from torchmetrics import Metric
 
 from areal_lightning.eval_round.sampling import SamplingParams
@@ -90,10 +89,14 @@ class EvalContext:
             >>> ctx.outcomes
             {'accuracy': {3: 1.0, 4: 0.5}}
         """
-        flat = values.detach().double().flatten().tolist() if isinstance(values, torch.Tensor) else [float(v) for v in values]
+        flat = (
+            values.detach().double().flatten().tolist()
+            if isinstance(values, torch.Tensor)
+            else [float(v) for v in values]
+        )
         if len(flat) != len(indices):
             raise ValueError(f"`record_outcomes({name!r}, ...)` got {len(indices)} indices and {len(flat)} values")
-        self.outcomes.setdefault(name, {}).update(zip((int(i) for i in indices), flat))
+        self.outcomes.setdefault(name, {}).update(zip((int(i) for i in indices), flat, strict=True))
 
     def record_sample(self, index: int, **row: Any) -> None:
         """Keeps `row` (any JSON-like columns) for the samples table when `index < max_table_rows`."""
@@ -150,5 +153,3 @@ class SetResult:
     """This rank's per-prompt outcomes (`EvalContext.record_outcomes`); not reduced."""
     outcome_names: list[str] = field(default_factory=list)
     """Every metric with outcomes on any rank, sorted (the same list on every rank)."""
-
-

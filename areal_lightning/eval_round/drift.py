@@ -37,8 +37,10 @@ def drift_message(name: str, before: Mapping[str, Any], now: Mapping[str, Any]) 
         parts.append(f"strata {dict(before.get('strata', {}))} -> {dict(now.get('strata', {}))}")
     if not parts:
         return None
-    return (f"eval set {name!r} changed during the run ({'; '.join(parts)}): its metrics before and after "
-            "this point are not comparable")
+    return (
+        f"eval set {name!r} changed during the run ({'; '.join(parts)}): its metrics before and after "
+        "this point are not comparable"
+    )
 
 
 class DriftMonitor:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,15 +55,20 @@ class EvalSet:
             raise ValueError(f"`EvalSet(name=...)` must be a non-empty string without '/', got {self.name!r}")
         if not isinstance(self.samples, Sequence) and not hasattr(self.samples, "__getitem__"):
             # A generator or a set has no stable order or length: sharding indexes the samples.
-            raise ArgumentError("EvalSet", "samples", type(self.samples).__name__,
-                                "a sequence with a length and indexing (a list, a tuple, a Dataset ...)")
+            raise ArgumentError(
+                "EvalSet",
+                "samples",
+                type(self.samples).__name__,
+                "a sequence with a length and indexing (a list, a tuple, a Dataset ...)",
+            )
         if len(self.samples) == 0:
             raise ValueError(f"`EvalSet(name={self.name!r})` has no samples; give at least one")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ArgumentError("EvalSet", "batch_size", self.batch_size, "a positive integer")
         cost = self.max_batch_cost
-        if cost is not None and (isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost)
-                                 or cost <= 0):
+        if cost is not None and (
+            isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost <= 0
+        ):
             raise ArgumentError("EvalSet", "max_batch_cost", cost, "a positive number or None")
         if self.sampling is not None and not isinstance(self.sampling, SamplingParams):
             raise ArgumentError("EvalSet", "sampling", self.sampling, "a SamplingParams or None")
@@ -92,7 +96,9 @@ def as_eval_sets(eval_sets: Mapping[str, Sequence[Any]] | Sequence[EvalSet]) -> 
         out = list(eval_sets)
         bad = [type(v).__name__ for v in out if not isinstance(v, EvalSet)]
         if bad:
-            raise ValueError(f"`eval_sets` must be a mapping name -> samples or a list of EvalSet, got items of type {bad}")
+            raise ValueError(
+                f"`eval_sets` must be a mapping name -> samples or a list of EvalSet, got items of type {bad}"
+            )
     if not out:
         raise ValueError("`eval_sets` is empty; give at least one eval set")
     names = [s.name for s in out]

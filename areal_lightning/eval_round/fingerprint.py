@@ -13,7 +13,13 @@ from collections.abc import Mapping, Sequence
 from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.eval_round.ranks import all_gather_object
 
-__all__ = ["EvalSetMismatchError", "check_eval_sets_consistent", "check_fingerprints", "eval_set_fingerprint", "fingerprint"]
+__all__ = [
+    "EvalSetMismatchError",
+    "check_eval_sets_consistent",
+    "check_fingerprints",
+    "eval_set_fingerprint",
+    "fingerprint",
+]
 
 # blake2b's personalisation separates these digests from any other use of the same bytes; bump
 # the version if the encoding ever changes.
@@ -58,9 +64,7 @@ def fingerprint(name: str, sample_keys: Sequence[str | bytes]) -> str:
         if isinstance(key, str):
             key = key.encode("utf-8")
         elif not isinstance(key, bytes):
-            raise TypeError(
-                f"fingerprint(sample_keys=...) must hold str or bytes, got sample_keys[{i}]={key!r}"
-            )
+            raise TypeError(f"fingerprint(sample_keys=...) must hold str or bytes, got sample_keys[{i}]={key!r}")
         add(key)
     return digest.hexdigest()
 
@@ -102,14 +106,11 @@ def check_fingerprints(per_rank: Sequence[Mapping[str, str]]) -> None:
             if name in sets:
                 holders.setdefault(sets[name], []).append(rank)
         if len(holders) > 1:
-            groups = ", ".join(
-                f"ranks {ranks} have fingerprint {fp}" for fp, ranks in holders.items()
-            )
+            groups = ", ".join(f"ranks {ranks} have fingerprint {fp}" for fp, ranks in holders.items())
             problems.append(f"eval set {name!r} differs across ranks: {groups}")
     if problems:
         raise EvalSetMismatchError(
-            "; ".join(problems)
-            + "; every rank must build the same eval sets (same seed, size, data files)"
+            "; ".join(problems) + "; every rank must build the same eval sets (same seed, size, data files)"
         )
 
 
@@ -117,9 +118,13 @@ def eval_set_fingerprint(eval_set: EvalSet) -> str:
     """The fingerprint of an eval set's samples and of what the deal and the outcomes depend on
     besides them: batch size, costs, options and sampling settings. Ranks that cut different batches would evaluate
     some samples twice and others never, with the right total count."""
-    layout = {"batch_size": eval_set.batch_size, "max_batch_cost": eval_set.max_batch_cost,
-              "costs": eval_set.costs, "options": dict(eval_set.options),
-              "sampling": repr(eval_set.sampling)}
+    layout = {
+        "batch_size": eval_set.batch_size,
+        "max_batch_cost": eval_set.max_batch_cost,
+        "costs": eval_set.costs,
+        "options": dict(eval_set.options),
+        "sampling": repr(eval_set.sampling),
+    }
     return fingerprint(eval_set.name, [json.dumps(layout, sort_keys=True, default=repr), *eval_set.keys])
 
 

@@ -53,10 +53,13 @@ class _RankReport(NamedTuple):
 def local_batches(eval_set: EvalSet, seed: int, rank: int, world_size: int) -> list[EvalBatch]:
     """This rank's deal of the eval set's global batches, each sample with its own seed."""
     batches = []
-    for indices in shard_for_rank(eval_set.costs, eval_set.batch_size, rank, world_size,
-                                  max_batch_cost=eval_set.max_batch_cost):
+    for indices in shard_for_rank(
+        eval_set.costs, eval_set.batch_size, rank, world_size, max_batch_cost=eval_set.max_batch_cost
+    ):
         samples = [eval_set.samples[i] for i in indices]
-        batches.append(EvalBatch(indices=list(indices), samples=samples, seeds=sample_seeds(seed, eval_set.name, indices)))
+        batches.append(
+            EvalBatch(indices=list(indices), samples=samples, seeds=sample_seeds(seed, eval_set.name, indices))
+        )
     return batches
 
 
@@ -75,8 +78,9 @@ def padding_batches(eval_set: EvalSet, seed: int, rank: int, world_size: int) ->
     dealt = shard_all_ranks(eval_set.costs, eval_set.batch_size, world_size, max_batch_cost=eval_set.max_batch_cost)
     missing = max(len(batches) for batches in dealt) - len(dealt[rank])
     cheapest = min(range(len(eval_set.costs)), key=lambda i: (eval_set.costs[i], i))
-    batch = EvalBatch(indices=[cheapest], samples=[eval_set.samples[cheapest]],
-                      seeds=sample_seeds(seed, eval_set.name, [cheapest]))
+    batch = EvalBatch(
+        indices=[cheapest], samples=[eval_set.samples[cheapest]], seeds=sample_seeds(seed, eval_set.name, [cheapest])
+    )
     return [batch] * missing
 
 
@@ -170,9 +174,19 @@ class LocalSetResult:
 
 
 def evaluate_local(
-    module: nn.Module, eval_set: EvalSet, evaluate_fn: EvaluateFn, *, seed: int, global_step: int, epoch: int,
-    rank: int, world_size: int, batches: list[EvalBatch] | None = None, max_table_rows: int = 0,
-    show_progress: bool = False, lockstep: bool = False,
+    module: nn.Module,
+    eval_set: EvalSet,
+    evaluate_fn: EvaluateFn,
+    *,
+    seed: int,
+    global_step: int,
+    epoch: int,
+    rank: int,
+    world_size: int,
+    batches: list[EvalBatch] | None = None,
+    max_table_rows: int = 0,
+    show_progress: bool = False,
+    lockstep: bool = False,
 ) -> LocalSetResult:
     """Runs `evaluate_fn` on rank `rank`'s deal of one eval set; no collective of its own (under
     `lockstep` the module's forwards run theirs, and padding batches keep them paired).
@@ -192,9 +206,17 @@ def evaluate_local(
     padding = padding_batches(eval_set, seed, rank, world_size) if lockstep and world_size > 1 else []
     num_prompts = sum(len(b.indices) for b in batches)
     ctx = EvalContext(
-        dataset=eval_set.name, rank=rank, world_size=world_size, global_step=global_step, epoch=epoch,
-        device=module_device(module), seed=seed, options=eval_set.options, sampling=sampling,
-        max_table_rows=max_table_rows, lockstep=lockstep and world_size > 1,
+        dataset=eval_set.name,
+        rank=rank,
+        world_size=world_size,
+        global_step=global_step,
+        epoch=epoch,
+        device=module_device(module),
+        seed=seed,
+        options=eval_set.options,
+        sampling=sampling,
+        max_table_rows=max_table_rows,
+        lockstep=lockstep and world_size > 1,
     )
     error, updates = None, {}
     with evaluation_mode(module):
@@ -204,15 +226,31 @@ def evaluate_local(
             if padding:
                 # Forwards that pair with the busier ranks' last forwards (their parameter
                 # all-gathers); a fresh context takes the results, and nothing reads it.
-                scratch = dataclasses.replace(ctx, metrics={}, num_samples=0, max_table_rows=0, table_rows=[],
-                                              loop_started=False, padding=True)
+                scratch = dataclasses.replace(
+                    ctx, metrics={}, num_samples=0, max_table_rows=0, table_rows=[], loop_started=False, padding=True
+                )
                 evaluate_fn(module, BatchList(padding, scratch), scratch)
         except Exception as err:  # noqa: BLE001 - reported on every rank by reduce_set, so no rank waits forever
             error = f"rank {rank}: {type(err).__name__}: {err}\n{traceback.format_exc()}"
-    report = _RankReport(error, num_prompts, sum(i for b in batches for i in b.indices), ctx.num_samples or num_prompts,
-                         sorted(ctx.metrics), sorted(updates), ctx.table_rows, sorted(ctx.outcomes))
-    return LocalSetResult(eval_set.name, report, ctx.metrics, updates, time.perf_counter() - start,
-                          sampling=sampling.as_record(seed) if sampling is not None else None, outcomes=ctx.outcomes)
+    report = _RankReport(
+        error,
+        num_prompts,
+        sum(i for b in batches for i in b.indices),
+        ctx.num_samples or num_prompts,
+        sorted(ctx.metrics),
+        sorted(updates),
+        ctx.table_rows,
+        sorted(ctx.outcomes),
+    )
+    return LocalSetResult(
+        eval_set.name,
+        report,
+        ctx.metrics,
+        updates,
+        time.perf_counter() - start,
+        sampling=sampling.as_record(seed) if sampling is not None else None,
+        outcomes=ctx.outcomes,
+    )
 
 
 def reduce_set(local: LocalSetResult, eval_set: EvalSet, device: torch.device | None = None) -> SetResult:
@@ -252,9 +290,15 @@ def reduce_set(local: LocalSetResult, eval_set: EvalSet, device: torch.device | 
         )
     rows = sorted((row for g in gathered for row in g.table_rows), key=lambda r: r["index"])
     return SetResult(
-        dataset=eval_set.name, metrics=metrics, num_samples=sum(g.num_samples for g in gathered), num_prompts=total_prompts,
-        eval_secs=local.eval_secs + time.perf_counter() - start, table_rows=rows, sampling=local.sampling,
-        outcomes=local.outcomes, outcome_names=sorted(set().union(*(g.outcome_names for g in gathered))),
+        dataset=eval_set.name,
+        metrics=metrics,
+        num_samples=sum(g.num_samples for g in gathered),
+        num_prompts=total_prompts,
+        eval_secs=local.eval_secs + time.perf_counter() - start,
+        table_rows=rows,
+        sampling=local.sampling,
+        outcomes=local.outcomes,
+        outcome_names=sorted(set().union(*(g.outcome_names for g in gathered))),
     )
 
 
@@ -267,8 +311,16 @@ def _moved(metric: Metric, device: torch.device) -> Metric:
 
 
 def evaluate_set(
-    module: nn.Module, eval_set: EvalSet, evaluate_fn: EvaluateFn, *, seed: int, global_step: int, epoch: int,
-    max_table_rows: int = 0, show_progress: bool = False, lockstep: bool = False,
+    module: nn.Module,
+    eval_set: EvalSet,
+    evaluate_fn: EvaluateFn,
+    *,
+    seed: int,
+    global_step: int,
+    epoch: int,
+    max_table_rows: int = 0,
+    show_progress: bool = False,
+    lockstep: bool = False,
 ) -> SetResult:
     """Runs one eval set on this rank's deal and reduces it over all ranks.
 
@@ -276,15 +328,33 @@ def evaluate_set(
     `run_round`.
     """
     rank, world = dist_info()
-    local = evaluate_local(module, eval_set, evaluate_fn, seed=seed, global_step=global_step, epoch=epoch, rank=rank,
-                           world_size=world, max_table_rows=max_table_rows, show_progress=show_progress,
-                           lockstep=lockstep)
+    local = evaluate_local(
+        module,
+        eval_set,
+        evaluate_fn,
+        seed=seed,
+        global_step=global_step,
+        epoch=epoch,
+        rank=rank,
+        world_size=world,
+        max_table_rows=max_table_rows,
+        show_progress=show_progress,
+        lockstep=lockstep,
+    )
     return reduce_set(local, eval_set)
 
 
 def run_round(
-    module: nn.Module, eval_sets: Sequence[EvalSet], evaluate_fn: EvaluateFn, *, seed: int, global_step: int,
-    epoch: int, max_table_rows: int = 0, show_progress: bool = False, lockstep: bool = False,
+    module: nn.Module,
+    eval_sets: Sequence[EvalSet],
+    evaluate_fn: EvaluateFn,
+    *,
+    seed: int,
+    global_step: int,
+    epoch: int,
+    max_table_rows: int = 0,
+    show_progress: bool = False,
+    lockstep: bool = False,
 ) -> list[SetResult]:
     """Evaluates every eval set, in order, on the module replica; returns the reduced results.
 
@@ -315,7 +385,16 @@ def run_round(
         [3]
     """
     return [
-        evaluate_set(module, s, evaluate_fn, seed=seed, global_step=global_step, epoch=epoch,
-                     max_table_rows=max_table_rows, show_progress=show_progress, lockstep=lockstep)
+        evaluate_set(
+            module,
+            s,
+            evaluate_fn,
+            seed=seed,
+            global_step=global_step,
+            epoch=epoch,
+            max_table_rows=max_table_rows,
+            show_progress=show_progress,
+            lockstep=lockstep,
+        )
         for s in eval_sets
     ]

@@ -59,7 +59,9 @@ class SamplingParams:
         if not _is_int(self.n_samples) or self.n_samples < 1:
             raise ArgumentError("SamplingParams", "n_samples", self.n_samples, "a positive integer")
         if not _is_number(self.temperature) or self.temperature < 0:
-            raise ArgumentError("SamplingParams", "temperature", self.temperature, "a non-negative number (0 is greedy)")
+            raise ArgumentError(
+                "SamplingParams", "temperature", self.temperature, "a non-negative number (0 is greedy)"
+            )
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ArgumentError("SamplingParams", "top_p", self.top_p, "a number in (0, 1]")
         if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < 1):
@@ -78,9 +80,15 @@ class SamplingParams:
 
     def as_record(self, run_seed: int) -> dict[str, Any]:
         """The settings as plain JSON values, with the seed actually used."""
-        return {"n_samples": self.n_samples, "temperature": float(self.temperature), "top_p": float(self.top_p),
-                "top_k": self.top_k, "max_new_tokens": self.max_new_tokens, "stop": list(self.stop),
-                "seed": self.resolved_seed(run_seed)}
+        return {
+            "n_samples": self.n_samples,
+            "temperature": float(self.temperature),
+            "top_p": float(self.top_p),
+            "top_k": self.top_k,
+            "max_new_tokens": self.max_new_tokens,
+            "stop": list(self.stop),
+            "seed": self.resolved_seed(run_seed),
+        }
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> str:

@@ -26,6 +26,7 @@ import json
 import math
 import operator
 from collections.abc import Sequence
+from typing import SupportsIndex
 
 __all__ = [
     "batch_cost",
@@ -53,10 +54,10 @@ def _as_int(value: object, call: str, arg: str, minimum: int | None, shown: str 
     accepted = "an integer" if minimum is None else f"an integer >= {minimum}"
     message = f"{call}({arg}=...) must be {accepted}, got {shown or arg}={value!r}"
     # bool is an int subclass, but batch_size=True is a bug, not a request for 1.
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
         raise TypeError(message)
     try:
-        as_int = operator.index(value)  # accepts numpy integers, rejects floats like 2.0
+        as_int = operator.index(value)  # accepts numpy integers, rejects floats like 2.0 and float tensors
     except TypeError:
         raise TypeError(message) from None
     if minimum is not None and as_int < minimum:
@@ -75,9 +76,7 @@ def _as_costs(costs: Sequence[float], call: str, arg: str) -> list[float]:
         except (TypeError, ValueError):
             raise TypeError(not_a_number) from None
         if not math.isfinite(value) or value < 0:
-            raise ValueError(
-                f"{call}({arg}=...) must hold finite non-negative numbers, got {arg}[{i}]={cost!r}"
-            )
+            raise ValueError(f"{call}({arg}=...) must hold finite non-negative numbers, got {arg}[{i}]={cost!r}")
         checked.append(value)
     return checked
 
@@ -237,10 +236,7 @@ def batch_cost(costs: Sequence[float], batch: Sequence[int]) -> float:
         raise ValueError("batch_cost(batch=...) must hold at least one sample index, got batch=[]")
     for pos, i in enumerate(batch):
         if not 0 <= _as_int(i, "batch_cost", "batch", 0, shown=f"batch[{pos}]") < len(costs):
-            raise ValueError(
-                f"batch_cost(batch=...) must hold indices in [0, {len(costs)}), "
-                f"got batch[{pos}]={i!r}"
-            )
+            raise ValueError(f"batch_cost(batch=...) must hold indices in [0, {len(costs)}), got batch[{pos}]={i!r}")
     picked = _as_costs([costs[i] for i in batch], "batch_cost", "costs[batch]")
     return len(batch) * max(picked)
 
@@ -353,11 +349,11 @@ def shard_for_rank(
     rank = _as_int(rank, "shard_for_rank", "rank", minimum=0)
     if rank >= world_size:
         raise ValueError(
-            f"shard_for_rank(rank=...) must be in [0, world_size), got rank={rank}, "
-            f"world_size={world_size}"
+            f"shard_for_rank(rank=...) must be in [0, world_size), got rank={rank}, world_size={world_size}"
         )
-    return shard_all_ranks(costs, batch_size, world_size, sort_by_cost=sort_by_cost,
-                           max_batch_cost=max_batch_cost)[rank]
+    return shard_all_ranks(costs, batch_size, world_size, sort_by_cost=sort_by_cost, max_batch_cost=max_batch_cost)[
+        rank
+    ]
 
 
 def cost_balance(assignment: Sequence[Sequence[int]], batch_costs: Sequence[float]) -> float:
@@ -396,10 +392,7 @@ def cost_balance(assignment: Sequence[Sequence[int]], batch_costs: Sequence[floa
             owner[b] = rank
     missing = sorted(set(range(len(checked))) - owner.keys())
     if missing:
-        raise ValueError(
-            f"cost_balance(assignment=...) must hold every batch once, "
-            f"batches {missing} are missing"
-        )
+        raise ValueError(f"cost_balance(assignment=...) must hold every batch once, batches {missing} are missing")
     loads = [sum(checked[b] for b in batches) for batches in assignment]
     mean = sum(loads) / len(loads)
     return max(loads) / mean if mean > 0 else 1.0

@@ -100,10 +100,14 @@ class Subsample:
 
     def __post_init__(self) -> None:
         if (self.max_prompts is None) == (self.fraction is None):
-            raise ArgumentError("Subsample", "", (self.max_prompts, self.fraction),
-                                "needs exactly one of max_prompts and fraction",
-                                "`Subsample(...)` needs exactly one of max_prompts and fraction, got "
-                                f"max_prompts={self.max_prompts!r}, fraction={self.fraction!r}")
+            raise ArgumentError(
+                "Subsample",
+                "",
+                (self.max_prompts, self.fraction),
+                "needs exactly one of max_prompts and fraction",
+                "`Subsample(...)` needs exactly one of max_prompts and fraction, got "
+                f"max_prompts={self.max_prompts!r}, fraction={self.fraction!r}",
+            )
         mp = self.max_prompts
         if mp is not None and (isinstance(mp, bool) or not isinstance(mp, int) or mp < 1):
             raise ArgumentError("Subsample", "max_prompts", mp, "a positive integer or None")

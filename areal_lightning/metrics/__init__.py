@@ -28,9 +28,21 @@ _EXPORTS = {
     "Score": "areal_lightning.metrics.score",
     "ScoreStatus": "areal_lightning.metrics.score",
     **{name: "areal_lightning.metrics.scoring" for name in ("SafeScorer", "ScorerFailingError", "ScoringMetric")},
-    **{name: _FUNCTIONAL for name in ("ADVANTAGE_EPS", "NO_ANSWER", "group_advantages", "maj_at_k", "maj_at_k_per_prompt",
-                                      "mean_at_n", "pass_at_k", "pass_at_k_per_prompt", "wilson_interval",
-                                      "zero_std_groups")},
+    **{
+        name: _FUNCTIONAL
+        for name in (
+            "ADVANTAGE_EPS",
+            "NO_ANSWER",
+            "group_advantages",
+            "maj_at_k",
+            "maj_at_k_per_prompt",
+            "mean_at_n",
+            "pass_at_k",
+            "pass_at_k_per_prompt",
+            "wilson_interval",
+            "zero_std_groups",
+        )
+    },
 }
 
 __all__ = sorted(_EXPORTS)

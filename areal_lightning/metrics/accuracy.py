@@ -58,6 +58,9 @@ class AccuracyMetric(Metric):
 
     num_correct: Tensor
     num_samples: Tensor
+    threshold: float
+    confidence: float
+    nan_strategy: NanStrategy
 
     def __init__(
         self,

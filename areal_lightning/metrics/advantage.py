@@ -11,13 +11,13 @@ from torchmetrics import Metric
 
 from areal_lightning.metrics.functional import (
     ADVANTAGE_EPS,
-    AdvantageStd,
     _check_rewards_2d,
     _check_std,
     _group_advantages,
     _mean_std,
     _zero_std_groups,
 )
+from areal_lightning.metrics.options import AdvantageStd
 
 
 class AdvantageMetric(Metric):

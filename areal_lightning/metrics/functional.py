@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Literal, Union
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -27,8 +27,7 @@ def _as_2d(x: Tensor, name: str, where: str) -> Tensor:
     x = torch.as_tensor(x)
     if x.ndim != 2:
         raise ValueError(
-            f"`{where}({name}=...)` must be a 2-D tensor [P, n] (prompts x samples), "
-            f"got shape {tuple(x.shape)}"
+            f"`{where}({name}=...)` must be a 2-D tensor [P, n] (prompts x samples), got shape {tuple(x.shape)}"
         )
     return x
 
@@ -41,18 +40,14 @@ def _check_k(k: int, where: str) -> int:
 
 def _check_k_le_n(k: int, n: int, where: str, name: str) -> None:
     if k > n:
-        raise ValueError(
-            f"`{where}({name}=...)` needs k <= n (samples per prompt), got k={k}, n={n}"
-        )
+        raise ValueError(f"`{where}({name}=...)` needs k <= n (samples per prompt), got k={k}, n={n}")
 
 
 def _check_binary(x: Tensor, name: str, where: str) -> Tensor:
     if x.dtype != torch.bool:
         bad = x[(x != 0) & (x != 1)]
         if bad.numel():
-            raise ValueError(
-                f"`{where}({name}=...)` must hold booleans or 0/1 values, got {bad.flatten()[0].item()!r}"
-            )
+            raise ValueError(f"`{where}({name}=...)` must hold booleans or 0/1 values, got {bad.flatten()[0].item()!r}")
     return x.bool()
 
 
@@ -62,7 +57,7 @@ def _check_confidence(confidence: float, where: str) -> float:
     return float(confidence)
 
 
-NanStrategy = Union[Literal["error", "warn", "ignore", "disable"], float]
+NanStrategy = Literal["error", "warn", "ignore", "disable"] | float
 """torchmetrics' ``nan_strategy`` vocabulary (``torchmetrics.aggregation``): what a NaN reward means."""
 
 _NAN_STRATEGY_NAMES: tuple[str, ...] = ("error", "warn", "ignore", "disable")
@@ -100,7 +95,7 @@ def _apply_nan_strategy(values: Tensor, nan_strategy: NanStrategy, where: str) -
         if nan_strategy == "warn":
             rank_zero_warn(f"{seen}; dropped them (nan_strategy='warn')", UserWarning)
         return values[~nan]
-    return torch.where(nan, torch.full_like(values, nan_strategy), values)
+    return torch.where(nan, torch.full_like(values, float(nan_strategy)), values)
 
 
 def _mean_std(count: Tensor, total: Tensor, sq_total: Tensor) -> tuple[Tensor, Tensor]:
@@ -129,9 +124,7 @@ def _check_std(std: AdvantageStd | str, where: str) -> AdvantageStd:
     try:
         return AdvantageStd(std)
     except (ValueError, TypeError):
-        raise ValueError(
-            f"`{where}(std=...)` must be one of {[s.value for s in AdvantageStd]}, got {std!r}"
-        ) from None
+        raise ValueError(f"`{where}(std=...)` must be one of {[s.value for s in AdvantageStd]}, got {std!r}") from None
 
 
 def _check_eps(eps: float, where: str) -> float:
@@ -230,8 +223,10 @@ def group_advantages(
         tensor([[-1.,  0.,  1.]])
     """
     return _group_advantages(
-        _check_rewards_2d(rewards, "group_advantages"), scale,
-        _check_std(std, "group_advantages"), _check_eps(eps, "group_advantages"),
+        _check_rewards_2d(rewards, "group_advantages"),
+        scale,
+        _check_std(std, "group_advantages"),
+        _check_eps(eps, "group_advantages"),
     )
 
 
@@ -369,8 +364,7 @@ def mean_at_n(values: Tensor) -> Tensor:
     """
     values = _as_2d(values, "values", "mean_at_n")
     if values.shape[1] == 0:
-        raise ValueError("`mean_at_n(values=...)` needs n >= 1 samples per prompt, got shape "
-                         f"{tuple(values.shape)}")
+        raise ValueError(f"`mean_at_n(values=...)` needs n >= 1 samples per prompt, got shape {tuple(values.shape)}")
     return values.to(torch.float64).mean(dim=1).mean()
 
 
@@ -404,7 +398,7 @@ def wilson_interval(
     confidence = _check_confidence(confidence, "wilson_interval")
     s = torch.as_tensor(successes, dtype=torch.float64)
     t = torch.as_tensor(total, dtype=torch.float64, device=s.device)
-    s, t = torch.broadcast_tensors(s, t)
+    s, t = torch.broadcast_tensors(s, t)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
     bad_t = ~(torch.isfinite(t) & (t >= 0) & (t == t.floor()))
     if bad_t.any():  # report the first offending value, not a whole tensor
         raise ValueError(

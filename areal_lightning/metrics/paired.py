@@ -143,7 +143,7 @@ def paired_change(n: float, sum_d: float, sum_d2: float, confidence: float = DEF
     confidence = _check_confidence(confidence, "paired_change")
     if n < 0:
         raise ValueError(f"`paired_change(n=...)` must be a count >= 0, got {n!r}")
-    count = int(round(n))
+    count = round(n)
     if count == 0:
         return Change(math.nan, math.nan, math.nan, 0)
     mean = sum_d / count
@@ -175,12 +175,12 @@ class PairedChange(Metric):
         self.confidence = _check_confidence(confidence, "PairedChange")
         self.add_state("sums", torch.zeros(3, dtype=torch.float64), dist_reduce_fx="sum")
 
-    def update(self, current: Tensor, reference: Tensor) -> None:  # type: ignore[override]
+    def update(self, current: Tensor, reference: Tensor) -> None:
         """Adds the pairs ``current[i] - reference[i]``."""
         d = current.detach().double().flatten() - reference.detach().double().flatten().to(current.device)
         self.sums += torch.stack([d.new_tensor(float(d.numel())), d.sum(), (d * d).sum()]).to(self.sums.device)
 
-    def compute(self) -> Change:  # type: ignore[override]
+    def compute(self) -> Change:
         n, s, s2 = (float(v) for v in self.sums.tolist())
         return paired_change(n, s, s2, self.confidence)
 
@@ -239,12 +239,20 @@ class PairedRounds:
     def _reduce(self, current: Mapping[int, float], reference: Mapping[int, float], device: torch.device) -> Change:
         common = sorted(current.keys() & reference.keys())
         metric = PairedChange(self.confidence).to(device)
-        metric.update(torch.tensor([current[i] for i in common], dtype=torch.float64, device=device),
-                      torch.tensor([reference[i] for i in common], dtype=torch.float64, device=device))
+        metric.update(
+            torch.tensor([current[i] for i in common], dtype=torch.float64, device=device),
+            torch.tensor([reference[i] for i in common], dtype=torch.float64, device=device),
+        )
         return metric.compute()
 
-    def update(self, dataset: str, outcomes: Mapping[str, Mapping[int, float]], names: list[str],
-               values: Mapping[str, float], device: torch.device | None = None) -> dict[str, float]:
+    def update(
+        self,
+        dataset: str,
+        outcomes: Mapping[str, Mapping[int, float]],
+        names: list[str],
+        values: Mapping[str, float],
+        device: torch.device | None = None,
+    ) -> dict[str, float]:
         """Pairs this round's outcomes with the previous and the best round; returns the changes.
 
         Args:

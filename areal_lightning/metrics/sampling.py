@@ -18,8 +18,9 @@ from areal_lightning.metrics.functional import _check_k, _maj_at_k_per_prompt, _
 class _MeanOverPrompts(MeanMetric):
     """A float64 ``MeanMetric`` over prompts that knows its ``k``; NaN before any prompt."""
 
-    is_differentiable = False
-    higher_is_better = True
+    # torchmetrics' BaseAggregator assigns None to both without an annotation (Metric says bool | None).
+    is_differentiable = False  # type: ignore[assignment]
+    higher_is_better = True  # type: ignore[assignment]
 
     def __init__(self, k: int, **kwargs: Any) -> None:
         # No compute cache: a cached compute skips the sync, so a rank without updates since its
@@ -81,7 +82,12 @@ class MajAtK(_MeanOverPrompts):
 
     def update(self, answer_ids: Tensor, correct: Tensor) -> None:  # type: ignore[override]
         """Add ``[P, n]`` integer answer ids and ``[P, n]`` correctness, ``n >= k``."""
-        super().update(_maj_at_k_per_prompt(
-            torch.as_tensor(answer_ids).detach(), torch.as_tensor(correct).detach(), self.k,
-            "MajAtK.update", "answer_ids",
-        ))
+        super().update(
+            _maj_at_k_per_prompt(
+                torch.as_tensor(answer_ids).detach(),
+                torch.as_tensor(correct).detach(),
+                self.k,
+                "MajAtK.update",
+                "answer_ids",
+            )
+        )

@@ -17,6 +17,7 @@ the round, never a silent reward and never a hang.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import multiprocessing as mp
@@ -92,8 +93,10 @@ class _Worker:
         except EOFError:
             message = None
         if message != _READY:
-            raise ScorerFailingError(f"a scorer worker died while starting (exit code {self.process.exitcode}); "
-                                     "is the scorer a module-level function its module can be imported for?")
+            raise ScorerFailingError(
+                f"a scorer worker died while starting (exit code {self.process.exitcode}); "
+                "is the scorer a module-level function its module can be imported for?"
+            )
         self.ready = True
 
     def kill(self) -> None:
@@ -102,10 +105,8 @@ class _Worker:
         self.conn.close()
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(BrokenPipeError, OSError):
             self.conn.send(None)
-        except (BrokenPipeError, OSError):
-            pass
         self.process.join(_JOIN_S)
         if self.process.is_alive():
             self.process.kill()
@@ -137,13 +138,22 @@ class SafeScorer:
     """
 
     def __init__(
-        self, fn: Callable[[str, str], float | None], *, timeout_s: float = DEFAULT_TIMEOUT_S, workers: int = 1,
-        wrong_reward: float = 0.0, max_consecutive_failures: int | None = DEFAULT_MAX_CONSECUTIVE_FAILURES,
+        self,
+        fn: Callable[[str, str], float | None],
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        workers: int = 1,
+        wrong_reward: float = 0.0,
+        max_consecutive_failures: int | None = DEFAULT_MAX_CONSECUTIVE_FAILURES,
     ) -> None:
         if not callable(fn):
             raise ArgumentError("SafeScorer", "fn", fn, "a picklable function (completion, answer) -> reward or None")
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s) \
-                or timeout_s <= 0:
+        if (
+            isinstance(timeout_s, bool)
+            or not isinstance(timeout_s, (int, float))
+            or not math.isfinite(timeout_s)
+            or timeout_s <= 0
+        ):
             raise ArgumentError("SafeScorer", "timeout_s", timeout_s, "a positive number of seconds")
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ArgumentError("SafeScorer", "workers", workers, "a positive integer")
@@ -164,10 +174,8 @@ class SafeScorer:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown: the daemon workers die with us
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown: the daemon workers die with us
-            pass
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy (a spawned rank, a deepcopy of the task) starts its own workers.
@@ -200,7 +208,7 @@ class SafeScorer:
         if len(completions) != len(answers):
             raise ValueError(f"SafeScorer.score_many got {len(completions)} completions for {len(answers)} answers")
         with self._lock:
-            scores = self._run(list(zip(completions, answers)))
+            scores = self._run(list(zip(completions, answers, strict=True)))
         for score in scores:
             failed = score.status in (ScoreStatus.TIMEOUT, ScoreStatus.ERROR)
             self.consecutive_failures = self.consecutive_failures + 1 if failed else 0
@@ -208,7 +216,8 @@ class SafeScorer:
                 raise ScorerFailingError(
                     f"scorer {getattr(self.fn, '__qualname__', self.fn)!r} failed {self.consecutive_failures} times "
                     f"in a row (last: {score.status.value}); it is broken, not unlucky: fix it or raise its "
-                    f"timeout_s (now {self.timeout_s:g} s)")
+                    f"timeout_s (now {self.timeout_s:g} s)"
+                )
         return scores
 
     def _run(self, tasks: list[tuple[str, str]]) -> list[Score]:
@@ -230,13 +239,14 @@ class SafeScorer:
                 worker = self._pool[slot]
                 index, deadline = busy[slot]
                 if worker.conn in ready:
-                    out[index] = self._receive(worker, tasks[index])
+                    score = self._receive(worker, tasks[index])
                 elif time.monotonic() >= deadline:
-                    out[index] = Score(self.wrong_reward, ScoreStatus.TIMEOUT)
+                    score = Score(self.wrong_reward, ScoreStatus.TIMEOUT)
                 else:
                     continue
+                out[index] = score
                 del busy[slot]
-                if out[index].status is ScoreStatus.TIMEOUT or worker.dead:
+                if score.status is ScoreStatus.TIMEOUT or worker.dead:
                     worker.kill()  # a hung worker cannot be interrupted, a dead one cannot answer: replace it
                     self._pool[slot] = _Worker(self._ctx, self.fn)
         return [s for s in out if s is not None]

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from areal_lightning.app.config import Config, GRPOConfig
+from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round.sharding import sample_seed
 from areal_lightning.metrics import AdvantageMetric, RewardMetric
 from areal_lightning.metrics.functional import group_advantages
@@ -30,8 +31,12 @@ TRAIN_STREAM = "train"  # names the per-step rollout seeds, apart from every eva
 def collate_prompts(samples: Sequence[Any], tokenizer: PromptTokenizer) -> dict[str, Any]:
     """Left-padded prompt ids and mask, plus the samples' answers and indices."""
     ids, mask = tokenizer.pad_left([tokenizer.encode(s.prompt) for s in samples])
-    return {"prompt_ids": ids, "prompt_mask": mask, "answers": [s.answer for s in samples],
-            "index": torch.tensor([s.index for s in samples])}
+    return {
+        "prompt_ids": ids,
+        "prompt_mask": mask,
+        "answers": [s.answer for s in samples],
+        "index": torch.tensor([s.index for s in samples]),
+    }
 
 
 class GRPOModule(L.LightningModule):
@@ -57,16 +62,27 @@ class GRPOModule(L.LightningModule):
         'TinyPolicy'
     """
 
-    def __init__(self, policy: Policy, task: RLTask, grpo: GRPOConfig | None = None, seed: int = 0,
-                 tokenizer: PromptTokenizer | None = None) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        task: RLTask,
+        grpo: GRPOConfig | None = None,
+        seed: int = 0,
+        tokenizer: PromptTokenizer | None = None,
+    ) -> None:
         super().__init__()
+        # A policy is also an nn.Module: its parameters are trained, a frozen copy is the KL reference.
+        if not isinstance(policy, torch.nn.Module):
+            raise ArgumentError("GRPOModule", "policy", policy, "a torch.nn.Module that implements Policy")
         self.policy = policy
         self.task = task
         # The policy's own tokenizer (an HFPolicy's) wins over the task's (the arithmetic task's).
         tokenizer = tokenizer or getattr(policy, "tokenizer", None) or getattr(task, "tokenizer", None)
         if tokenizer is None:
-            raise ValueError(f"`GRPOModule(tokenizer=None)`: neither {type(policy).__name__} nor {type(task).__name__} "
-                             "has a `tokenizer`; pass tokenizer=...")
+            raise ValueError(
+                f"`GRPOModule(tokenizer=None)`: neither {type(policy).__name__} nor {type(task).__name__} "
+                "has a `tokenizer`; pass tokenizer=..."
+            )
         self.tokenizer: PromptTokenizer = tokenizer
         self.grpo = grpo or GRPOConfig()
         self.seed = seed
@@ -92,7 +108,9 @@ class GRPOModule(L.LightningModule):
     @property
     def uses_format_warmup(self) -> bool:
         """The format warm-up teaches the tiny policy the arithmetic answer format; other policies skip it."""
-        return isinstance(self.policy, TinyPolicy) and isinstance(self.task, ArithmeticTask) and self.grpo.warmup_steps > 0
+        return (
+            isinstance(self.policy, TinyPolicy) and isinstance(self.task, ArithmeticTask) and self.grpo.warmup_steps > 0
+        )
 
     @override
     def setup(self, stage: str) -> None:
@@ -111,7 +129,10 @@ class GRPOModule(L.LightningModule):
     def train_dataloader(self) -> DataLoader:
         generator = torch.Generator().manual_seed(self.seed)
         return DataLoader(
-            self.task.train_samples(), batch_size=self.grpo.prompts_per_step, shuffle=True, generator=generator,
+            self.task.train_samples(),  # type: ignore[arg-type]  # any Sequence indexes; torch says Dataset
+            batch_size=self.grpo.prompts_per_step,
+            shuffle=True,
+            generator=generator,
             collate_fn=lambda samples: collate_prompts(samples, self.tokenizer),
         )
 
@@ -126,7 +147,9 @@ class GRPOModule(L.LightningModule):
     def score(self, completions: Tensor, answers: Sequence[str]) -> tuple[list[str], Tensor]:
         """Decoded completions and their rewards (float32, one per row)."""
         texts = [self.tokenizer.decode(row) for row in completions.cpu()]
-        rewards = torch.tensor([self.task.reward(t, a) for t, a in zip(texts, answers)], dtype=torch.float32)
+        rewards = torch.tensor(
+            [self.task.reward(t, a) for t, a in zip(texts, answers, strict=True)], dtype=torch.float32
+        )
         return texts, rewards.to(completions.device)
 
     def evaluate(self, batches: Sequence[Any], ctx: Any) -> dict[str, Any]:
@@ -141,7 +164,11 @@ class GRPOModule(L.LightningModule):
         mask = batch["prompt_mask"].repeat_interleave(g, dim=0)
         answers = [a for a in batch["answers"] for _ in range(g)]
         completions = self.policy.generate(
-            ids, mask, max_new_tokens=hp.max_new_tokens, temperature=hp.temperature, generators=self._rollout_generator()
+            ids,
+            mask,
+            max_new_tokens=hp.max_new_tokens,
+            temperature=hp.temperature,
+            generators=self._rollout_generator(),
         )
         texts, rewards = self.score(completions, answers)
         grouped = rewards.view(-1, g)

@@ -41,8 +41,9 @@ def race_noise(generators: Generators, rows: int, vocab: int, device: torch.devi
     return torch.stack([torch.empty(vocab, device=g.device).exponential_(generator=g) for g in generators]).to(device)
 
 
-def sample_tokens(logits: Tensor, temperature: float, noise: Tensor | None, top_p: float = 1.0,
-                  top_k: int | None = None) -> Tensor:
+def sample_tokens(
+    logits: Tensor, temperature: float, noise: Tensor | None, top_p: float = 1.0, top_k: int | None = None
+) -> Tensor:
     """Greedy ids when `temperature == 0`, else samples of softmax(logits / temperature),
     truncated to the top k tokens and the nucleus of mass top_p (`truncate_logits`).
 
@@ -62,7 +63,8 @@ def disable_dropout(model: nn.Module) -> None:
             module.p = 0.0
         # Llama-style attention passes this float to its attention function in training mode.
         if isinstance(getattr(module, "attention_dropout", None), float):
-            module.attention_dropout = 0.0
+            # A plain float attribute; nn.Module types attribute assignment as Tensor | Module only.
+            module.attention_dropout = 0.0  # type: ignore[assignment]
 
 
 class HFPolicy(nn.Module):
@@ -89,25 +91,38 @@ class HFPolicy(nn.Module):
         ValueError: for a wrapper option given together with an `HFTokenizer` (it has its own).
 
     Example:
-        >>> policy = HFPolicy.from_pretrained("/models/qwen2.5-0.5b-instruct", dtype="bfloat16", chat=True)  # doctest: +SKIP
+        >>> policy = HFPolicy.from_pretrained(  # doctest: +SKIP
+        ...     "/models/qwen2.5-0.5b-instruct", dtype="bfloat16", chat=True
+        ... )
         >>> ids, mask = policy.encode_prompts(["What is 2+3?"])  # doctest: +SKIP
-        >>> out = policy.generate(ids, mask, max_new_tokens=64, temperature=0.0, generators=torch.Generator())  # doctest: +SKIP
+        >>> out = policy.generate(  # doctest: +SKIP
+        ...     ids, mask, max_new_tokens=64, temperature=0.0, generators=torch.Generator()
+        ... )
         >>> policy.decode_completions(out)  # doctest: +SKIP
         ['2 + 3 = 5']
     """
 
     def __init__(
-        self, model: nn.Module, tokenizer: Any, *, chat: bool = False, system_prompt: str | None = None,
-        stop_strings: Sequence[str] = (), eos_id: int | None = None,
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        *,
+        chat: bool = False,
+        system_prompt: str | None = None,
+        stop_strings: Sequence[str] = (),
+        eos_id: int | None = None,
     ) -> None:
         super().__init__()
         if isinstance(tokenizer, HFTokenizer):
             if chat or system_prompt is not None or stop_strings or eos_id is not None:
-                raise ValueError("`HFPolicy(tokenizer=HFTokenizer(...))` takes chat, system_prompt, stop_strings and "
-                                 "eos_id from that HFTokenizer; pass them to it, not to HFPolicy")
+                raise ValueError(
+                    "`HFPolicy(tokenizer=HFTokenizer(...))` takes chat, system_prompt, stop_strings and "
+                    "eos_id from that HFTokenizer; pass them to it, not to HFPolicy"
+                )
         else:
-            tokenizer = HFTokenizer(tokenizer, chat=chat, system_prompt=system_prompt, stop_strings=stop_strings,
-                                    eos_id=eos_id)
+            tokenizer = HFTokenizer(
+                tokenizer, chat=chat, system_prompt=system_prompt, stop_strings=stop_strings, eos_id=eos_id
+            )
         self.model = model
         self.tokenizer = tokenizer
         self.eos_id, self.pad_id = tokenizer.eos_id, tokenizer.pad_id
@@ -120,10 +135,19 @@ class HFPolicy(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, *, dtype: str | torch.dtype = "float32", attn_implementation: str | None = None,
-        device: str | torch.device | None = None, tokenizer_path: str | Path | None = None, chat: bool = False,
-        chat_template: str | None = None, system_prompt: str | None = None, stop_strings: Sequence[str] = (),
-        eos_id: int | None = None, **model_kwargs: Any,
+        cls,
+        path: str | Path,
+        *,
+        dtype: str | torch.dtype = "float32",
+        attn_implementation: str | None = None,
+        device: str | torch.device | None = None,
+        tokenizer_path: str | Path | None = None,
+        chat: bool = False,
+        chat_template: str | None = None,
+        system_prompt: str | None = None,
+        stop_strings: Sequence[str] = (),
+        eos_id: int | None = None,
+        **model_kwargs: Any,
     ) -> HFPolicy:
         """Loads a model and its tokenizer from a LOCAL directory; nothing is ever downloaded.
 
@@ -149,8 +173,10 @@ class HFPolicy(nn.Module):
         tokenizer_dir = model_dir if tokenizer_path is None else _local_dir(tokenizer_path, "tokenizer_path")
         if isinstance(dtype, str) and dtype != "auto":
             if dtype not in DTYPES:
-                raise ValueError(f"Unsupported parameter value `HFPolicy.from_pretrained(dtype={dtype!r})`. "
-                                 f"Possible choices are: {', '.join([*DTYPES, 'auto'])} or a torch.dtype")
+                raise ValueError(
+                    f"Unsupported parameter value `HFPolicy.from_pretrained(dtype={dtype!r})`. "
+                    f"Possible choices are: {', '.join([*DTYPES, 'auto'])} or a torch.dtype"
+                )
             dtype = DTYPES[dtype]
         if attn_implementation is not None:
             model_kwargs["attn_implementation"] = attn_implementation
@@ -160,8 +186,9 @@ class HFPolicy(nn.Module):
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
         if chat_template is not None:
             tokenizer.chat_template = chat_template
-        policy = cls(model.eval(), tokenizer, chat=chat, system_prompt=system_prompt, stop_strings=stop_strings,
-                     eos_id=eos_id)
+        policy = cls(
+            model.eval(), tokenizer, chat=chat, system_prompt=system_prompt, stop_strings=stop_strings, eos_id=eos_id
+        )
         return policy if device is None else policy.to(device)
 
     def encode_prompts(self, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:
@@ -184,8 +211,16 @@ class HFPolicy(nn.Module):
 
     @torch.no_grad()
     def generate(
-        self, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int, temperature: float,
-        generators: Generators, top_p: float = 1.0, top_k: int | None = None, stop_at_eos: bool = True,
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        generators: Generators,
+        top_p: float = 1.0,
+        top_k: int | None = None,
+        stop_at_eos: bool = True,
     ) -> Tensor:
         """Samples up to `max_new_tokens` ids per row (greedy when `temperature == 0`); EOS then pad.
 
@@ -254,7 +289,7 @@ class HFPolicy(nn.Module):
 
     def _stop_string_hits(self, out: Tensor, t: int, window: int, device: torch.device) -> Tensor:
         """True for rows whose last `window` completion tokens, decoded, contain a stop string."""
-        tails = out[:, max(0, t + 1 - window): t + 1].tolist()
+        tails = out[:, max(0, t + 1 - window) : t + 1].tolist()
         decode = self.tokenizer.tokenizer.decode
         hits = [any(s in decode(tail) for s in self.tokenizer.stop_strings) for tail in tails]
         return torch.tensor(hits, dtype=torch.bool, device=device)
@@ -292,16 +327,20 @@ def _entropy(logits: Tensor) -> Tensor:
 def _local_dir(path: str | Path, name: str, need_config: bool = False) -> Path:
     """`path` as an existing local directory, or a `LocalModelNotFoundError` that says why not."""
     directory = Path(path).expanduser()
-    hint = ("HFPolicy never downloads models: save the model and tokenizer to a local directory "
-            "(`save_pretrained`, or `huggingface-cli download NAME --local-dir DIR` on a machine with network) "
-            "and pass that directory")
+    hint = (
+        "HFPolicy never downloads models: save the model and tokenizer to a local directory "
+        "(`save_pretrained`, or `huggingface-cli download NAME --local-dir DIR` on a machine with network) "
+        "and pass that directory"
+    )
     if not directory.is_dir():
         raise LocalModelNotFoundError(
-            f"`HFPolicy.from_pretrained({name}={str(path)!r})`: no such local directory. {hint}")
+            f"`HFPolicy.from_pretrained({name}={str(path)!r})`: no such local directory. {hint}"
+        )
     if need_config and not (directory / "config.json").is_file():
         raise LocalModelNotFoundError(
             f"`HFPolicy.from_pretrained({name}={str(path)!r})`: the directory has no config.json, so it holds no "
-            f"saved model. {hint}")
+            f"saved model. {hint}"
+        )
     return directory
 
 

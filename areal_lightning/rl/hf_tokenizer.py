@@ -30,21 +30,28 @@ class HFTokenizer:
             True but the tokenizer has no chat template, or a system prompt comes without `chat`.
 
     Example:
-        >>> tok = HFTokenizer(AutoTokenizer.from_pretrained("/models/qwen", local_files_only=True), chat=True)  # doctest: +SKIP
+        >>> hf_tok = AutoTokenizer.from_pretrained("/models/qwen", local_files_only=True)  # doctest: +SKIP
+        >>> tok = HFTokenizer(hf_tok, chat=True)  # doctest: +SKIP
         >>> ids, mask = tok.encode_batch(["What is 2+3?", "And 7*6?"])  # doctest: +SKIP
         >>> tok.decode_batch(policy.generate(ids, mask, ...))  # doctest: +SKIP
     """
 
     def __init__(
-        self, tokenizer: Any, *, chat: bool = False, system_prompt: str | None = None,
-        stop_strings: Sequence[str] = (), eos_id: int | None = None,
+        self,
+        tokenizer: Any,
+        *,
+        chat: bool = False,
+        system_prompt: str | None = None,
+        stop_strings: Sequence[str] = (),
+        eos_id: int | None = None,
     ) -> None:
         eos_id = tokenizer.eos_token_id if eos_id is None else eos_id
         if eos_id is None:
             raise ValueError("`HFTokenizer(eos_id=None)`: the tokenizer has no EOS token; pass `eos_id` explicitly")
         if chat and not getattr(tokenizer, "chat_template", None):
             raise ValueError(
-                "`HFTokenizer(chat=True)`: the tokenizer has no chat template; use chat=False for plain prompts")
+                "`HFTokenizer(chat=True)`: the tokenizer has no chat template; use chat=False for plain prompts"
+            )
         if system_prompt is not None and not chat:
             raise ValueError("`HFTokenizer(system_prompt=...)` needs chat=True: plain prompts have no system message")
         if any(not s for s in stop_strings):
@@ -90,8 +97,8 @@ class HFTokenizer:
         mask = torch.zeros((len(sequences), width), dtype=torch.bool)
         for row, seq in enumerate(sequences):
             if seq:
-                ids[row, width - len(seq):] = torch.tensor(list(seq), dtype=torch.long)
-                mask[row, width - len(seq):] = True
+                ids[row, width - len(seq) :] = torch.tensor(list(seq), dtype=torch.long)
+                mask[row, width - len(seq) :] = True
         return ids, mask
 
     def encode_batch(self, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:

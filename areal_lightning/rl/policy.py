@@ -28,12 +28,25 @@ class Policy(Protocol):
     pad_id: int
 
     def generate(
-        self, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int, temperature: float,
-        generators: Generators, top_p: float = 1.0, top_k: int | None = None, stop_at_eos: bool = True,
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        generators: Generators,
+        top_p: float = 1.0,
+        top_k: int | None = None,
+        stop_at_eos: bool = True,
     ) -> Tensor: ...
 
     def completion_logprobs(
-        self, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, *, temperature: float = 1.0,
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        completion_ids: Tensor,
+        *,
+        temperature: float = 1.0,
     ) -> tuple[Tensor, Tensor]: ...
 
 
@@ -81,8 +94,9 @@ def sampling_noise(generators: Generators, rows: int, steps: int, vocab: int, de
     if len(generators) != rows:
         raise ValueError(f"got {len(generators)} generators for {rows} rows; pass one per row or a single one")
     # Each generator draws on its own device (a CUDA generator cannot fill a CPU tensor).
-    return torch.stack([torch.empty(steps, vocab, device=g.device).exponential_(generator=g).to(device)
-                        for g in generators])
+    return torch.stack(
+        [torch.empty(steps, vocab, device=g.device).exponential_(generator=g).to(device) for g in generators]
+    )
 
 
 class _Block(nn.Module):
@@ -128,8 +142,14 @@ class TinyPolicy(nn.Module):
     """
 
     def __init__(
-        self, vocab_size: int, d_model: int = 64, n_layers: int = 2, n_heads: int = 4, max_len: int = 32,
-        pad_id: int = 0, eos_id: int = 2,
+        self,
+        vocab_size: int,
+        d_model: int = 64,
+        n_layers: int = 2,
+        n_heads: int = 4,
+        max_len: int = 32,
+        pad_id: int = 0,
+        eos_id: int = 2,
     ) -> None:
         super().__init__()
         if d_model % n_heads:
@@ -152,7 +172,7 @@ class TinyPolicy(nn.Module):
         # rows of pure padding stay finite (their outputs are never used).
         causal = torch.ones(t, s, dtype=torch.bool, device=ids.device).tril(diagonal=s - t)
         self_key = torch.zeros(t, s, dtype=torch.bool, device=ids.device)
-        self_key[:, s - t:] = torch.eye(t, dtype=torch.bool, device=ids.device)
+        self_key[:, s - t :] = torch.eye(t, dtype=torch.bool, device=ids.device)
         attn_mask = ((causal & key_valid[:, None, :]) | self_key)[:, None]
         x = self.tok(ids) + self.pos(positions)
         for i, block in enumerate(self.blocks):
@@ -161,8 +181,16 @@ class TinyPolicy(nn.Module):
 
     @torch.no_grad()
     def generate(
-        self, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int, temperature: float,
-        generators: Generators, top_p: float = 1.0, top_k: int | None = None, stop_at_eos: bool = True,
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        generators: Generators,
+        top_p: float = 1.0,
+        top_k: int | None = None,
+        stop_at_eos: bool = True,
     ) -> Tensor:
         """Samples `max_new_tokens` ids per row (greedy when `temperature == 0`); EOS then pad.
 
@@ -202,7 +230,7 @@ class TinyPolicy(nn.Module):
         ids = torch.cat([prompt_ids, completion_ids], dim=1)
         key_valid = torch.cat([prompt_mask, torch.ones_like(completion_ids, dtype=torch.bool)], dim=1)
         positions = (key_valid.long().cumsum(dim=1) - 1).clamp(min=0)
-        logits = self(ids, key_valid, positions)[:, prompt_ids.shape[1] - 1: -1]
+        logits = self(ids, key_valid, positions)[:, prompt_ids.shape[1] - 1 : -1]
         logp = F.log_softmax(logits / max(temperature, MIN_LOGPROB_TEMPERATURE), dim=-1)
         token_logp = logp.gather(-1, completion_ids[..., None]).squeeze(-1)
         entropy = -(logp.exp() * logp).sum(-1)

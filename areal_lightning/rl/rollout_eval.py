@@ -16,6 +16,7 @@ Bad data, as the round sees it:
 
 from __future__ import annotations
 
+import functools
 import logging
 import traceback
 from collections.abc import Callable, Sequence
@@ -27,7 +28,15 @@ from torch import Tensor
 from torchmetrics import Metric, SumMetric
 
 from areal_lightning.eval_round import EvalBatch, EvalContext, SamplingParams, cut_at_stop
-from areal_lightning.metrics import AccuracyMetric, MajAtK, PassAtK, RewardMetric, Score, ScorerFailingError, ScoringMetric
+from areal_lightning.metrics import (
+    AccuracyMetric,
+    MajAtK,
+    PassAtK,
+    RewardMetric,
+    Score,
+    ScorerFailingError,
+    ScoringMetric,
+)
 from areal_lightning.rl.policy import Policy
 from areal_lightning.rl.task import PromptTokenizer, RLTask, seeded_generators
 from areal_lightning.tasks.arithmetic import CORRECT_REWARD, NO_ANSWER_ID, WRONG_REWARD
@@ -46,15 +55,24 @@ class RewardError(RuntimeError):
         super().__init__(message)
         self.row = row
 
+
 class RolloutModule(Protocol):
     """What the default evaluation needs of a module; `GRPOModule` has it."""
 
-    policy: Policy
-    task: RLTask
-    tokenizer: PromptTokenizer
+    # Read-only members (properties): the evaluation only reads them, so a module may hold a
+    # narrower type (GRPOModule's policy is a Policy that is also an nn.Module).
+    @property
+    def policy(self) -> Policy: ...
+
+    @property
+    def task(self) -> RLTask: ...
+
+    @property
+    def tokenizer(self) -> PromptTokenizer: ...
 
     @property
     def grpo(self) -> Any: ...
+
 
 def sampling_of(ctx: EvalContext) -> SamplingParams:
     """The eval set's sampling settings; an `EvalSet` built without them may give n_samples,
@@ -64,10 +82,11 @@ def sampling_of(ctx: EvalContext) -> SamplingParams:
     keys = ("n_samples", "temperature", "max_new_tokens")
     return SamplingParams(**{k: ctx.options[k] for k in keys if k in ctx.options})
 
+
 def _score_all(task: Any, texts: Sequence[str], answers: Sequence[str]) -> list[Score]:
     if callable(getattr(task, "score_many", None)):
         return task.score_many(list(texts), list(answers))
-    return [Score(float(task.reward(t, a))) for t, a in zip(texts, answers)]
+    return [Score(float(task.reward(t, a))) for t, a in zip(texts, answers, strict=True)]
 
 
 def _where_raised(err: BaseException) -> str:
@@ -91,25 +110,30 @@ def score_texts(task: Any, texts: Sequence[str], answers: Sequence[str]) -> list
         return _score_all(task, texts, answers)
     except ScorerFailingError:
         raise  # a broken scorer, already worded; scoring again would wait on its time limits again
-    except Exception as err:  # noqa: BLE001 - reworded with the function and the completion
-        for row, (text, answer) in enumerate(zip(texts, answers)):  # the failure path only
+    except Exception as err:
+        for row, (text, answer) in enumerate(zip(texts, answers, strict=True)):  # the failure path only
             try:
                 _score_all(task, [text], [answer])
-            except Exception as one:  # noqa: BLE001
-                raise RewardError(f"{type(task).__name__}'s scoring raised {type(one).__name__}: {one}"
-                                  f"{_where_raised(one)} on completion {text!r} (answer {answer!r})", row) from one
-        raise RewardError(f"{type(task).__name__}'s scoring raised {type(err).__name__}: {err}"
-                          f"{_where_raised(err)}") from err
+            except Exception as one:
+                raise RewardError(
+                    f"{type(task).__name__}'s scoring raised {type(one).__name__}: {one}"
+                    f"{_where_raised(one)} on completion {text!r} (answer {answer!r})",
+                    row,
+                ) from one
+        raise RewardError(
+            f"{type(task).__name__}'s scoring raised {type(err).__name__}: {err}{_where_raised(err)}"
+        ) from err
 
 
 def default_metrics(n_samples: int) -> dict[str, Callable[[], Metric]]:
     """The metrics the default evaluation keeps for `n_samples` completions per prompt, by name."""
     factories: dict[str, Callable[[], Metric]] = {"reward": RewardMetric, "accuracy": AccuracyMetric}
     for k in sorted({1, n_samples}):
-        factories[f"pass@{k}"] = lambda k=k: PassAtK(k)
+        factories[f"pass@{k}"] = functools.partial(PassAtK, k)
     factories[f"maj@{n_samples}"] = lambda: MajAtK(n_samples)
     factories[NON_FINITE_KEY] = lambda: SumMetric(nan_strategy="disable").set_dtype(torch.float64)
     return factories
+
 
 def metric_names(n_samples: int) -> list[str]:
     """Every name a round of the default evaluation logs for an eval set (``reward/mean``, ``pass@4`` ...),
@@ -134,6 +158,7 @@ def metric_names(n_samples: int) -> list[str]:
         names += [key if key == name else f"{name}/{key}" for key in keys]
     return sorted(names)
 
+
 def _per_prompt_answer_ids(answer_ids: Sequence[int], n: int) -> list[int]:
     """Each prompt's answers renumbered 0, 1, ... in order of first appearance (``NO_ANSWER_ID`` kept).
 
@@ -148,7 +173,7 @@ def _per_prompt_answer_ids(answer_ids: Sequence[int], n: int) -> list[int]:
     out = []
     for start in range(0, len(answer_ids), n):
         seen: dict[int, int] = {}
-        for answer in answer_ids[start:start + n]:
+        for answer in answer_ids[start : start + n]:
             out.append(NO_ANSWER_ID if answer == NO_ANSWER_ID else seen.setdefault(answer, len(seen)))
     return out
 
@@ -168,7 +193,7 @@ def _check_fits(module: RolloutModule, prompt_ids: Tensor, max_new_tokens: int, 
 def _score(task: Any, texts: list[str], answers: list[str], batch: EvalBatch, n: int, ctx: EvalContext) -> list[Score]:
     try:
         return score_texts(task, texts, answers)
-    except Exception as err:  # noqa: BLE001 - reworded with the sample, re-raised: the round reports it on every rank
+    except Exception as err:
         row = getattr(err, "row", None)
         if row is None:
             where = f"one of the samples {batch.indices}"
@@ -183,9 +208,16 @@ def _report_non_finite(rewards: Tensor, batch: EvalBatch, ctx: EvalContext) -> T
     if not bool(finite.all()):
         bad = [batch.indices[p] for p in (~finite).any(dim=1).nonzero().flatten().tolist()]
         shown = ", ".join(map(str, bad[:MAX_INDICES_SHOWN])) + (" ..." if len(bad) > MAX_INDICES_SHOWN else "")
-        log.warning("eval set %r, step %d, rank %d: %d NaN or infinite reward(s) on samples %s; counted in %s, left out "
-                    "of reward/*, counted incorrect", ctx.dataset, ctx.global_step, ctx.rank, int((~finite).sum()),
-                    shown, NON_FINITE_KEY)
+        log.warning(
+            "eval set %r, step %d, rank %d: %d NaN or infinite reward(s) on samples %s; counted in %s, left out "
+            "of reward/*, counted incorrect",
+            ctx.dataset,
+            ctx.global_step,
+            ctx.rank,
+            int((~finite).sum()),
+            shown,
+            NON_FINITE_KEY,
+        )
     return finite
 
 
@@ -203,7 +235,12 @@ def rollout_evaluate(module: RolloutModule, batches: Sequence[EvalBatch], ctx: E
     n, temperature = sp.n_samples, sp.temperature
     max_new_tokens = sp.max_new_tokens or module.grpo.max_new_tokens
     metrics = {name: ctx.metric(name, factory) for name, factory in default_metrics(n).items()}
-    reward, accuracy, maj, non_finite = metrics["reward"], metrics["accuracy"], metrics[f"maj@{n}"], metrics[NON_FINITE_KEY]
+    reward, accuracy, maj, non_finite = (
+        metrics["reward"],
+        metrics["accuracy"],
+        metrics[f"maj@{n}"],
+        metrics[NON_FINITE_KEY],
+    )
     pass_at = {k: metrics[f"pass@{k}"] for k in sorted({1, n})}
     scoring = ctx.metric("scoring", ScoringMetric)
     tok = module.tokenizer
@@ -215,9 +252,16 @@ def rollout_evaluate(module: RolloutModule, batches: Sequence[EvalBatch], ctx: E
         # One generator per prompt, repeated for its n rows: its completions depend on its seed only
         # (on a GPU the generator lives there, seeded alike, so the rows' noise is drawn in place).
         generators = [g for g in seeded_generators(batch.seeds, ctx.device) for _ in range(n)]
-        completions = module.policy.generate(ids, mask, max_new_tokens=max_new_tokens, temperature=temperature,
-                                             generators=generators, top_p=sp.top_p, top_k=sp.top_k,
-                                             stop_at_eos=not ctx.lockstep)
+        completions = module.policy.generate(
+            ids,
+            mask,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            generators=generators,
+            top_p=sp.top_p,
+            top_k=sp.top_k,
+            stop_at_eos=not ctx.lockstep,
+        )
         answers = [s.answer for s in samples for _ in range(n)]
         texts = [cut_at_stop(tok.decode(row), sp.stop) for row in completions.cpu()]
         scores = _score(module.task, texts, answers, batch, n, ctx)
@@ -237,7 +281,13 @@ def rollout_evaluate(module: RolloutModule, batches: Sequence[EvalBatch], ctx: E
             metric.update(correct)
         maj.update(torch.tensor(answer_ids, device=ctx.device).view(len(samples), n), correct)
         ctx.num_samples += rewards.numel()
-        for row, (index, sample) in enumerate(zip(batch.indices, samples)):
-            ctx.record_sample(index, prompt=sample.prompt, completion=texts[row * n], answer=sample.answer,
-                              reward=float(rewards[row, 0]), correct=bool(correct[row, 0]))
+        for row, (index, sample) in enumerate(zip(batch.indices, samples, strict=True)):
+            ctx.record_sample(
+                index,
+                prompt=sample.prompt,
+                completion=texts[row * n],
+                answer=sample.answer,
+                reward=float(rewards[row, 0]),
+                correct=bool(correct[row, 0]),
+            )
     return {}

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import torch
 
-from areal_lightning.tasks.arithmetic import ArithmeticTask
 from areal_lightning.rl.policy import TinyPolicy, completion_mask
+from areal_lightning.tasks.arithmetic import ArithmeticTask
 
 WARMUP_BATCH_SIZE = 64
 
 
 def random_format_targets(
-    batch_size: int, max_answer_len: int, width: int, eos_id: int, pad_id: int, first_digit_id: int,
+    batch_size: int,
+    max_answer_len: int,
+    width: int,
+    eos_id: int,
+    pad_id: int,
+    first_digit_id: int,
     generator: torch.Generator,
 ) -> torch.Tensor:
     """[B, width] rows of `max_answer_len` random digit ids, then EOS, then pads."""
@@ -40,7 +45,12 @@ def format_warmup(policy: TinyPolicy, task: ArithmeticTask, *, steps: int, lr: f
         picks = torch.randint(len(samples), (WARMUP_BATCH_SIZE,), generator=generator).tolist()
         ids, mask = tok.pad_left([tok.encode(samples[i].prompt) for i in picks])
         targets = random_format_targets(
-            WARMUP_BATCH_SIZE, max_answer_len, max_answer_len + 1, tok.eos_id, tok.pad_id, tok.encode("0", bos=False)[0],
+            WARMUP_BATCH_SIZE,
+            max_answer_len,
+            max_answer_len + 1,
+            tok.eos_id,
+            tok.pad_id,
+            tok.encode("0", bos=False)[0],
             generator,
         )
         ids, mask, targets = ids.to(device), mask.to(device), targets.to(device)

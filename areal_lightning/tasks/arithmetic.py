@@ -95,7 +95,9 @@ class ArithmeticTask:
         samples = []
         for index in range(size):
             a, b = rng.randint(low, high), rng.randint(low, high)
-            samples.append(Sample(index=index, prompt=f"{a}+{b}=", answer=str(a + b).zfill(self.max_answer_len(digits))))
+            samples.append(
+                Sample(index=index, prompt=f"{a}+{b}=", answer=str(a + b).zfill(self.max_answer_len(digits)))
+            )
         return samples
 
     def train_samples(self) -> list[Sample]:
@@ -107,8 +109,10 @@ class ArithmeticTask:
 
     def score_many(self, completions: list[str], answers: list[str]) -> list[Score]:
         """Each completion's reward; one that is not a number (empty, or ``"3+"``) is a parse failure."""
-        return [Score(self.reward(c, a)) if c.isdigit() else Score(WRONG_REWARD, ScoreStatus.PARSE_FAILURE)
-                for c, a in zip(completions, answers, strict=True)]
+        return [
+            Score(self.reward(c, a)) if c.isdigit() else Score(WRONG_REWARD, ScoreStatus.PARSE_FAILURE)
+            for c, a in zip(completions, answers, strict=True)
+        ]
 
     def answer_id(self, completion: str) -> int:
         """An id per distinct final answer, for majority voting; NO_ANSWER_ID when there is none."""

@@ -136,10 +136,17 @@ class MathTask:
     """
 
     def __init__(
-        self, path: str | Path, *, question_field: str = "question", answer_field: str = "answer",
-        answer_format: str | AnswerFormat = AnswerFormat.GSM8K, stratum_field: str | None = None,
-        prompt_style: str | PromptStyle = PromptStyle.PLAIN, prompt_template: str | None = None,
-        verifier: str | Verifier = Verifier.AUTO, score_timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        self,
+        path: str | Path,
+        *,
+        question_field: str = "question",
+        answer_field: str = "answer",
+        answer_format: str | AnswerFormat = AnswerFormat.GSM8K,
+        stratum_field: str | None = None,
+        prompt_style: str | PromptStyle = PromptStyle.PLAIN,
+        prompt_template: str | None = None,
+        verifier: str | Verifier = Verifier.AUTO,
+        score_timeout_s: float | None = DEFAULT_TIMEOUT_S,
         score_workers: int = 1,
     ) -> None:
         self.path = Path(path)
@@ -148,8 +155,10 @@ class MathTask:
         verifier = _choice(Verifier, verifier, "MathTask(verifier")
         has_math_verify = importlib.util.find_spec("math_verify") is not None
         if verifier is Verifier.MATH_VERIFY and not has_math_verify:
-            raise ImportError("`MathTask(verifier='math_verify')` needs math-verify: "
-                              "pip install 'areal-lightning[math]', or use verifier='numeric'")
+            raise ImportError(
+                "`MathTask(verifier='math_verify')` needs math-verify: "
+                "pip install 'areal-lightning[math]', or use verifier='numeric'"
+            )
         if verifier is Verifier.AUTO:
             verifier = Verifier.MATH_VERIFY if has_math_verify else Verifier.NUMERIC
         self.verifier = verifier
@@ -177,12 +186,16 @@ class MathTask:
         for index, row in enumerate(rows):
             for field in fields:
                 if field not in row:
-                    raise ValueError(f"row {index} of {self.path} has no field {field!r}; fields present: "
-                                     f"{sorted(row)} (set MathTask's question_field / answer_field / stratum_field)")
+                    raise ValueError(
+                        f"row {index} of {self.path} has no field {field!r}; fields present: "
+                        f"{sorted(row)} (set MathTask's question_field / answer_field / stratum_field)"
+                    )
             answer = reference_answer(str(row[self.answer_field]), self.answer_format)
             if answer is None:
-                raise ValueError(f"row {index} of {self.path}: no {self.answer_format.value!r} answer in field "
-                                 f"{self.answer_field!r}: {str(row[self.answer_field])[-200:]!r}")
+                raise ValueError(
+                    f"row {index} of {self.path}: no {self.answer_format.value!r} answer in field "
+                    f"{self.answer_field!r}: {str(row[self.answer_field])[-200:]!r}"
+                )
             stratum = str(row[self.stratum_field]) if self.stratum_field else self.path.stem
             prompt = self.prompt_template.format(question=str(row[self.question_field]))
             samples.append(MathSample(index=index, prompt=prompt, answer=answer, stratum=stratum))
@@ -228,7 +241,7 @@ class MathTask:
         return int.from_bytes(hashlib.blake2b(canonical.encode(), digest_size=7).digest(), "big")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _math_verify_scorer(timeout_s: float, workers: int) -> SafeScorer:
     """One pool of math-verify workers per process and setting, shared by every task (workers
     start on the first call, so building a task costs nothing)."""
@@ -243,8 +256,9 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"`MathTask(path={str(path)!r})`: no such file")
     if path.suffix not in SUFFIXES:
-        raise ValueError(f"`MathTask(path={str(path)!r})`: unsupported file type {path.suffix!r}; "
-                         f"use one of {', '.join(SUFFIXES)}")
+        raise ValueError(
+            f"`MathTask(path={str(path)!r})`: unsupported file type {path.suffix!r}; use one of {', '.join(SUFFIXES)}"
+        )
     if path.suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
@@ -278,7 +292,7 @@ def extract_boxed(text: str) -> str | None:
         for i in range(opening.end(), len(text)):
             depth += {"{": 1, "}": -1}.get(text[i], 0)
             if depth == 0:
-                return text[opening.end(): i].strip()
+                return text[opening.end() : i].strip()
     return None
 
 
@@ -384,7 +398,7 @@ def numeric_equal(completion: str, reference: str) -> bool:
     got, want = normalize_answer(answer), normalize_answer(reference)
     got_value, want_value = parse_number(got), parse_number(want)
     if got_value is not None and want_value is not None:
-        return abs(got_value - want_value) <= NUMERIC_REL_TOL * max(1, abs(want_value))
+        return abs(got_value - want_value) <= NUMERIC_REL_TOL * max(Fraction(1), abs(want_value))
     return bool(want) and got == want
 
 

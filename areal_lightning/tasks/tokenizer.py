@@ -55,7 +55,7 @@ class CharTokenizer:
     def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
         """Text of `ids`, stopping at the first EOS; special tokens are dropped."""
         out = []
-        for i in (ids.tolist() if hasattr(ids, "tolist") else ids):
+        for i in ids.tolist() if hasattr(ids, "tolist") else ids:
             if i == self.eos_id:
                 break
             if i >= len(self.special):
@@ -71,6 +71,6 @@ class CharTokenizer:
         mask = torch.zeros((len(sequences), width), dtype=torch.bool)
         for row, seq in enumerate(sequences):
             if seq:
-                ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
-                mask[row, width - len(seq):] = True
+                ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+                mask[row, width - len(seq) :] = True
         return ids, mask

@@ -1,5 +1,7 @@
 """Where evaluation results go: the eval history file, every Trainer logger, and Weights & Biases."""
 
+from typing import TYPE_CHECKING
+
 from areal_lightning.tracking.history import (
     EVAL_MODES,
     EVENT_KINDS,
@@ -7,11 +9,11 @@ from areal_lightning.tracking.history import (
     RECORD_SOURCES,
     EvalHistory,
     TruncatedHistoryWarning,
+    drop_superseded,
     eval_record,
     eval_rows,
     event_record,
     event_rows,
-    drop_superseded,
     history_path,
     new_run_id,
     read_history,
@@ -25,16 +27,24 @@ __all__ = [
     "RECORD_SOURCES",
     "EvalHistory",
     "TruncatedHistoryWarning",
+    "drop_superseded",
     "eval_record",
     "eval_rows",
     "event_record",
     "event_rows",
-    "drop_superseded",
     "history_path",
     "new_run_id",
     "read_history",
     "split_runs",
 ]
+
+if TYPE_CHECKING:  # type checkers see these; at run time `__getattr__` loads them on first use
+    from areal_lightning.tracking.loggers import eval_metric_dict as eval_metric_dict
+    from areal_lightning.tracking.loggers import log_eval_results as log_eval_results
+    from areal_lightning.tracking.loggers import send_alert as send_alert
+    from areal_lightning.tracking.wandb_logger import EVAL_STEP_KEY as EVAL_STEP_KEY
+    from areal_lightning.tracking.wandb_logger import SafeWandbLogger as SafeWandbLogger
+    from areal_lightning.tracking.wandb_logger import finish_wandb as finish_wandb
 
 # The logger fan-out and the W&B logger import Lightning: loaded on first use (PEP 562), so
 # reading a history does not pay for it.

@@ -48,6 +48,7 @@ class ContinuingCSVLogger(CSVLogger):
         if self._experiment is None:
             self._fs.makedirs(self.root_dir, exist_ok=True)
             self._experiment = _ContinuingWriter(log_dir=self.log_dir)
+        assert isinstance(self._experiment, ExperimentWriter)  # Fabric's CSVLogger types it as its own writer
         return self._experiment
 
 

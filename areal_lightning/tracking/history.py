@@ -178,9 +178,7 @@ class EvalHistory:
         recorded = self._recorded_rounds()
         for record in records:
             if not isinstance(record, Mapping):
-                raise TypeError(
-                    f"EvalHistory.append(record=...) must be a mapping, got {type(record).__name__}"
-                )
+                raise TypeError(f"EvalHistory.append(record=...) must be a mapping, got {type(record).__name__}")
             key = _round_key(record, self.once_per_step)
             if key is not None and key in recorded:
                 warnings.warn(
@@ -283,8 +281,7 @@ def eval_record(
         >>> list(rec)[:5]
         ['step', 'epoch', 'time', 'trigger', 'dataset']
     """
-    for name, value in (("step", step), ("epoch", epoch), ("num_samples", num_samples),
-                        ("num_prompts", num_prompts)):
+    for name, value in (("step", step), ("epoch", epoch), ("num_samples", num_samples), ("num_prompts", num_prompts)):
         if int(value) != value or value < 0:
             raise ValueError(f"eval_record({name}=...) must be an integer >= 0, got {value!r}")
     if mode not in EVAL_MODES:
@@ -323,9 +320,7 @@ def _metric_float(name: str, value: Any) -> float:
     plain = value.tolist() if hasattr(value, "tolist") else value
     if isinstance(plain, list):
         if len(plain) != 1:
-            raise ValueError(
-                f"eval_record(metrics={{{name!r}: ...}}) must be a scalar, got {len(plain)} values"
-            )
+            raise ValueError(f"eval_record(metrics={{{name!r}: ...}}) must be a scalar, got {len(plain)} values")
         plain = plain[0]
     return float(plain)
 
@@ -431,9 +426,7 @@ def read_history(path_or_run_dir: str | Path, run_id: str | None = None) -> list
                 "history must be one JSON object (delete the line if a crashed run left it)"
             ) from None
         if not isinstance(record, dict):
-            raise ValueError(
-                f"{path}: line {line_no} is a JSON {type(record).__name__}, expected an object"
-            )
+            raise ValueError(f"{path}: line {line_no} is a JSON {type(record).__name__}, expected an object")
         records.append(record)
     if run_id is not None:
         return split_runs(records).get(run_id, [])
@@ -445,9 +438,7 @@ def eval_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [dict(r) for r in records if "event" not in r]
 
 
-def event_rows(
-    records: Iterable[Mapping[str, Any]], event: str | None = None
-) -> list[dict[str, Any]]:
+def event_rows(records: Iterable[Mapping[str, Any]], event: str | None = None) -> list[dict[str, Any]]:
     """The event records only, optionally of one kind (``"alert"`` or ``"error"``)."""
     return [dict(r) for r in records if "event" in r and (event is None or r["event"] == event)]
 
@@ -465,7 +456,7 @@ def split_runs(records: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str,
         {'legacy-1': [0, 5], 'legacy-2': [0, 5]}
     """
     runs: dict[str, list[dict[str, Any]]] = {}
-    legacy_count, legacy_seen = 0, set()
+    legacy_count, legacy_seen = 0, set[tuple[Any, Any]]()
     for record in records:
         run_id = record.get("run_id")
         if run_id is None:

@@ -18,7 +18,7 @@ from areal_lightning.eval_round import SetResult
 from areal_lightning.tracking.wandb_logger import alert_level, log_eval_round, send_wandb_alert
 
 if TYPE_CHECKING:
-    import wandb
+    from wandb.sdk.wandb_alerts import AlertLevel
 
 EVAL_PREFIX = "eval"
 EVAL_SECS_KEY = "eval_secs"
@@ -91,7 +91,7 @@ def log_eval_results(loggers: Sequence[Logger], results: Sequence[SetResult], st
 
 
 @rank_zero_only
-def send_alert(loggers: Sequence[Logger], title: str, text: str, level: str | wandb.AlertLevel = "WARN") -> None:
+def send_alert(loggers: Sequence[Logger], title: str, text: str, level: str | AlertLevel = "WARN") -> None:
     """An alert on every live online W&B run among `loggers`; W&B failures never raise.
 
     Args:

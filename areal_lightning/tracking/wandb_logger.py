@@ -38,7 +38,7 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 # Lightning's stand-in for an experiment on ranks other than 0; no public name exists for it.
 from lightning.fabric.loggers.logger import _DummyExperiment, rank_zero_experiment
@@ -49,7 +49,7 @@ from areal_lightning.eval_round import SetResult
 from areal_lightning.tracking.history import HISTORY_FILENAME
 
 if TYPE_CHECKING:
-    import wandb
+    from wandb.sdk.wandb_alerts import AlertLevel
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +64,15 @@ SAMPLES_KEY = "samples"
 
 # The first failure of each logger, kept outside the logger so that a plain `WandbLogger` that a
 # user put in `trainer.loggers` is guarded too. Weak keys: no logger is kept alive.
-_failures: "weakref.WeakKeyDictionary[WandbLogger, str]" = weakref.WeakKeyDictionary()
+_failures: weakref.WeakKeyDictionary[WandbLogger, str] = weakref.WeakKeyDictionary()
 _failures_lock = threading.Lock()
 # Eval keys already given their x axis, per wandb run (weak keys: a finished run may go away).
-_defined_keys: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
+_defined_keys: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 _defined_lock = threading.Lock()
 
 
 # ---- failure handling --------------------------------------------------------------------------
+
 
 def wandb_failure(logger: WandbLogger) -> str | None:
     """Why W&B was turned off for `logger` (the first exception, as text), or None while it works."""
@@ -87,7 +88,11 @@ def _report_failure(logger: WandbLogger, action: str, err: BaseException) -> Non
     where = str(history) if history else f"the eval history ({HISTORY_FILENAME})"
     log.warning(
         "W&B failed while %s (%s: %s). W&B logging is off for the rest of this run; training goes on "
-        "and %s remains complete.", action, type(err).__name__, err, where,
+        "and %s remains complete.",
+        action,
+        type(err).__name__,
+        err,
+        where,
     )
 
 
@@ -117,6 +122,7 @@ def call_wandb(logger: WandbLogger, action: str, fn: Callable[..., T], *args: An
 
 
 # ---- the logger --------------------------------------------------------------------------------
+
 
 def _prepare_save_dir(save_dir: str | None) -> None:
     """Create `save_dir` or raise: wandb would silently fall back to the system temp dir."""
@@ -148,8 +154,9 @@ class SafeWandbLogger(WandbLogger):
         ('demo', 'r1', True)
     """
 
-    def __init__(self, *args: Any, history_file: str | Path | None = None, logged_eval_through: int | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, history_file: str | Path | None = None, logged_eval_through: int | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.history_file = history_file
         self.logged_eval_through = logged_eval_through
@@ -187,7 +194,7 @@ class SafeWandbLogger(WandbLogger):
         return self._experiment
 
     @rank_zero_only
-    def log_metrics(self, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         call_wandb(self, "logging metrics", super().log_metrics, metrics, step)
 
     @rank_zero_only
@@ -195,23 +202,29 @@ class SafeWandbLogger(WandbLogger):
         call_wandb(self, "logging hyperparameters", super().log_hyperparams, params)
 
     @rank_zero_only
-    def log_table(self, key: str, columns: Optional[list[str]] = None, data: Optional[list[list[Any]]] = None,
-                  dataframe: Any = None, step: Optional[int] = None) -> None:
+    def log_table(
+        self,
+        key: str,
+        columns: list[str] | None = None,
+        data: list[list[Any]] | None = None,
+        dataframe: Any = None,
+        step: int | None = None,
+    ) -> None:
         call_wandb(self, f"logging the table {key!r}", super().log_table, key, columns, data, dataframe, step)
 
     @rank_zero_only
-    def log_image(self, key: str, images: list[Any], step: Optional[int] = None, **kwargs: Any) -> None:
+    def log_image(self, key: str, images: list[Any], step: int | None = None, **kwargs: Any) -> None:
         call_wandb(self, f"logging images {key!r}", super().log_image, key, images, step, **kwargs)
 
     @rank_zero_only
-    def log_audio(self, key: str, audios: list[Any], step: Optional[int] = None, **kwargs: Any) -> None:
+    def log_audio(self, key: str, audios: list[Any], step: int | None = None, **kwargs: Any) -> None:
         call_wandb(self, f"logging audio {key!r}", super().log_audio, key, audios, step, **kwargs)
 
     @rank_zero_only
-    def log_video(self, key: str, videos: list[Any], step: Optional[int] = None, **kwargs: Any) -> None:
+    def log_video(self, key: str, videos: list[Any], step: int | None = None, **kwargs: Any) -> None:
         call_wandb(self, f"logging videos {key!r}", super().log_video, key, videos, step, **kwargs)
 
-    def watch(self, model: Any, log: Optional[str] = "gradients", log_freq: int = 100, log_graph: bool = True) -> None:
+    def watch(self, model: Any, log: str | None = "gradients", log_freq: int = 100, log_graph: bool = True) -> None:
         call_wandb(self, "watching the model", super().watch, model, log, log_freq, log_graph)
 
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
@@ -229,6 +242,7 @@ def _started_run(logger: WandbLogger) -> Any:
 
 
 # ---- eval rounds -------------------------------------------------------------------------------
+
 
 def _cell(value: Any) -> Any:
     # Tensors and numpy scalars become plain Python numbers; everything else goes as it is.
@@ -249,7 +263,8 @@ def samples_table(rows: Sequence[Mapping[str, Any]]) -> Any:
     columns = list(dict.fromkeys(key for row in rows for key in row))
     data = [[_cell(row.get(c)) for c in columns] for row in rows]
     # A reward that is an int in one row and a float in the next is not worth losing W&B over.
-    return wandb.Table(columns=columns, data=data, allow_mixed_types=True)
+    # (wandb annotates `columns` as list[str | int]; a list[str] is not one, lists being invariant.)
+    return wandb.Table(columns=[*columns], data=data, allow_mixed_types=True)
 
 
 def _define_eval_axis(run: Any, keys: Sequence[str]) -> None:
@@ -280,8 +295,7 @@ def _log_round(logger: WandbLogger, metrics: Mapping[str, float], results: Seque
 
 
 @rank_zero_only
-def log_eval_round(logger: WandbLogger, metrics: Mapping[str, float], results: Sequence[SetResult],
-                   step: int) -> None:
+def log_eval_round(logger: WandbLogger, metrics: Mapping[str, float], results: Sequence[SetResult], step: int) -> None:
     """One eval round as one row of `logger`'s run, on the ``eval/step`` axis; never raises.
 
     Args:
@@ -292,15 +306,17 @@ def log_eval_round(logger: WandbLogger, metrics: Mapping[str, float], results: S
     """
     already = getattr(logger, "logged_eval_through", None)
     if already is not None and step <= already:
-        log.info("eval round of step %d not logged to W&B: the run's earlier session logged steps up to %d",
-                 step, already)
+        log.info(
+            "eval round of step %d not logged to W&B: the run's earlier session logged steps up to %d", step, already
+        )
         return
     call_wandb(logger, "logging eval metrics", _log_round, logger, metrics, results, step)
 
 
 # ---- alerts and the end of a run ---------------------------------------------------------------
 
-def alert_level(level: str | wandb.AlertLevel) -> wandb.AlertLevel:
+
+def alert_level(level: str | AlertLevel) -> AlertLevel:
     """`level` as a ``wandb.AlertLevel`` (names in any case).
 
     Raises:
@@ -310,16 +326,16 @@ def alert_level(level: str | wandb.AlertLevel) -> wandb.AlertLevel:
         >>> alert_level("warn")
         <AlertLevel.WARN: 'WARN'>
     """
-    import wandb
+    from wandb.sdk.wandb_alerts import AlertLevel
 
     try:
-        return wandb.AlertLevel(str(getattr(level, "value", level)).upper())
+        return AlertLevel(str(getattr(level, "value", level)).upper())
     except ValueError:
-        accepted = ", ".join(m.value for m in wandb.AlertLevel)
+        accepted = ", ".join(m.value for m in AlertLevel)
         raise ValueError(f"send_alert(level=...) must be one of {accepted}, got {level!r}") from None
 
 
-def _alert_run(logger: WandbLogger, title: str, text: str, level: wandb.AlertLevel) -> None:
+def _alert_run(logger: WandbLogger, title: str, text: str, level: AlertLevel) -> None:
     import wandb
 
     run = logger.experiment
@@ -327,14 +343,17 @@ def _alert_run(logger: WandbLogger, title: str, text: str, level: wandb.AlertLev
         return
     # `_is_finished`: wandb has no public "finished" flag, and alerting a finished run raises.
     if run.offline or run.disabled or getattr(run, "_is_finished", False):
-        log.debug("W&B alert %r not sent: the run is offline, disabled or finished (only a live online run "
-                  "can alert); it stays in the log and the eval history", title)
+        log.debug(
+            "W&B alert %r not sent: the run is offline, disabled or finished (only a live online run "
+            "can alert); it stays in the log and the eval history",
+            title,
+        )
         return
     run.alert(title=title, text=text, level=level)
 
 
 @rank_zero_only
-def send_wandb_alert(logger: WandbLogger, title: str, text: str, level: wandb.AlertLevel) -> None:
+def send_wandb_alert(logger: WandbLogger, title: str, text: str, level: AlertLevel) -> None:
     """``run.alert(...)`` if `logger`'s run is live and online; W&B failures never raise."""
     call_wandb(logger, f"sending the alert {title!r}", _alert_run, logger, title, text, level)
 

@@ -50,8 +50,7 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINE_STYLES = ("-", "--", ":", "-.")
 # Metrics that live in [0, 1]; their y axis is fixed to [0, 1] so curves from runs compare at a
 # glance. Matched against the metric name or its last "/" component.
-UNIT_INTERVAL_METRIC = re.compile(
-    r"(accuracy|acc|(pass|maj|best|mean|worst)@\d+|success_rate|zero_std_frac(tion)?)")
+UNIT_INTERVAL_METRIC = re.compile(r"(accuracy|acc|(pass|maj|best|mean|worst)@\d+|success_rate|zero_std_frac(tion)?)")
 
 
 class PlotError(ValueError):
@@ -122,9 +121,7 @@ def _title(metric: str, runs: Sequence[str]) -> str:
     return f"{metric} across {len(runs)} runs"
 
 
-def build_figure(
-    runs: Mapping[str, Sequence[Mapping[str, Any]]], metric: str = DEFAULT_METRIC
-) -> Figure:
+def build_figure(runs: Mapping[str, Sequence[Mapping[str, Any]]], metric: str = DEFAULT_METRIC) -> Figure:
     """Draw ``metric`` over steps for one run (a line per eval set) or several (per run, eval set).
 
     Args:
@@ -152,13 +149,13 @@ def build_figure(
     for name, records in runs.items():
         found = metric_series(name, records, metric)
         if not found and len(runs) > 1:
-            warnings.warn(f"run {name!r} has no metric {metric!r}; it is left out of the figure",
-                          UserWarning, stacklevel=2)
+            warnings.warn(
+                f"run {name!r} has no metric {metric!r}; it is left out of the figure", UserWarning, stacklevel=2
+            )
         all_series.extend(found)
     if not all_series:
         available = sorted({m for records in runs.values() for m in metric_names(records)})
-        raise PlotError(f"no run has metric {metric!r}; metrics in the history: "
-                        f"{', '.join(available) or '(none)'}")
+        raise PlotError(f"no run has metric {metric!r}; metrics in the history: {', '.join(available) or '(none)'}")
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -180,12 +177,25 @@ def build_figure(
         label = s.dataset if single else f"{s.run}: {s.dataset}"
         # A marker per eval round, thinned on long runs so the line stays readable.
         every = max(1, math.ceil(len(s.steps) / MAX_MARKERS))
-        ax.plot(s.steps, s.values, color=color, linestyle=style, marker=marker, label=label,
-                linewidth=LINE_WIDTH, markersize=MARKER_SIZE, markevery=every,
-                markeredgecolor="white", markeredgewidth=0.7, clip_on=False, zorder=3)
+        ax.plot(
+            s.steps,
+            s.values,
+            color=color,
+            linestyle=style,
+            marker=marker,
+            label=label,
+            linewidth=LINE_WIDTH,
+            markersize=MARKER_SIZE,
+            markevery=every,
+            markeredgecolor="white",
+            markeredgewidth=0.7,
+            clip_on=False,
+            zorder=3,
+        )
         if s.ci_low is not None and s.ci_high is not None:
-            ax.fill_between(s.steps, s.ci_low, s.ci_high, color=color, alpha=BAND_ALPHA,
-                            linewidth=0, label=f"_ci {label}", zorder=2)
+            ax.fill_between(
+                s.steps, s.ci_low, s.ci_high, color=color, alpha=BAND_ALPHA, linewidth=0, label=f"_ci {label}", zorder=2
+            )
 
     ax.set_title(_title(metric, run_names))
     ax.set_xlabel(X_LABEL)
@@ -206,17 +216,15 @@ def build_figure(
     if len(labels) <= LEGEND_INSIDE_MAX:
         ax.legend(handles, labels, title=legend_title, loc="best", frameon=False)
     else:
-        ax.legend(handles, labels, title=legend_title, loc="upper left",
-                  bbox_to_anchor=(1.01, 1.0), frameon=False)
+        ax.legend(handles, labels, title=legend_title, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return fig
 
 
 def run_names(run_dirs: Sequence[Path]) -> list[str]:
     """A name per run dir: its name, or ``parent/name`` where names collide (else the path)."""
     names = [d.name for d in run_dirs]
-    names = [f"{d.parent.name}/{d.name}" if names.count(n) > 1 else n
-             for d, n in zip(run_dirs, names)]
-    return [str(d) if names.count(n) > 1 else n for d, n in zip(run_dirs, names)]
+    names = [f"{d.parent.name}/{d.name}" if names.count(n) > 1 else n for d, n in zip(run_dirs, names, strict=True)]
+    return [str(d) if names.count(n) > 1 else n for d, n in zip(run_dirs, names, strict=True)]
 
 
 def _metric_file_part(metric: str) -> str:
@@ -245,8 +253,10 @@ def _load_run(run_dir: Path) -> list[dict[str, Any]]:
     except ValueError as err:
         raise PlotError(str(err)) from None
     if not eval_rows(records):
-        raise PlotError(f"{str(history)!r} has no eval records (it is empty or holds only "
-                        "alerts / errors); a run appends one per eval set per eval round")
+        raise PlotError(
+            f"{str(history)!r} has no eval records (it is empty or holds only "
+            "alerts / errors); a run appends one per eval set per eval round"
+        )
     return records
 
 
@@ -281,17 +291,19 @@ def load_runs(run_dirs: Sequence[Path]) -> dict[str, list[dict[str, Any]]]:
         PlotError: a directory is missing or has no eval records.
     """
     runs: dict[str, list[dict[str, Any]]] = {}
-    for name, d in zip(run_names([d.resolve() for d in run_dirs]), run_dirs):
+    for name, d in zip(run_names([d.resolve() for d in run_dirs]), run_dirs, strict=True):
         found = runs_in_history(name, _load_run(d))
         if len(found) > 1:
-            warnings.warn(f"{str(d)!r} holds {len(found)} runs ({', '.join(found)}); each is drawn as its own line",
-                          UserWarning, stacklevel=2)
+            warnings.warn(
+                f"{str(d)!r} holds {len(found)} runs ({', '.join(found)}); each is drawn as its own line",
+                UserWarning,
+                stacklevel=2,
+            )
         runs.update(found)
     return runs
 
 
-def plot_runs(run_dirs: Sequence[str | Path], metric: str = DEFAULT_METRIC,
-              out: str | Path | None = None) -> Path:
+def plot_runs(run_dirs: Sequence[str | Path], metric: str = DEFAULT_METRIC, out: str | Path | None = None) -> Path:
     """Read the runs' eval histories, draw :func:`build_figure`, save it, return the path.
 
     Args:
@@ -325,14 +337,21 @@ def plot_runs(run_dirs: Sequence[str | Path], metric: str = DEFAULT_METRIC,
 
 def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``RUN_DIR [RUN_DIR ...] [--metric NAME] [--out FILE]`` to the ``plot`` subcommand."""
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
-                        help=f"run output directories, each holding {HISTORY_FILENAME}")
-    parser.add_argument("--metric", default=DEFAULT_METRIC,
-                        help="metric to draw, e.g. accuracy, pass@4, reward/mean "
-                             f"(default: {DEFAULT_METRIC})")
-    parser.add_argument("--out", default=None, metavar="FILE",
-                        help="output image (.png, .pdf, .svg); default: RUN_DIR/eval_<metric>.png "
-                             "for one run, compare_<metric>.png beside the first run for several")
+    parser.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help=f"run output directories, each holding {HISTORY_FILENAME}"
+    )
+    parser.add_argument(
+        "--metric",
+        default=DEFAULT_METRIC,
+        help=f"metric to draw, e.g. accuracy, pass@4, reward/mean (default: {DEFAULT_METRIC})",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE",
+        help="output image (.png, .pdf, .svg); default: RUN_DIR/eval_<metric>.png "
+        "for one run, compare_<metric>.png beside the first run for several",
+    )
 
 
 def plot_main(args: argparse.Namespace) -> int:

@@ -47,21 +47,33 @@ def evaluate_gsm8k(module: GRPOModule, batches: Sequence[EvalBatch], ctx: EvalCo
         ids, mask = ids.repeat_interleave(n, 0).to(ctx.device), mask.repeat_interleave(n, 0).to(ctx.device)
         generators = [g for g in seeded_generators(batch.seeds, ctx.device) for _ in range(n)]
         # 2. run inference
-        completions = module.policy.generate(ids, mask, max_new_tokens=int(ctx.options["max_new_tokens"]),
-                                             temperature=float(ctx.options["temperature"]), generators=generators)
+        completions = module.policy.generate(
+            ids,
+            mask,
+            max_new_tokens=int(ctx.options["max_new_tokens"]),
+            temperature=float(ctx.options["temperature"]),
+            generators=generators,
+        )
         # 3. compute rewards
         texts = [tok.decode(row) for row in completions.cpu()]
         answers = [s.answer for s in batch.samples for _ in range(n)]
-        rewards = torch.tensor([module.task.reward(t, a) for t, a in zip(texts, answers)], device=ctx.device)
+        rewards = torch.tensor(
+            [module.task.reward(t, a) for t, a in zip(texts, answers, strict=True)], device=ctx.device
+        )
         # 4. record metrics
         reward.update(rewards)
         accuracy.update(rewards)  # correct: reward above the metric's threshold
         tokens.update(completion_mask(completions, module.policy.eos_id).sum(dim=1).float())
         no_answer.update(torch.tensor([final_answer(t) is None for t in texts], dtype=torch.float32, device=ctx.device))
         ctx.num_samples += len(texts)
-        for row, (index, sample) in enumerate(zip(batch.indices, batch.samples)):
-            ctx.record_sample(index, prompt=sample.prompt, completion=texts[row * n], answer=sample.answer,
-                              reward=float(rewards[row * n]))
+        for row, (index, sample) in enumerate(zip(batch.indices, batch.samples, strict=True)):
+            ctx.record_sample(
+                index,
+                prompt=sample.prompt,
+                completion=texts[row * n],
+                answer=sample.answer,
+                reward=float(rewards[row * n]),
+            )
     return {}
 
 

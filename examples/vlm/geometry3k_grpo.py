@@ -69,8 +69,17 @@ class VisionGRPOModule(L.LightningModule):
         group_size, prompts_per_step, lr, max_new_tokens, temperature: GRPO settings.
     """
 
-    def __init__(self, model_dir: str, train_rows: list[dict[str, Any]], *, group_size: int = 4,
-                 prompts_per_step: int = 2, lr: float = 1e-5, max_new_tokens: int = 64, temperature: float = 1.0) -> None:
+    def __init__(
+        self,
+        model_dir: str,
+        train_rows: list[dict[str, Any]],
+        *,
+        group_size: int = 4,
+        prompts_per_step: int = 2,
+        lr: float = 1e-5,
+        max_new_tokens: int = 64,
+        temperature: float = 1.0,
+    ) -> None:
         super().__init__()
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -86,8 +95,9 @@ class VisionGRPOModule(L.LightningModule):
         """Images and questions through the processor's chat template, left-padded, on the device."""
         from PIL import Image
 
-        messages = [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": r["problem"]}]}]
-                    for r in rows]
+        messages = [
+            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": r["problem"]}]}] for r in rows
+        ]
         texts = [self.processor.apply_chat_template(m, add_generation_prompt=True) for m in messages]
         images = [Image.open(r["image"]).convert("RGB") for r in rows]
         inputs = self.processor(images=images, text=texts, return_tensors="pt", padding=True)
@@ -97,22 +107,35 @@ class VisionGRPOModule(L.LightningModule):
         """Completion ids [B, max_new_tokens] (EOS, then pad) after each prompt."""
         config = self.model.config
         image_token = getattr(config, "image_token_id", None) or getattr(config, "image_token_index", None)
-        out = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=temperature > 0,
-                                  temperature=temperature if temperature > 0 else None,
-                                  pad_token_id=self.processor.tokenizer.pad_token_id,
-                                  # an image placeholder in a completion would ask for an image that is not there
-                                  suppress_tokens=[image_token] if image_token is not None else None)
-        completions = out[:, inputs["input_ids"].shape[1]:]
-        pad = torch.full((completions.shape[0], max_new_tokens - completions.shape[1]),
-                         self.processor.tokenizer.pad_token_id, dtype=completions.dtype, device=completions.device)
+        out = self.model.generate(
+            **inputs,
+            max_new_tokens=max_new_tokens,
+            do_sample=temperature > 0,
+            temperature=temperature if temperature > 0 else None,
+            pad_token_id=self.processor.tokenizer.pad_token_id,
+            # an image placeholder in a completion would ask for an image that is not there
+            suppress_tokens=[image_token] if image_token is not None else None,
+        )
+        completions = out[:, inputs["input_ids"].shape[1] :]
+        pad = torch.full(
+            (completions.shape[0], max_new_tokens - completions.shape[1]),
+            self.processor.tokenizer.pad_token_id,
+            dtype=completions.dtype,
+            device=completions.device,
+        )
         return torch.cat([completions, pad], dim=1)
 
     def decode(self, completions: Tensor) -> list[str]:
         return self.processor.batch_decode(completions, skip_special_tokens=True)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_rows, batch_size=self.prompts_per_step, shuffle=True,
-                          generator=torch.Generator().manual_seed(self.seed), collate_fn=list)
+        return DataLoader(
+            self.train_rows,
+            batch_size=self.prompts_per_step,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(self.seed),
+            collate_fn=list,
+        )
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.model.parameters(), lr=self.lr)
@@ -122,8 +145,13 @@ class VisionGRPOModule(L.LightningModule):
         inputs = self.encode([r for r in rows for _ in range(g)])
         with torch.no_grad():
             completions = self.sample(inputs, temperature=self.temperature, max_new_tokens=self.max_new_tokens)
-        rewards = torch.tensor([geometric_reward(t, r["answer"]) for t, r in
-                                zip(self.decode(completions), [r for r in rows for _ in range(g)])], device=self.device)
+        rewards = torch.tensor(
+            [
+                geometric_reward(t, r["answer"])
+                for t, r in zip(self.decode(completions), [r for r in rows for _ in range(g)], strict=True)
+            ],
+            device=self.device,
+        )
         advantages = group_advantages(rewards.view(-1, g)).reshape(-1, 1)
         eos = self.processor.tokenizer.eos_token_id
         is_eos = completions == eos
@@ -131,8 +159,9 @@ class VisionGRPOModule(L.LightningModule):
         ids = torch.cat([inputs["input_ids"], completions], dim=1)
         mask = torch.cat([inputs["attention_mask"], keep.long()], dim=1)
         positions = (mask.cumsum(1) - 1).clamp(min=0)
-        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                            pixel_values=inputs["pixel_values"]).logits[:, inputs["input_ids"].shape[1] - 1: -1]
+        logits = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, pixel_values=inputs["pixel_values"]
+        ).logits[:, inputs["input_ids"].shape[1] - 1 : -1]
         logp = torch.log_softmax(logits.float(), -1).gather(-1, completions[..., None]).squeeze(-1)
         loss = -(advantages * logp * keep).sum() / keep.sum().clamp(min=1)
         self.log_dict({"train/reward": rewards.mean(), "train/loss": loss.detach()}, batch_size=len(rows))
@@ -153,15 +182,22 @@ def evaluate_fn(module: VisionGRPOModule, batches: Sequence[EvalBatch], ctx: Eva
         torch.manual_seed(batch.seeds[0])
         texts = module.decode(module.sample(inputs, temperature=temperature, max_new_tokens=max_new_tokens))
         # 3. compute rewards
-        rewards = torch.tensor([geometric_reward(t, s["answer"]) for t, s in zip(texts, batch.samples)],
-                               device=ctx.device)
+        rewards = torch.tensor(
+            [geometric_reward(t, s["answer"]) for t, s in zip(texts, batch.samples, strict=True)], device=ctx.device
+        )
         # 4. record metrics (reduced across ranks once per round by the callback)
         reward.update(rewards)
         accuracy.update(rewards)
         ctx.num_samples += len(texts)
-        for index, sample, text, r in zip(batch.indices, batch.samples, texts, rewards.tolist()):
-            ctx.record_sample(index, prompt=sample["problem"], completion=text, answer=sample["answer"],
-                              extracted=final_answer(text), reward=r)
+        for index, sample, text, r in zip(batch.indices, batch.samples, texts, rewards.tolist(), strict=True):
+            ctx.record_sample(
+                index,
+                prompt=sample["problem"],
+                completion=text,
+                answer=sample["answer"],
+                extracted=final_answer(text),
+                reward=r,
+            )
     return {}
 
 
@@ -182,16 +218,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     L.seed_everything(0, verbose=False)
-    module = VisionGRPOModule(args.model, load_problems(args.data), group_size=args.group_size,
-                              prompts_per_step=args.prompts_per_step, lr=args.lr, max_new_tokens=args.max_new_tokens)
+    module = VisionGRPOModule(
+        args.model,
+        load_problems(args.data),
+        group_size=args.group_size,
+        prompts_per_step=args.prompts_per_step,
+        lr=args.lr,
+        max_new_tokens=args.max_new_tokens,
+    )
     evaluation = EvaluationCallback(
-        {"geometry3k": load_problems(args.eval_data or args.data)}, evaluate_fn,
-        freq_steps=args.eval_every, eval_before_train=True, metric_thresholds={"reward": 0.85, "accuracy": 0.7},
+        {"geometry3k": load_problems(args.eval_data or args.data)},
+        evaluate_fn,
+        freq_steps=args.eval_every,
+        eval_before_train=True,
+        metric_thresholds={"reward": 0.85, "accuracy": 0.7},
         output_dir=args.output_dir,
     )
-    trainer = L.Trainer(max_steps=args.steps, accelerator=args.accelerator, devices=args.devices, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, callbacks=[evaluation],
-                        default_root_dir=args.output_dir)
+    trainer = L.Trainer(
+        max_steps=args.steps,
+        accelerator=args.accelerator,
+        devices=args.devices,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[evaluation],
+        default_root_dir=args.output_dir,
+    )
     trainer.fit(module)
     print(f"eval history: {Path(args.output_dir) / 'eval_history.jsonl'}")
     return 0

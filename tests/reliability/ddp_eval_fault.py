@@ -14,10 +14,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared helpers
 
-from callback_helpers import CountingModule, make_trainer, quiet  # noqa: E402
+from callback_helpers import CountingModule, make_trainer, quiet
 
-from areal_lightning.callbacks.evaluation_callback import EvaluationCallback  # noqa: E402
-from areal_lightning.eval_round import EvalRoundError  # noqa: E402
+from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
+from areal_lightning.eval_round import EvalRoundError
 
 FAILING_STEP = 2
 MAX_STEPS = 4

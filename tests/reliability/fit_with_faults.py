@@ -34,7 +34,7 @@ def _mark(line: str) -> None:
 
 
 def _hang_if(kind: str, step: int) -> None:
-    if KIND == kind and STEP == str(step):
+    if kind == KIND and str(step) == STEP:
         _mark(f"hang {kind} {step}")
         time.sleep(HANG_S)
 

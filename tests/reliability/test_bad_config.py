@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from procs import run_in_group
 
 from areal_lightning.app.cli import main
-from procs import run_in_group
 
 CORPUS = Path(__file__).resolve().parent / "bad_configs"
 FILES = sorted(CORPUS.glob("*.yaml"))
@@ -29,11 +29,16 @@ BAD_OVERRIDES = [
     (["evaluator.freq_steps=-5"], r"evaluator.freq_steps must be a positive integer or null, got -5"),
     (["eval_sets.easy.size=0"], r"eval_sets.easy.size must be a positive integer, got 0"),
     (["evaluator.metric_thresholds.rewrd=0.9"], r"metric_thresholds.rewrd names a metric.*Did you mean `reward/.*`"),
-    (["eval_sets.easy.n_samples=2", "evaluator.metric_thresholds.pass@4=0.5"],
-     r"metric_thresholds.pass@4 names a metric the evaluation does not log.*pass@1, pass@2"),
+    (
+        ["eval_sets.easy.n_samples=2", "evaluator.metric_thresholds.pass@4=0.5"],
+        r"metric_thresholds.pass@4 names a metric the evaluation does not log.*pass@1, pass@2",
+    ),
     (["policy.kind=hf"], r"policy.path is required for policy.kind: hf; give the local directory"),
     (["trainer.max_steps"], r"override 'trainer.max_steps' is not of the form key=value"),
-    (["eval_sets=[a,b]"], r"`eval_sets` \(from the command line\) must be a mapping of keys to values, got \['a', 'b'\]"),
+    (
+        ["eval_sets=[a,b]"],
+        r"`eval_sets` \(from the command line\) must be a mapping of keys to values, got \['a', 'b'\]",
+    ),
     (["evaluator.threshold_action=stop"], r"threshold_action=stop needs evaluator.metric_thresholds"),
     (["seed=-1"], r"seed must be a non-negative integer, got -1"),
     (["policy.max_len=8"], r"policy.max_len must be at least 9 for task.train_digits=1 and grpo.max_new_tokens=4"),
@@ -89,8 +94,9 @@ def test_missing_checkpoint_is_refused_before_work(tmp_path: Path, capsys) -> No
     assert "--ckpt 'nope.ckpt' does not exist; pass a Lightning checkpoint file" in err
 
 
-@pytest.mark.parametrize("name", ["02_typo_evaluator", "20_pass_at_k_above_n", "28_malformed_unclosed_brace",
-                                  "36_unknown_precision"])
+@pytest.mark.parametrize(
+    "name", ["02_typo_evaluator", "20_pass_at_k_above_n", "28_malformed_unclosed_brace", "36_unknown_precision"]
+)
 def test_real_cli_process_exits_2_without_traceback(name: str, tmp_path: Path) -> None:
     path = CORPUS / f"{name}.yaml"
     proc = run_in_group([sys.executable, "-m", "areal_lightning", "fit", "-c", str(path)], timeout=180, cwd=tmp_path)
@@ -110,8 +116,14 @@ def test_a_good_base_is_accepted(tmp_path: Path) -> None:
 
 # Refused only once the metrics (threshold names come from the metrics themselves) or Lightning's
 # own lists (accelerator, strategy, precision) are loaded; every other file is refused before.
-NEEDS_HEAVY_IMPORTS = {"19_threshold_unknown_metric", "20_pass_at_k_above_n", "21_maj_at_k_above_n",
-                       "36_unknown_precision", "37_unknown_accelerator", "38_unknown_strategy"}
+NEEDS_HEAVY_IMPORTS = {
+    "19_threshold_unknown_metric",
+    "20_pass_at_k_above_n",
+    "21_maj_at_k_above_n",
+    "36_unknown_precision",
+    "37_unknown_accelerator",
+    "38_unknown_strategy",
+}
 HEAVY_MODULES = ("torch", "torchmetrics", "lightning", "matplotlib", "wandb")
 _LIGHT_PROBE = """
 import contextlib, io, json, sys
@@ -120,9 +132,9 @@ out = []
 for path in sys.argv[1:]:
     with contextlib.redirect_stderr(io.StringIO()):
         status = main(["fit", "-c", path])
-    out.append([path, status, [m for m in %r if m in sys.modules]])
+    out.append([path, status, [m for m in HEAVY if m in sys.modules]])
 print(json.dumps(out))
-""" % (HEAVY_MODULES,)
+""".replace("HEAVY", repr(HEAVY_MODULES))
 
 
 def test_most_bad_configs_are_refused_before_torch_or_lightning_is_imported(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import logging
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -42,14 +42,19 @@ def _module(task: ArithmeticTask | None = None, seed: int = 3) -> GRPOModule:
     task = task or ArithmeticTask(seed=seed)
     tok = task.tokenizer
     torch.manual_seed(seed)
-    policy = TinyPolicy(tok.vocab_size, d_model=32, n_layers=1, n_heads=2, max_len=MAX_LEN, pad_id=tok.pad_id,
-                        eos_id=tok.eos_id)
+    policy = TinyPolicy(
+        tok.vocab_size, d_model=32, n_layers=1, n_heads=2, max_len=MAX_LEN, pad_id=tok.pad_id, eos_id=tok.eos_id
+    )
     return GRPOModule(policy, task, GRPOConfig(warmup_steps=0), seed=seed)
 
 
 def _eval_set(samples: list[Sample], max_new_tokens: int = 4, **kwargs: Any) -> EvalSet:
-    return EvalSet("probe", samples, options={"n_samples": N_SAMPLES, "temperature": 1.0,
-                                             "max_new_tokens": max_new_tokens}, **kwargs)
+    return EvalSet(
+        "probe",
+        samples,
+        options={"n_samples": N_SAMPLES, "temperature": 1.0, "max_new_tokens": max_new_tokens},
+        **kwargs,
+    )
 
 
 def _round(module: GRPOModule, eval_set: EvalSet, rows: int = 0) -> Any:
@@ -68,6 +73,7 @@ def _always_seven(module: GRPOModule) -> None:
 
 # ---- empty eval sets --------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("samples", [[], ()])
 def test_an_empty_eval_set_is_refused_when_the_callback_is_built(samples: Any) -> None:
     with pytest.raises(ValueError, match=r"`EvalSet\(name='easy'\)` has no samples; give at least one"):
@@ -75,8 +81,11 @@ def test_an_empty_eval_set_is_refused_when_the_callback_is_built(samples: Any) -
 
 
 def test_samples_without_indexing_are_refused_naming_what_is_accepted() -> None:
-    with pytest.raises(ValueError, match=r"`EvalSet\(samples=...\)` must be a sequence with a length and indexing .*"
-                                         r"got 'generator'"):
+    with pytest.raises(
+        ValueError,
+        match=r"`EvalSet\(samples=...\)` must be a sequence with a length and indexing .*"
+        r"got 'generator'",
+    ):
         EvalSet("easy", (i for i in range(3)))
 
 
@@ -88,6 +97,7 @@ def test_an_empty_eval_set_is_refused_when_the_config_loads() -> None:
 
 
 # ---- a set smaller than the number of ranks ---------------------------------------------------
+
 
 def _one_sample_on_two_ranks(rank: int, world_size: int) -> tuple[dict[str, float], int, int]:
     quiet()
@@ -108,6 +118,7 @@ def test_a_set_smaller_than_the_world_counts_each_sample_once_and_matches_one_pr
 
 # ---- empty prompts ----------------------------------------------------------------------------
 
+
 def test_an_empty_prompt_is_evaluated_and_counted_like_any_other() -> None:
     samples = [Sample(0, "", "03"), Sample(1, "1+2=", "03"), Sample(2, "", "05")]
     result = _round(_module(), _eval_set(samples, batch_size=2), rows=3)
@@ -119,19 +130,21 @@ def test_an_empty_prompt_is_evaluated_and_counted_like_any_other() -> None:
 
 # ---- NaN and infinite rewards -----------------------------------------------------------------
 
+
 class _BrokenRewardTask(ArithmeticTask):
     """The reward of a sample depends only on its answer: NaN, +inf, -inf or a finite value below success."""
 
-    BY_ANSWER = {"03": math.nan, "05": math.inf, "07": -math.inf, "08": 0.25, "09": 0.75}
+    BY_ANSWER: ClassVar[dict[str, float]] = {"03": math.nan, "05": math.inf, "07": -math.inf, "08": 0.25, "09": 0.75}
 
     def reward(self, completion: str, answer: str) -> float:
         return self.BY_ANSWER[answer]
 
 
-def test_nan_and_infinite_rewards_are_counted_reported_and_never_averaged_in(
-        caplog: pytest.LogCaptureFixture) -> None:
-    samples = [Sample(i, f"{a}+{b}=", s) for i, (a, b, s) in enumerate([(1, 2, "03"), (2, 3, "05"), (3, 4, "07"),
-                                                                       (4, 4, "08"), (4, 5, "09")])]
+def test_nan_and_infinite_rewards_are_counted_reported_and_never_averaged_in(caplog: pytest.LogCaptureFixture) -> None:
+    samples = [
+        Sample(i, f"{a}+{b}=", s)
+        for i, (a, b, s) in enumerate([(1, 2, "03"), (2, 3, "05"), (3, 4, "07"), (4, 4, "08"), (4, 5, "09")])
+    ]
     module = _module(_BrokenRewardTask(seed=3))
     _always_seven(module)  # every completion is a number: the task's reward scores each one
     with caplog.at_level(logging.WARNING, logger="areal_lightning"):
@@ -168,6 +181,7 @@ def test_a_nan_reward_in_a_users_reward_metric_fails_the_round_naming_the_count(
 
 # ---- a reward function that raises ------------------------------------------------------------
 
+
 class _RaisingRewardTask(ArithmeticTask):
     """Raises on the answers of two-digit operands (three characters), as a buggy verifier would."""
 
@@ -179,21 +193,38 @@ class _RaisingRewardTask(ArithmeticTask):
 
 @pytest.mark.parametrize("on_error", ["log", "raise"])
 def test_a_reward_function_that_raises_fails_the_round_naming_the_function_and_the_sample(
-        on_error: str, tmp_path: Path) -> None:
-    cfg = load_config(None, ["eval_sets.easy.size=3", "eval_sets.hard.size=3", "eval_sets.hard.digits=2",
-                             "eval_sets.easy.n_samples=2", "eval_sets.hard.n_samples=2", "evaluator.freq_steps=1",
-                             f"evaluator.on_error={on_error}", "grpo.warmup_steps=0", "grpo.group_size=2",
-                             "grpo.prompts_per_step=2", "policy.d_model=32", "policy.n_layers=1", "policy.n_heads=2",
-                             f"output_dir={tmp_path}"])
+    on_error: str, tmp_path: Path
+) -> None:
+    cfg = load_config(
+        None,
+        [
+            "eval_sets.easy.size=3",
+            "eval_sets.hard.size=3",
+            "eval_sets.hard.digits=2",
+            "eval_sets.easy.n_samples=2",
+            "eval_sets.hard.n_samples=2",
+            "evaluator.freq_steps=1",
+            f"evaluator.on_error={on_error}",
+            "grpo.warmup_steps=0",
+            "grpo.group_size=2",
+            "grpo.prompts_per_step=2",
+            "policy.d_model=32",
+            "policy.n_layers=1",
+            "policy.n_heads=2",
+            f"output_dir={tmp_path}",
+        ],
+    )
     from areal_lightning.app.builders import build_callback
 
     module = GRPOModule.from_config(cfg)
     module.task = _RaisingRewardTask(seed=cfg.seed)  # training uses one-digit operands: only the round raises
     _always_seven(module)  # numbers only: the arithmetic task hands a completion to its reward only then
     trainer = make_trainer(tmp_path, [build_callback(cfg)], max_steps=2)
-    expected = (r"the reward of eval set 'hard' failed on sample 0 \(prompt '\d\d\+\d\d='\): _RaisingRewardTask's "
-                r"scoring raised KeyError: \"no verifier for '\d{3}'\" in reward \(test_bad_data.py:\d+\) on "
-                r"completion '7777' \(answer '\d{3}'\)")
+    expected = (
+        r"the reward of eval set 'hard' failed on sample 0 \(prompt '\d\d\+\d\d='\): _RaisingRewardTask's "
+        r"scoring raised KeyError: \"no verifier for '\d{3}'\" in reward \(test_bad_data.py:\d+\) on "
+        r"completion '7777' \(answer '\d{3}'\)"
+    )
     if on_error == "raise":
         with pytest.raises(EvalRoundError, match=expected):
             trainer.fit(module)
@@ -210,6 +241,7 @@ def test_a_reward_function_that_raises_fails_the_round_naming_the_function_and_t
 
 # ---- completions far longer than expected -----------------------------------------------------
 
+
 def test_a_completion_that_never_ends_stops_at_max_new_tokens_and_still_votes() -> None:
     module = _module()
     _always_seven(module)
@@ -225,8 +257,11 @@ def test_a_completion_that_cannot_fit_the_policy_is_refused_before_any_forward()
     forwards = []
     module.policy.register_forward_hook(lambda *args: forwards.append(1))
     too_long = MAX_LEN  # plus any prompt: beyond the policy's positions
-    with pytest.raises(EvalRoundError, match=rf"eval set 'probe': its longest prompt \(5 tokens\) plus max_new_tokens="
-                                             rf"{too_long} is {too_long + 5} tokens, more than the policy's "
-                                             rf"max_len={MAX_LEN}; lower the eval set's max_new_tokens"):
+    with pytest.raises(
+        EvalRoundError,
+        match=rf"eval set 'probe': its longest prompt \(5 tokens\) plus max_new_tokens="
+        rf"{too_long} is {too_long + 5} tokens, more than the policy's "
+        rf"max_len={MAX_LEN}; lower the eval set's max_new_tokens",
+    ):
         _round(module, _eval_set([Sample(0, "1+2=", "03")], max_new_tokens=too_long))
     assert forwards == []

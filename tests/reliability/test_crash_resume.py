@@ -15,20 +15,34 @@ from pathlib import Path
 
 import pytest
 import torch
+from procs import kill_group, run_in_group
 
 from areal_lightning.tracking.history import HISTORY_FILENAME, read_history
-from procs import kill_group, run_in_group
 
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "fit_with_faults.py"
-EXAMPLE = HERE.parents[1] / "examples" / "arithmetic" / "grpo.yaml"
+EXAMPLE = HERE.parents[1] / "areal_lightning" / "app" / "configs" / "arithmetic_grpo.yaml"
 RUN_TIMEOUT_S = 300
 SMALL = [
-    "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=1", "trainer.enable_progress_bar=false",
-    "policy.d_model=32", "policy.n_heads=2", "grpo.warmup_steps=20", "grpo.prompts_per_step=4", "grpo.group_size=4",
-    "task.train_size=16", "eval_sets.easy.size=8", "eval_sets.easy.n_samples=2", "eval_sets.hard.size=4",
-    "eval_sets.hard.n_samples=2", "evaluator.freq_steps=2", "evaluator.freq_epochs=null", "evaluator.freq_secs=null",
-    "evaluator.eval_before_train=true", "logger.wandb.mode=disabled", "logger.csv=false",
+    "trainer.max_steps=6",
+    "trainer.checkpoint_every_n_steps=1",
+    "trainer.enable_progress_bar=false",
+    "policy.d_model=32",
+    "policy.n_heads=2",
+    "grpo.warmup_steps=20",
+    "grpo.prompts_per_step=4",
+    "grpo.group_size=4",
+    "task.train_size=16",
+    "eval_sets.easy.size=8",
+    "eval_sets.easy.n_samples=2",
+    "eval_sets.hard.size=4",
+    "eval_sets.hard.n_samples=2",
+    "evaluator.freq_steps=2",
+    "evaluator.freq_epochs=null",
+    "evaluator.freq_secs=null",
+    "evaluator.eval_before_train=true",
+    "logger.wandb.mode=disabled",
+    "logger.csv=false",
 ]
 EXPECTED_ROUNDS = [(0, ["before_train"]), (2, ["steps"]), (4, ["steps"]), (6, ["steps"])]
 
@@ -47,8 +61,15 @@ def _fit(run_dir: Path, marks: Path, *extra: str) -> None:
 
 
 def _fit_until_killed(run_dir: Path, marks: Path, hang: str) -> None:
-    proc = subprocess.Popen(_command(run_dir), env=_env(marks, hang), cwd=run_dir.parent, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _command(run_dir),
+        env=_env(marks, hang),
+        cwd=run_dir.parent,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + RUN_TIMEOUT_S
     try:
         while not (marks.is_file() and "hang" in marks.read_text()):
@@ -78,8 +99,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("hang", ["round:4", "checkpoint:4"])
-def test_killed_run_resumed_from_a_step_checkpoint_matches_an_uninterrupted_one(reference: Path, hang: str,
-                                                                               tmp_path: Path) -> None:
+def test_killed_run_resumed_from_a_step_checkpoint_matches_an_uninterrupted_one(
+    reference: Path, hang: str, tmp_path: Path
+) -> None:
     run_dir, marks = tmp_path / "run", tmp_path / "marks"
     _fit_until_killed(run_dir, marks, hang)
     killed_rounds = [line for line in marks.read_text().splitlines() if line.startswith("round easy")]

@@ -31,10 +31,18 @@ class _AnsweringPolicy(nn.Module):
         self.tok = task.tokenizer
         self.pad_id, self.eos_id = self.tok.pad_id, self.tok.eos_id
 
-    def generate(self, prompt_ids: Tensor, prompt_mask: Tensor, *, max_new_tokens: int, temperature: float,
-                 generators, **_: object) -> Tensor:
+    def generate(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        generators,
+        **_: object,
+    ) -> Tensor:
         out = torch.full((len(prompt_ids), max_new_tokens), self.pad_id, dtype=torch.long)
-        for row, (ids, mask, gen) in enumerate(zip(prompt_ids, prompt_mask, generators)):
+        for row, (ids, mask, gen) in enumerate(zip(prompt_ids, prompt_mask, generators, strict=True)):
             a, b = self.tok.decode(ids[mask].tolist()).rstrip("=").split("+")
             u = float(torch.rand(1, generator=gen))
             if u < 0.40:
@@ -45,12 +53,12 @@ class _AnsweringPolicy(nn.Module):
                 text = str(int(torch.randint(10, 99, (1,), generator=gen)))
             else:
                 text = ""
-            out[row, : len(text) + 1] = torch.tensor(self.tok.encode(text, bos=False) + [self.eos_id])
+            out[row, : len(text) + 1] = torch.tensor([*self.tok.encode(text, bos=False), self.eos_id])
         return out
 
 
 def _recount(texts: list[str], answers: list[str]) -> dict[str, float]:
-    prompts = [(texts[i:i + N_SAMPLES], answers[i]) for i in range(0, len(texts), N_SAMPLES)]
+    prompts = [(texts[i : i + N_SAMPLES], answers[i]) for i in range(0, len(texts), N_SAMPLES)]
     accuracy = sum(t == a for group, a in prompts for t in group) / len(texts)
     pass_n = sum(any(t == a for t in group) for group, a in prompts) / len(prompts)
     maj = 0
@@ -60,8 +68,13 @@ def _recount(texts: list[str], answers: list[str]) -> dict[str, float]:
             top = max(votes.values())
             winner = next(int(t) for t in group if t.isdigit() and votes[int(t)] == top)  # first to reach the top
             maj += any(t == answer for t in group if t.isdigit() and int(t) == winner)
-    return {"accuracy": accuracy, "reward/mean": accuracy, "pass@1": accuracy, f"pass@{N_SAMPLES}": pass_n,
-            f"maj@{N_SAMPLES}": maj / len(prompts)}
+    return {
+        "accuracy": accuracy,
+        "reward/mean": accuracy,
+        "pass@1": accuracy,
+        f"pass@{N_SAMPLES}": pass_n,
+        f"maj@{N_SAMPLES}": maj / len(prompts),
+    }
 
 
 def test_accuracy_pass_at_k_and_maj_at_k_match_a_recount_of_the_completions() -> None:
@@ -75,8 +88,12 @@ def test_accuracy_pass_at_k_and_maj_at_k_match_a_recount_of_the_completions() ->
         return score_many(texts, answers)
 
     task.score_many = recording_score_many  # type: ignore[method-assign]
-    eval_set = EvalSet("easy", task.make_samples("easy", 1, SIZE), batch_size=7,
-                       options={"n_samples": N_SAMPLES, "temperature": 1.0, "max_new_tokens": 4})
+    eval_set = EvalSet(
+        "easy",
+        task.make_samples("easy", 1, SIZE),
+        batch_size=7,
+        options={"n_samples": N_SAMPLES, "temperature": 1.0, "max_new_tokens": 4},
+    )
     [result] = run_round(module, [eval_set], lambda m, b, ctx: m.evaluate(b, ctx), seed=4, global_step=0, epoch=0)
     texts = [t for batch, _ in scored for t in batch]
     answers = [a for _, batch in scored for a in batch]

@@ -37,8 +37,12 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 
 def _ddp_fault(root: Path, on_error: str) -> tuple[int, str]:
-    done = run_in_group([sys.executable, str(HERE / "ddp_eval_fault.py"), str(root), on_error],
-                        timeout=DDP_TIMEOUT_S, env=_clean_env(), cwd=root)
+    done = run_in_group(
+        [sys.executable, str(HERE / "ddp_eval_fault.py"), str(root), on_error],
+        timeout=DDP_TIMEOUT_S,
+        env=_clean_env(),
+        cwd=root,
+    )
     return done.returncode, done.stdout + done.stderr
 
 
@@ -90,8 +94,12 @@ def _fit(tmp_path: Path, overrides: list[str], **env: str) -> tuple[Path, str]:
     config = tmp_path / "run.yaml"
     config.write_text(RUN_CONFIG)
     out = tmp_path / "out"
-    done = run_in_group([sys.executable, "-m", "areal_lightning", "fit", "-c", str(config), f"output_dir={out}",
-                         *overrides], timeout=FIT_TIMEOUT_S, env=_clean_env(**env), cwd=tmp_path)
+    done = run_in_group(
+        [sys.executable, "-m", "areal_lightning", "fit", "-c", str(config), f"output_dir={out}", *overrides],
+        timeout=FIT_TIMEOUT_S,
+        env=_clean_env(**env),
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return out, done.stdout + done.stderr
 
@@ -104,8 +112,13 @@ def _assert_every_round_recorded(out: Path) -> None:
 
 
 def test_wandb_online_without_a_server_leaves_training_and_the_history_complete(tmp_path: Path) -> None:
-    out, output = _fit(tmp_path, ["logger.wandb.mode=online"], WANDB_BASE_URL=f"http://127.0.0.1:{_closed_port()}",
-                       WANDB_API_KEY="x" * 40, WANDB_INIT_TIMEOUT="2")
+    out, output = _fit(
+        tmp_path,
+        ["logger.wandb.mode=online"],
+        WANDB_BASE_URL=f"http://127.0.0.1:{_closed_port()}",
+        WANDB_API_KEY="x" * 40,
+        WANDB_INIT_TIMEOUT="2",
+    )
     assert output.count(WANDB_WARNING) == 1, output
     _assert_every_round_recorded(out)
     assert (out / "checkpoints" / "last.ckpt").is_file()

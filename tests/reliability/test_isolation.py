@@ -26,8 +26,12 @@ def _rng_states() -> tuple:
 
 def _same_rng(a: tuple, b: tuple) -> bool:
     (py_a, np_a, torch_a), (py_b, np_b, torch_b) = a, b
-    return py_a == py_b and all(np.array_equal(x, y) for x, y in zip(np_a[1:3], np_b[1:3])) and np_a[3:] == np_b[3:] \
+    return (
+        py_a == py_b
+        and all(np.array_equal(x, y) for x, y in zip(np_a[1:3], np_b[1:3], strict=True))
+        and np_a[3:] == np_b[3:]
         and torch.equal(torch_a, torch_b)
+    )
 
 
 @pytest.mark.parametrize("raises", [False, True])

@@ -7,15 +7,18 @@ import json
 import sys
 from pathlib import Path
 
-from areal_lightning.tracking.history import eval_rows, read_history
 from procs import run_in_group
+
+from areal_lightning.tracking.history import eval_rows, read_history
 
 BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "load_rounds.py"
 
 
 def test_300_steps_with_a_round_every_10_record_exactly_60_rounds(tmp_path: Path) -> None:
-    proc = run_in_group([sys.executable, str(BENCHMARK), "--steps", "300", "--every", "10", "--json",
-                         "--out", str(tmp_path)], timeout=300)
+    proc = run_in_group(
+        [sys.executable, str(BENCHMARK), "--steps", "300", "--every", "10", "--json", "--out", str(tmp_path)],
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.splitlines()[-1])
     assert (result["records"], result["exact"]) == (60, True)

@@ -1,0 +1,99 @@
+"""The wheel works outside the repository: built with `python -m build`, installed with the CPU
+torch into a fresh virtual environment, it answers `--help` and `--version`, imports the public API,
+ships `py.typed` and its example configs, and runs a tiny `fit` from a config outside the checkout.
+
+Every command of the new environment runs with `cwd=tmp_path` and without PYTHONPATH, so nothing can
+come from the working tree. It needs the package index (or pip's cache) for the dependencies.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import areal_lightning
+
+pytest.importorskip("build")
+
+ROOT = Path(__file__).resolve().parents[1]
+CONSTRAINTS = ROOT / "constraints.txt"
+INSTALL_TIMEOUT_S = 1200  # torch, Lightning and W&B from pip's cache on 2 CPU cores: a few minutes
+RUN_TIMEOUT_S = 300
+TINY_FIT = [
+    "trainer.max_steps=2", "trainer.log_every_n_steps=1", "trainer.enable_progress_bar=false",
+    "policy.d_model=32", "policy.n_heads=2", "grpo.warmup_steps=2", "grpo.prompts_per_step=4",
+    "grpo.group_size=2", "task.train_size=8", "eval_sets.easy.size=4", "eval_sets.easy.n_samples=2",
+    "eval_sets.hard.size=4", "eval_sets.hard.n_samples=2", "evaluator.freq_steps=2", "evaluator.freq_epochs=null",
+    "evaluator.freq_secs=null", "logger.wandb.mode=disabled",
+]  # fmt: skip
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int = RUN_TIMEOUT_S) -> str:
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str], Path]:
+    """(the fresh environment's bin directory, its environment variables, a directory outside the checkout)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env.update(WANDB_SILENT="true", WANDB_DIR=str(tmp), WANDB_CONFIG_DIR=str(tmp / "wb-config"))
+    # sdist first, then the wheel from the sdist: the sdist must hold everything the wheel needs.
+    _run([sys.executable, "-m", "build", "--outdir", str(tmp / "dist"), str(ROOT)], cwd=tmp, env=env,
+         timeout=INSTALL_TIMEOUT_S)  # fmt: skip
+    (wheel,) = (tmp / "dist").glob("areal_lightning-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "areal_lightning/py.typed" in names and "areal_lightning/app/configs/arithmetic_grpo.yaml" in names
+    assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "examples/"))]
+    env_dir = tmp / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    bin_dir = env_dir / "bin"
+    # torch first and pinned (the CPU build), as `make install` does; then the wheel and its dependencies.
+    _run([str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "-c", str(CONSTRAINTS), "torch==2.13.0"],
+         cwd=tmp, env=env, timeout=INSTALL_TIMEOUT_S)  # fmt: skip
+    _run([str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "-c", str(CONSTRAINTS), str(wheel)],
+         cwd=tmp, env=env, timeout=INSTALL_TIMEOUT_S)  # fmt: skip
+    work = tmp / "work"
+    work.mkdir()
+    return bin_dir, env, work
+
+
+@pytest.mark.slow
+def test_the_installed_command_answers_help_and_version(installed: tuple[Path, dict[str, str], Path]) -> None:
+    bin_dir, env, work = installed
+    assert "{fit,evaluate,plot,example}" in _run([str(bin_dir / "areal-lightning"), "--help"], work, env)
+    out = _run([str(bin_dir / "areal-lightning"), "--version"], work, env)
+    assert out.strip() == f"areal-lightning {areal_lightning.__version__}"
+
+
+@pytest.mark.slow
+def test_the_public_api_imports_from_the_installed_package(installed: tuple[Path, dict[str, str], Path]) -> None:
+    bin_dir, env, work = installed
+    code = (
+        "import importlib.metadata, pathlib, areal_lightning as al\n"
+        "missing = [n for n in al.__all__ if getattr(al, n, None) is None]\n"
+        "where = pathlib.Path(al.__file__).parent\n"
+        "print(missing, importlib.metadata.version('areal-lightning'), (where / 'py.typed').is_file(), where)\n"
+    )
+    out = _run([str(bin_dir / "python"), "-c", code], work, env).split()
+    assert out[:3] == ["[]", areal_lightning.__version__, "True"]
+    assert Path(out[3]).is_relative_to(installed[0].parent)  # the installed copy, not the checkout
+
+
+@pytest.mark.slow
+def test_a_tiny_fit_runs_from_a_config_outside_the_checkout(installed: tuple[Path, dict[str, str], Path]) -> None:
+    bin_dir, env, work = installed
+    cli = str(bin_dir / "areal-lightning")
+    _run([cli, "example", "arithmetic_grpo", "-o", "grpo.yaml"], work, env)
+    out = _run([cli, "fit", "-c", "grpo.yaml", *TINY_FIT, "output_dir=run"], work, env)
+    history = (work / "run" / "eval_history.jsonl").read_text().splitlines()
+    assert len(history) >= 4, out[-3000:]  # easy and hard, before training and at the end
+    assert (work / "run" / "checkpoints" / "last.ckpt").is_file()
