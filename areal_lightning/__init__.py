@@ -12,35 +12,37 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.2.0.dev0"
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` imports on first use
-    from areal_lightning.app.config import Config as Config
-    from areal_lightning.app.config import ConfigError as ConfigError
-    from areal_lightning.app.config import load_config as load_config
-    from areal_lightning.callbacks import EvaluationCallback as EvaluationCallback
-    from areal_lightning.callbacks import HybridTrigger as HybridTrigger
-    from areal_lightning.callbacks import ThresholdMonitor as ThresholdMonitor
-    from areal_lightning.eval_round import EvalBatch as EvalBatch
-    from areal_lightning.eval_round import EvalContext as EvalContext
-    from areal_lightning.eval_round import EvalRoundError as EvalRoundError
-    from areal_lightning.eval_round import EvalSet as EvalSet
-    from areal_lightning.eval_round import EvalSetMismatchError as EvalSetMismatchError
-    from areal_lightning.eval_round import EvaluateFn as EvaluateFn
-    from areal_lightning.eval_round import SetResult as SetResult
-    from areal_lightning.eval_round import run_round as run_round
-    from areal_lightning.metrics import AccuracyMetric as AccuracyMetric
-    from areal_lightning.metrics import AdvantageMetric as AdvantageMetric
-    from areal_lightning.metrics import MajAtK as MajAtK
-    from areal_lightning.metrics import PassAtK as PassAtK
-    from areal_lightning.metrics import RewardMetric as RewardMetric
-    from areal_lightning.metrics import group_advantages as group_advantages
-    from areal_lightning.metrics import maj_at_k as maj_at_k
-    from areal_lightning.metrics import pass_at_k as pass_at_k
-    from areal_lightning.metrics import wilson_interval as wilson_interval
+    from areal_lightning.app.config import Config as Config, ConfigError as ConfigError, load_config as load_config
+    from areal_lightning.callbacks import (
+        EvaluationCallback as EvaluationCallback,
+        HybridTrigger as HybridTrigger,
+        ThresholdMonitor as ThresholdMonitor,
+    )
+    from areal_lightning.eval_round import (
+        EvalBatch as EvalBatch,
+        EvalContext as EvalContext,
+        EvalRoundError as EvalRoundError,
+        EvalSet as EvalSet,
+        EvalSetMismatchError as EvalSetMismatchError,
+        EvaluateFn as EvaluateFn,
+        SetResult as SetResult,
+        run_round as run_round,
+    )
+    from areal_lightning.metrics import (
+        AccuracyMetric as AccuracyMetric,
+        AdvantageMetric as AdvantageMetric,
+        MajAtK as MajAtK,
+        PassAtK as PassAtK,
+        RewardMetric as RewardMetric,
+        group_advantages as group_advantages,
+        maj_at_k as maj_at_k,
+        pass_at_k as pass_at_k,
+        wilson_interval as wilson_interval,
+    )
     from areal_lightning.rl.grpo import GRPOModule as GRPOModule
-    from areal_lightning.rl.policy import Policy as Policy
-    from areal_lightning.rl.policy import TinyPolicy as TinyPolicy
+    from areal_lightning.rl.policy import Policy as Policy, TinyPolicy as TinyPolicy
     from areal_lightning.tasks.arithmetic import ArithmeticTask as ArithmeticTask
-    from areal_lightning.tracking import EvalHistory as EvalHistory
-    from areal_lightning.tracking import read_history as read_history
+    from areal_lightning.tracking import EvalHistory as EvalHistory, read_history as read_history
     from areal_lightning.viz import plot_runs as plot_runs
 
 _EXPORTS = {

@@ -170,3 +170,9 @@ def metric_by_step(run_dir: str | Path, metric: str, dataset: str | None = None)
 
 def state_copy(module: nn.Module) -> Mapping[str, Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def round_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The metrics the round itself computes, without what the callback derives across rounds
+    (``/best``, ``/best_step``, ``/delta...``): a standalone evaluation has no earlier round."""
+    return {k: v for k, v in metrics.items() if not k.endswith(("/best", "/best_step")) and "/delta" not in k}

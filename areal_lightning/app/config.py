@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, cast
 
 import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf import errors as oc_errors
+from omegaconf import DictConfig, ListConfig, OmegaConf, errors as oc_errors
 
 from areal_lightning.callbacks.adaptive import AdaptiveSchedule
 from areal_lightning.callbacks.best import BestValues

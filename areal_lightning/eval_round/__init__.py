@@ -9,7 +9,37 @@ an `EvalSet`'s arguments does not pay for torch, torchmetrics and Lightning.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` imports on first use
+    from areal_lightning.eval_round.context import (
+        EvalBatch as EvalBatch,
+        EvalContext as EvalContext,
+        EvalRoundError as EvalRoundError,
+        EvaluateFn as EvaluateFn,
+        SetResult as SetResult,
+    )
+    from areal_lightning.eval_round.eval_set import (
+        EvalSet as EvalSet,
+        as_eval_sets as as_eval_sets,
+    )
+    from areal_lightning.eval_round.fingerprint import (
+        EvalSetMismatchError as EvalSetMismatchError,
+        check_eval_sets_consistent as check_eval_sets_consistent,
+    )
+    from areal_lightning.eval_round.round import (
+        LocalSetResult as LocalSetResult,
+        evaluate_local as evaluate_local,
+        evaluate_set as evaluate_set,
+        local_batches as local_batches,
+        reduce_set as reduce_set,
+        run_round as run_round,
+    )
+    from areal_lightning.eval_round.sampling import (
+        SamplingParams as SamplingParams,
+        cut_at_stop as cut_at_stop,
+    )
+
 
 _EXPORTS = {
     "EvalBatch": "areal_lightning.eval_round.context",

@@ -15,7 +15,47 @@ The names below load on first use (PEP 562): `options` is pure Python, so the ap
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` imports on first use
+    from areal_lightning.metrics.accuracy import (
+        AccuracyMetric as AccuracyMetric,
+    )
+    from areal_lightning.metrics.advantage import (
+        AdvantageMetric as AdvantageMetric,
+    )
+    from areal_lightning.metrics.functional import (
+        ADVANTAGE_EPS as ADVANTAGE_EPS,
+        group_advantages as group_advantages,
+        maj_at_k as maj_at_k,
+        maj_at_k_per_prompt as maj_at_k_per_prompt,
+        mean_at_n as mean_at_n,
+        pass_at_k as pass_at_k,
+        pass_at_k_per_prompt as pass_at_k_per_prompt,
+        wilson_interval as wilson_interval,
+        zero_std_groups as zero_std_groups,
+    )
+    from areal_lightning.metrics.options import (
+        NO_ANSWER as NO_ANSWER,
+        AdvantageStd as AdvantageStd,
+    )
+    from areal_lightning.metrics.reward import (
+        RewardMetric as RewardMetric,
+    )
+    from areal_lightning.metrics.sampling import (
+        MajAtK as MajAtK,
+        PassAtK as PassAtK,
+    )
+    from areal_lightning.metrics.score import (
+        Score as Score,
+        ScoreStatus as ScoreStatus,
+    )
+    from areal_lightning.metrics.scoring import (
+        SafeScorer as SafeScorer,
+        ScorerFailingError as ScorerFailingError,
+        ScoringMetric as ScoringMetric,
+    )
+
 
 _FUNCTIONAL = "areal_lightning.metrics.functional"
 _EXPORTS = {
@@ -27,12 +67,12 @@ _EXPORTS = {
     "RewardMetric": "areal_lightning.metrics.reward",
     "Score": "areal_lightning.metrics.score",
     "ScoreStatus": "areal_lightning.metrics.score",
+    "NO_ANSWER": "areal_lightning.metrics.options",
     **{name: "areal_lightning.metrics.scoring" for name in ("SafeScorer", "ScorerFailingError", "ScoringMetric")},
     **{
         name: _FUNCTIONAL
         for name in (
             "ADVANTAGE_EPS",
-            "NO_ANSWER",
             "group_advantages",
             "maj_at_k",
             "maj_at_k_per_prompt",

@@ -39,12 +39,16 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # type checkers see these; at run time `__getattr__` loads them on first use
-    from areal_lightning.tracking.loggers import eval_metric_dict as eval_metric_dict
-    from areal_lightning.tracking.loggers import log_eval_results as log_eval_results
-    from areal_lightning.tracking.loggers import send_alert as send_alert
-    from areal_lightning.tracking.wandb_logger import EVAL_STEP_KEY as EVAL_STEP_KEY
-    from areal_lightning.tracking.wandb_logger import SafeWandbLogger as SafeWandbLogger
-    from areal_lightning.tracking.wandb_logger import finish_wandb as finish_wandb
+    from areal_lightning.tracking.loggers import (
+        eval_metric_dict as eval_metric_dict,
+        log_eval_results as log_eval_results,
+        send_alert as send_alert,
+    )
+    from areal_lightning.tracking.wandb_logger import (
+        EVAL_STEP_KEY as EVAL_STEP_KEY,
+        SafeWandbLogger as SafeWandbLogger,
+        finish_wandb as finish_wandb,
+    )
 
 # The logger fan-out and the W&B logger import Lightning: loaded on first use (PEP 562), so
 # reading a history does not pay for it.

@@ -207,7 +207,9 @@ class EvalHistory:
             if self.once_per_step and self.path.is_file():
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", TruncatedHistoryWarning)  # the tail fix warns about it
-                    keys = (_round_key(r, self.once_per_step) for r in read_history(self.path))
+                    # A resumed run re-evaluates the steps its dead session had recorded after the
+                    # checkpoint: those records are superseded (`drop_superseded`), not duplicates.
+                    keys = (_round_key(r, self.once_per_step) for r in drop_superseded(read_history(self.path)))
                     self._recorded = {k for k in keys if k is not None}
         return self._recorded
 

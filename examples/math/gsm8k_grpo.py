@@ -26,6 +26,7 @@ from areal_lightning.eval_round import EvalBatch, EvalContext
 from areal_lightning.metrics import AccuracyMetric, RewardMetric
 from areal_lightning.rl.grpo import GRPOModule
 from areal_lightning.rl.policy import completion_mask
+from areal_lightning.rl.rollout_eval import sampling_of
 from areal_lightning.rl.task import seeded_generators
 from areal_lightning.tasks.math import final_answer
 
@@ -35,7 +36,8 @@ CONFIG = Path(__file__).with_name("gsm8k_grpo.yaml")
 def evaluate_gsm8k(module: GRPOModule, batches: Sequence[EvalBatch], ctx: EvalContext) -> dict[str, Any]:
     """Prepare data, run inference, compute rewards, record metrics (the callback has already put
     the module in eval mode under `torch.no_grad()`, and reduces the metrics across ranks)."""
-    n = int(ctx.options["n_samples"])
+    sampling = sampling_of(ctx)  # the eval set's n_samples, temperature, top_p, top_k, max_new_tokens
+    n = sampling.n_samples
     reward = ctx.metric("reward", RewardMetric)  # every metric before the loop: a rank may get no batch
     accuracy = ctx.metric("accuracy", AccuracyMetric)
     tokens = ctx.metric("completion_tokens", MeanMetric)
@@ -50,9 +52,11 @@ def evaluate_gsm8k(module: GRPOModule, batches: Sequence[EvalBatch], ctx: EvalCo
         completions = module.policy.generate(
             ids,
             mask,
-            max_new_tokens=int(ctx.options["max_new_tokens"]),
-            temperature=float(ctx.options["temperature"]),
+            max_new_tokens=sampling.max_new_tokens or module.grpo.max_new_tokens,
+            temperature=sampling.temperature,
             generators=generators,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
         )
         # 3. compute rewards
         texts = [tok.decode(row) for row in completions.cpu()]

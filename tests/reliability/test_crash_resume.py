@@ -17,7 +17,7 @@ import pytest
 import torch
 from procs import kill_group, run_in_group
 
-from areal_lightning.tracking.history import HISTORY_FILENAME, read_history
+from areal_lightning.tracking.history import HISTORY_FILENAME, drop_superseded, read_history
 
 HERE = Path(__file__).resolve().parent
 RUNNER = HERE / "fit_with_faults.py"
@@ -83,7 +83,13 @@ def _fit_until_killed(run_dir: Path, marks: Path, hang: str) -> None:
 
 
 def _rounds(run_dir: Path) -> list[tuple[str, int, list[str], dict]]:
-    return [(r["dataset"], r["step"], r["trigger"], r["metrics"]) for r in read_history(run_dir) if "event" not in r]
+    # Read as a resumed history is read: the dead session's records after the checkpoint are
+    # superseded. The paired changes restart after a resume (per-prompt outcomes are not saved).
+    return [
+        (r["dataset"], r["step"], r["trigger"], {k: v for k, v in r["metrics"].items() if "/delta" not in k})
+        for r in drop_superseded(read_history(run_dir))
+        if "event" not in r
+    ]
 
 
 def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
