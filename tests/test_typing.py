@@ -8,6 +8,7 @@ leaves.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -63,7 +64,9 @@ def _mypy(*files: Path) -> list[str]:
 
 
 def test_a_wrong_evaluate_fn_is_a_type_error_and_correct_uses_are_not(tmp_path: Path) -> None:
-    wrong = tmp_path / "wrong_uses.py"
+    # A name of its own each run: mypy's cache would otherwise answer for a file of the same
+    # module name and contents from an earlier run, with that run's path.
+    wrong = tmp_path / f"wrong_uses_{tmp_path.name.replace('-', '_')}_{os.getpid()}.py"
     wrong.write_text(WRONG)
     expected = {n: line.split("# expect: ")[1] for n, line in enumerate(WRONG.splitlines(), 1) if "# expect: " in line}
     errors = _mypy(CORRECT, wrong)
