@@ -174,8 +174,11 @@ class SafeScorer:
         self.close()
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # interpreter shutdown: the daemon workers die with us
+        # Not contextlib.suppress: at interpreter shutdown module globals may already be None.
+        try:  # noqa: SIM105
             self.close()
+        except Exception:  # noqa: BLE001 - the daemon workers die with the interpreter anyway
+            pass
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy (a spawned rank, a deepcopy of the task) starts its own workers.
