@@ -39,6 +39,7 @@ from shard_balance import TARGET, measure
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from ddp_utils import run_ddp  # the tests' gloo launcher, reused
+from procs import evaluate_command
 
 EVAL_SET = "bench"
 BALANCE_SAMPLES = 1000
@@ -92,18 +93,7 @@ ONE, TWO = "1 proc, 1 thread", "2 procs (ddp), 1 thread each"
 
 def evaluate(config: Path, ckpt: Path, out: Path, devices: int, threads: int) -> dict[str, Any]:
     """Runs the evaluate command; returns its wall time and its eval-history record."""
-    command = [
-        sys.executable,
-        "-m",
-        "areal_lightning",
-        "evaluate",
-        "-c",
-        str(config),
-        "--ckpt",
-        str(ckpt),
-        "--trust-checkpoint",
-        f"output_dir={out}",
-    ]
+    command = evaluate_command(config, ckpt, "--trust-checkpoint", f"output_dir={out}")
     if devices > 1:
         command += [f"trainer.devices={devices}", "trainer.strategy=ddp"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}

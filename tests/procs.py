@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,3 +73,8 @@ def run_in_group(cmd: Sequence[str], timeout: float, **kwargs: Any) -> subproces
     if check:
         done.check_returncode()
     return done
+
+
+def evaluate_command(config: os.PathLike[str] | str, ckpt: os.PathLike[str] | str, *args: str) -> list[str]:
+    """``python -m areal_lightning evaluate -c CONFIG --ckpt CKPT ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "areal_lightning", "evaluate", "-c", str(config), "--ckpt", str(ckpt), *args]

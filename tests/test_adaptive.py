@@ -4,12 +4,13 @@ then stays flat: the interval shortens, then lengthens; every change is recorded
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from callback_helpers import CountingModule, history_steps, make_trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from areal_lightning.callbacks import EvaluationCallback
 from areal_lightning.callbacks.adaptive import AdaptiveSchedule, next_interval
@@ -64,12 +65,29 @@ def _reference(max_steps: int) -> tuple[list[int], list[tuple[int, int, int]]]:
     return steps, changes
 
 
-def _callback() -> EvaluationCallback:
+def _callback(mode: str = "sync") -> EvaluationCallback:
     return EvaluationCallback(
         {"easy": list(range(PROMPTS))},
         _scripted,
         adaptive={"metric": "accuracy", "min_steps": MIN_STEPS, "max_steps": MAX_STEPS, "start_steps": START},
+        mode=mode,
     )
+
+
+class KeepPace(Callback):
+    """Holds each training step until the async round in flight has finished: its result is then
+    merged one step after its snapshot, as on a machine where evaluation keeps pace with training,
+    which makes the schedule predictable."""
+
+    def __init__(self, callback: EvaluationCallback) -> None:
+        self.callback = callback
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        evaluator, deadline = self.callback._async, time.monotonic() + 60
+        assert evaluator is not None
+        while evaluator.in_flight is not None and not evaluator.ready():
+            assert time.monotonic() < deadline, "the async round never finished"
+            time.sleep(0.002)
 
 
 def test_interval_shortens_while_the_metric_moves_and_lengthens_when_flat(tmp_path: Path) -> None:
@@ -81,6 +99,16 @@ def test_interval_shortens_while_the_metric_moves_and_lengthens_when_flat(tmp_pa
     news = [e["new_interval"] for e in events]
     assert news[:2] == [4, 2] and news[-1] == MAX_STEPS  # shorter while moving, longer once flat
     assert all(causes == ["adaptive"] for _, causes in history_steps(tmp_path))
+
+
+def test_async_results_drive_the_schedule_as_sync_ones_do(tmp_path: Path) -> None:
+    callback = _callback("async")
+    make_trainer(tmp_path, [KeepPace(callback), callback], MAX_TRAIN_STEPS).fit(CountingModule(epoch_len=100))
+    steps, changes = _reference(MAX_TRAIN_STEPS)
+    assert [s for s, _ in history_steps(tmp_path)] == steps
+    events = event_rows(read_history(tmp_path), "adaptive")
+    assert [(e["step"], e["old_interval"], e["new_interval"]) for e in events] == changes
+    assert event_rows(read_history(tmp_path), "skipped") == []  # no adaptive round while one is in flight
 
 
 def test_adaptive_composes_with_freq_steps(tmp_path: Path) -> None:

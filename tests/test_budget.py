@@ -4,6 +4,7 @@ deferred, the recorded share stays within the budget, the final round always run
 from __future__ import annotations
 
 import itertools
+import time
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +66,26 @@ def test_without_budget_every_step_is_evaluated(tmp_path: Path) -> None:
 def test_bad_budget_is_refused(bad: Any) -> None:
     with pytest.raises(ArgumentError, match=r"budget=...\)` must be a share of wall time in \(0, 1\] or None"):
         EvaluationCallback({"easy": [0]}, lambda m, b, c: {}, budget=bad)
+
+
+ASYNC_ROUND_SECS = 0.2
+
+
+def sleepy_round(module: Any, batches: list[EvalBatch], ctx: EvalContext) -> dict[str, float]:
+    """An async round (in the worker process) that takes `ASYNC_ROUND_SECS` of real time."""
+    time.sleep(ASYNC_ROUND_SECS)
+    return {"w": float(module.w)}
+
+
+def test_async_rounds_are_charged_what_training_waited_for(tmp_path: Path) -> None:
+    # on_busy="wait" and a round due every step: each step waits for the previous round, so
+    # evaluation holds training up most of the time, and the budget must defer rounds.
+    cb = EvaluationCallback(
+        {"easy": [0, 1]}, sleepy_round, freq_steps=1, mode="async", on_busy="wait", budget=BUDGET, eval_at_end=False
+    )
+    make_trainer(tmp_path, [cb], 40).fit(CountingModule(epoch_len=1000))
+    rows = eval_rows(read_history(tmp_path))
+    assert {r["mode"] for r in rows} == {"async"} and all("budget_share" in r for r in rows)
+    assert rows[0]["budget_share"] > BUDGET  # the first round waited for the worker to start
+    assert cb.deferred_steps and len(rows) < 20
+    assert sum(r["deferred"] for r in rows) <= len(cb.deferred_steps)

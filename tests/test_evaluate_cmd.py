@@ -9,14 +9,13 @@ from __future__ import annotations
 import math
 import re
 import subprocess
-import sys
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from procs import run_in_group
+from procs import evaluate_command, run_in_group
 
 from areal_lightning.app.cli import main
 from areal_lightning.app.evaluate import format_table
@@ -68,19 +67,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def _evaluate(config: Path, ckpt: Path, out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "areal_lightning",
-        "evaluate",
-        "-c",
-        str(config),
-        "--ckpt",
-        str(ckpt),
-        f"output_dir={out}",
-        *overrides,
-    ]
-    done = run_in_group(command, timeout=RUN_TIMEOUT_S, cwd=out.parent)
+    done = run_in_group(evaluate_command(config, ckpt, f"output_dir={out}", *overrides), RUN_TIMEOUT_S, cwd=out.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 

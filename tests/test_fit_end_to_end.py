@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 from callback_helpers import round_metrics
-from procs import run_in_group
+from procs import evaluate_command, run_in_group
 from wandb_reader import (
     read_wandb_records,
     read_wandb_tables,
@@ -162,21 +162,15 @@ def test_evaluating_the_saved_checkpoint_on_two_processes_reproduces_the_in_trai
     end = {r["dataset"]: r for r in eval_rows(read_history(run_dir)) if r["step"] == MAX_STEPS}
     history = run_dir / "reevaluated.jsonl"
     proc = run_in_group(
-        [
-            sys.executable,
-            "-m",
-            "areal_lightning",
-            "evaluate",
-            "-c",
-            str(run_dir / "config.yaml"),
-            "--ckpt",
-            str(run_dir / "checkpoints" / "last.ckpt"),
+        evaluate_command(
+            run_dir / "config.yaml",
+            run_dir / "checkpoints" / "last.ckpt",
             "--history",
             str(history),
             "trainer.devices=2",
             "trainer.strategy=ddp",
             "logger.wandb.mode=disabled",
-        ],
+        ),
         timeout=240,
         cwd=run_dir.parent,
     )

@@ -36,6 +36,7 @@ from areal_lightning.callbacks.options import (
     ThresholdAction,
     WatchReference,
     check_async_options,
+    check_cache_mode,
 )
 from areal_lightning.callbacks.reward_watch import (
     DEFAULT_MIN_TRAIN_RISE,
@@ -548,6 +549,7 @@ class EvaluatorConfig:
             )
             ThresholdMonitor(self.metric_thresholds)
             check_async_options(self.async_device, self.async_threads, self.max_snapshot_mb)
+            check_cache_mode(self.mode, self.cache)
         _at_least(f"{path}.max_table_rows", self.max_table_rows, 0)
         if self.adaptive is not None:
             with _owned_by(f"{path}.adaptive"):

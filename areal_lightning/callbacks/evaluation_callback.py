@@ -37,6 +37,7 @@ from areal_lightning.callbacks.options import (
     EvalMode,
     OnBusy,
     ThresholdAction,
+    check_cache_mode,
     choice,
 )
 from areal_lightning.callbacks.parallelism import forwards_in_lockstep
@@ -224,6 +225,7 @@ class EvaluationCallback(Callback):
         self.budget = EvalBudget(budget, clock) if budget is not None else None
         if not isinstance(use_cache, bool):
             raise ArgumentError("EvaluationCallback", "use_cache", use_cache, "True or False")
+        check_cache_mode(self.mode, use_cache)
         self.use_cache = use_cache
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.precision = EvalPrecision.parse(precision)
@@ -244,6 +246,7 @@ class EvaluationCallback(Callback):
         self._last_seen_step = -1
         self._lockstep = False  # decided from the strategy once the model is sharded (on_train_start)
         self._skipped_step: int | None = None  # async: the latest step whose round was skipped
+        self._blocked_secs = 0.0  # async: training time the round in flight has taken so far (its copy)
         self.evaluated_steps: list[int] = []
         # Lightning reads `state_key` around every hook call of every step (profiler labels), and
         # the arguments it depends on never change: build the string once.
@@ -302,6 +305,7 @@ class EvaluationCallback(Callback):
                 rank=trainer.global_rank,
                 world_size=trainer.world_size,
                 max_table_rows=self.max_table_rows,
+                precision=self.precision,
             )
         causes = self.trigger.before_train(trainer.global_step)
         if causes:
@@ -319,7 +323,7 @@ class EvaluationCallback(Callback):
             self._finish_async(trainer, pl_module, wait=False)
         last_batch = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
         causes = self.trigger.after_step(step, trainer.current_epoch, last_batch)
-        if self.adaptive is not None and step != self.trigger.last_evaluated_step and self.adaptive.due(step):
+        if self._adaptive_due(step):
             causes.append(Cause.ADAPTIVE)
         causes = self._agree(trainer, self._within_budget(step, causes))
         if causes:
@@ -415,6 +419,15 @@ class EvaluationCallback(Callback):
         # collectives. Rank 0 decides.
         return trainer.strategy.broadcast(causes, src=0)
 
+    def _adaptive_due(self, step: int) -> bool:
+        """The adaptive schedule asks for a round; while an async round is in flight, its verdict
+        (did the metric move?) is not in yet, and the next interval waits for it."""
+        if self.adaptive is None or step == self.trigger.last_evaluated_step:
+            return False
+        if self._async is not None and self._async.in_flight is not None:
+            return False  # the same on every rank: rounds start and finish at agreed steps
+        return self.adaptive.due(step)
+
     def _within_budget(self, step: int, causes: list[Cause]) -> list[Cause]:
         """`causes`, or none when the budget defers the round (the trigger keeps it due)."""
         if not causes or self.budget is None or self.budget.allows():
@@ -494,17 +507,34 @@ class EvaluationCallback(Callback):
             assert self.cache_dir is not None  # keys exist only with the cache on, and then it has a directory
             for r in fresh:
                 ResultCache(self.cache_dir).put(keys[r.dataset], r)  # rank 0 only: `keys` is empty elsewhere
+        self.trigger.mark_evaluated(step)
+        self._conclude(trainer, fresh, cached, step, epoch, causes, blocked_secs=self._clock() - started)
+
+    def _conclude(
+        self,
+        trainer: L.Trainer,
+        fresh: list[SetResult],
+        cached: Mapping[str, SetResult],
+        step: int,
+        epoch: int,
+        causes: Sequence[Cause],
+        *,
+        blocked_secs: float,
+        fields: Mapping[str, Any] | None = None,
+    ) -> None:
+        """What every reduced round goes through, sync or async, at the step of its weights: the paired
+        deltas, the budget (`blocked_secs`: how long the round held training up), the adaptive schedule,
+        the best values, the record, the thresholds and the reward watch. Every rank, the same results."""
         for r in fresh:  # every rank, the same sets: one reduction per metric and reference
             r.metrics.update(
                 self.pairs.update(r.dataset, r.outcomes, r.outcome_names, r.metrics, trainer.strategy.root_device)
             )
-        by_name = {r.dataset: r for r in fresh} | cached
+        by_name = {r.dataset: r for r in fresh} | dict(cached)
         results = [by_name[s.name] for s in self.eval_sets]
-        self.trigger.mark_evaluated(step)
         self.evaluated_steps.append(step)
         extras: dict[str, float] = {}
         if self.budget is not None:
-            self.budget.add_round(self._clock() - started)
+            self.budget.add_round(blocked_secs)
             extras["budget_share"] = self.budget.spent_share()
         if self.adaptive is not None:
             change = self.adaptive.observe(
@@ -519,7 +549,7 @@ class EvaluationCallback(Callback):
                 self._record_interval_change(step, change.old, change.new, change.moved)
         self._decide(trainer, results, step)  # issue 16: every rank, before the record
         if trainer.is_global_zero:
-            self._record(trainer, results, step, epoch, causes, set(cached), extras)
+            self._record(trainer, results, step, epoch, list(causes), set(cached), extras, fields)
         self._deferred_since_round = 0
         self._check_thresholds(trainer, results, step)
         self._watch_rewards(trainer, results, step)  # issue 16
@@ -561,7 +591,9 @@ class EvaluationCallback(Callback):
             return
         if running is not None:
             self._finish_async(trainer, pl_module, wait=True)
+        copy_started = self._clock()
         snapshot = self._async.submit(pl_module, step, trainer.current_epoch, causes)
+        self._blocked_secs += self._clock() - copy_started
         self.trigger.mark_evaluated(step)  # training time counts from the snapshot: training goes on
         log.info(
             "async evaluation of step %d started: %.2f MiB snapshot copied in %.4f s",
@@ -579,12 +611,21 @@ class EvaluationCallback(Callback):
             ready = trainer.strategy.reduce_boolean_decision(self._async.ready(), all=True)
             if not ready:
                 return
+        started = self._clock()
         snapshot, local = self._async.collect(self.eval_sets)
-        self._merge(trainer, pl_module, snapshot, local)
+        self._merge(trainer, pl_module, snapshot, local, started)
 
     def _merge(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, snapshot: Snapshot, local: list[LocalSetResult]
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        snapshot: Snapshot,
+        local: list[LocalSetResult],
+        started: float,
     ) -> None:
+        """Reduces an async round on every rank and concludes it at its snapshot's step; the budget is
+        charged what held training up: the snapshot's copy, the wait for the worker, the reduction."""
+        blocked, self._blocked_secs = self._blocked_secs, 0.0
         try:
             results = [reduce_set(r, s, device=pl_module.device) for r, s in zip(local, self.eval_sets, strict=True)]
         except EvalRoundError as err:
@@ -592,23 +633,14 @@ class EvaluationCallback(Callback):
                 raise
             self._record_error(trainer, snapshot.step, err)
             return
-        for r in results:  # every rank, the same sets: one reduction per metric and reference
-            r.metrics.update(
-                self.pairs.update(r.dataset, r.outcomes, r.outcome_names, r.metrics, trainer.strategy.root_device)
-            )
-        self.evaluated_steps.append(snapshot.step)
-        self._decide(trainer, results, snapshot.step)  # every rank, before the record
-        if trainer.is_global_zero:
-            extra = {
-                "lag_steps": trainer.global_step - snapshot.step,
-                "snapshot_mb": snapshot.mb,
-                "snapshot_secs": snapshot.copy_secs,
-            }
-            self._record(
-                trainer, results, snapshot.step, snapshot.epoch, [Cause(c) for c in snapshot.causes], fields=extra
-            )
-        self._check_thresholds(trainer, results, snapshot.step)
-        self._watch_rewards(trainer, results, snapshot.step)
+        fields = {
+            "lag_steps": trainer.global_step - snapshot.step,
+            "snapshot_mb": snapshot.mb,
+            "snapshot_secs": snapshot.copy_secs,
+        }
+        causes = [Cause(c) for c in snapshot.causes]
+        blocked += self._clock() - started
+        self._conclude(trainer, results, {}, snapshot.step, snapshot.epoch, causes, blocked_secs=blocked, fields=fields)
 
     def _record_interval_change(self, step: int, old: int, new: int, moved: bool) -> None:
         assert self.adaptive is not None and self._history is not None

@@ -103,3 +103,21 @@ def check_async_options(device: Any, threads: Any, max_snapshot_mb: Any) -> None
         raise ArgumentError(
             "EvaluationCallback", "max_snapshot_mb", max_snapshot_mb, "a positive number of MiB or None"
         )
+
+
+def check_cache_mode(mode: EvalMode, use_cache: bool) -> None:
+    """The result cache answers sync rounds only: the async worker evaluates every snapshot it gets.
+
+    Raises:
+        ArgumentError: for ``use_cache=True`` with ``mode="async"``.
+    """
+    if use_cache and mode is EvalMode.ASYNC:
+        raise ArgumentError(
+            "EvaluationCallback",
+            "",
+            use_cache,
+            "cannot use cache: true with mode: async (the result cache answers sync rounds only; the async "
+            "worker evaluates every snapshot); set cache: false or mode: sync",
+            "`EvaluationCallback(use_cache=True)` does not work with mode='async': the result cache answers sync "
+            "rounds only, and the async worker evaluates every snapshot; pass use_cache=False or mode='sync'",
+        )
