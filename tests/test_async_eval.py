@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import pytest
 import torch
 from callback_helpers import QUIET_WARNINGS, CountingModule, make_trainer, metric_by_step, probe_weights
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from procs import run_in_group
 
 from areal_lightning.app.builders import build_eval_sets
 from areal_lightning.app.config import ConfigError, load_config
@@ -32,6 +34,7 @@ from areal_lightning.tracking.history import eval_rows, event_rows, read_history
 pytestmark = [pytest.mark.filterwarnings(w) for w in QUIET_WARNINGS]
 
 GATE_TIMEOUT_S = 60.0
+SCRIPT_TIMEOUT_S = 240
 PROBES = [1, 2, 3]
 
 
@@ -290,3 +293,72 @@ def test_sharded_strategies_are_refused_with_a_clear_message() -> None:
         ):
             refuse_sharded(strategy)
     refuse_sharded(DDPStrategy())  # whole weights on every rank: accepted
+
+
+UNGUARDED_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+from callback_helpers import CountingModule, make_trainer, probe_weights
+from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
+
+callback = EvaluationCallback({{"probe": [1, 2]}}, probe_weights, freq_steps=2, mode="async", on_busy="wait")
+make_trainer({root!r}, [callback], 2).fit(CountingModule(epoch_len=5))
+"""
+
+
+def test_a_script_without_a_main_guard_is_told_why_its_worker_died(tmp_path: Path) -> None:
+    # Spawned workers import the script's module; unguarded, it trains again there and dies starting a worker.
+    script = tmp_path / "train.py"
+    script.write_text(UNGUARDED_SCRIPT.format(tests=str(Path(__file__).parent), root=str(tmp_path / "run")))
+    done = run_in_group([sys.executable, str(script)], timeout=SCRIPT_TIMEOUT_S, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]  # on_error="log": training goes on
+    errors = event_rows(read_history(tmp_path / "run"), "error")
+    assert errors and all('`if __name__ == "__main__":` guard' in e["message"] for e in errors)
+
+
+def matmul_dtype(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
+    """1.0 when a matmul in the round runs in bfloat16 (under the eval precision's autocast)."""
+    out = torch.ones(1, 2) @ torch.ones(2, 2)
+    return {"bf16": float(out.dtype == torch.bfloat16)}
+
+
+@pytest.mark.parametrize("precision", [32, "bf16"])
+def test_the_worker_evaluates_at_the_eval_precision(tmp_path: Path, precision: Any) -> None:
+    callback = EvaluationCallback(
+        {"probe": PROBES}, matmul_dtype, freq_steps=2, mode="async", on_busy="wait", precision=precision
+    )
+    make_trainer(tmp_path, [callback], 2).fit(CountingModule(epoch_len=5))
+    assert metric_by_step(tmp_path, "bf16") == [(2, 1.0 if precision == "bf16" else 0.0)]
+
+
+def test_the_result_cache_with_async_is_refused_naming_both() -> None:
+    with pytest.raises(ValueError, match=r"`EvaluationCallback\(use_cache=True\)` does not work with mode='async'"):
+        EvaluationCallback({"probe": PROBES}, probe_weights, mode="async", use_cache=True)
+    with pytest.raises(ConfigError, match="evaluator cannot use cache: true with mode: async"):
+        load_config(None, ["eval_sets.easy.size=4", "evaluator.mode=async", "evaluator.cache=true"])
+
+
+class ThreadLog(Callback):
+    """Torch's intra-op thread count at the start of each training step, by global step."""
+
+    def __init__(self) -> None:
+        self.threads: dict[int, int] = {}
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        self.threads[trainer.global_step] = torch.get_num_threads()
+
+
+def test_training_lends_the_worker_its_threads_while_a_round_is_in_flight(tmp_path: Path) -> None:
+    gate, log = tmp_path / "gate", ThreadLog()
+    callback = EvaluationCallback(_gated_set(gate, gate_step=4, open_at=6), gated_probe, freq_steps=4, mode="async")
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        make_trainer(tmp_path, [GateWriter(gate), log, callback], 10).fit(CountingModule(epoch_len=5))
+        after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    # Submitted after step 4, the round cannot finish before training reached step 6.
+    assert [log.threads[s] for s in range(6)] == [3, 3, 3, 3, 2, 2]
+    assert after == 3  # given back, also after the end
+    assert metric_by_step(tmp_path, "w")[0] == (4, 4.0)

@@ -33,6 +33,7 @@ from torch import nn
 
 from areal_lightning.callbacks.options import DEFAULT_ASYNC_THREADS, DEFAULT_MAX_SNAPSHOT_MB, check_async_options
 from areal_lightning.eval_round import EvalBatch, EvalSet, EvaluateFn, LocalSetResult, evaluate_local, local_batches
+from areal_lightning.eval_round.precision import EvalPrecision, eval_precision
 from areal_lightning.eval_round.round import resolved_seed
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ def _worker_main(conn: Connection, threads: int, device: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
     try:
-        replica, sets, evaluate_fn, options = ForkingPickler.loads(conn.recv_bytes())
+        replica, sets, evaluate_fn, options, precision = ForkingPickler.loads(conn.recv_bytes())
         shared = replica.state_dict()  # shared-memory tensors the training process writes
         if device != "cpu":
             replica = copy.deepcopy(replica).to(device)
@@ -94,13 +95,28 @@ def _worker_main(conn: Connection, threads: int, device: str) -> None:
         try:
             if device != "cpu":
                 replica.load_state_dict(shared)
-            results = [
-                evaluate_local(replica, s, evaluate_fn, global_step=job.step, epoch=job.epoch, batches=b, **options)
-                for s, b in sets
-            ]
+            with eval_precision(replica, precision):
+                results = [
+                    evaluate_local(replica, s, evaluate_fn, global_step=job.step, epoch=job.epoch, batches=b, **options)
+                    for s, b in sets
+                ]
             conn.send(_Done(job.step, results, None))
         except BaseException:  # noqa: BLE001 - reported to the training process
             conn.send(_Done(job.step, None, traceback.format_exc()))
+
+
+def _exit_message(code: int | None) -> str:
+    message = (
+        f"the worker process exited with code {code} (killed, out of memory, or os._exit) before it returned a result"
+    )
+    if code == 1:
+        # What an exception while the spawned worker starts looks like; its traceback is on stderr.
+        message += (
+            "; its traceback is on stderr. A script that starts training when imported (no "
+            '`if __name__ == "__main__":` guard) does this: the worker is a spawned process that imports the '
+            "script's module, as DataLoader workers do"
+        )
+    return message
 
 
 def refuse_sharded(strategy: Any) -> None:
@@ -150,6 +166,7 @@ class AsyncEvaluator:
         self._process: Any = None
         self._conn: Connection | None = None
         self._done: _Done | None = None
+        self._lent_threads: int | None = None  # training's torch threads before a round took some
         self.snapshot_mb = 0.0
 
     # ---- lifetime ------------------------------------------------------------------------------
@@ -164,6 +181,7 @@ class AsyncEvaluator:
         rank: int,
         world_size: int,
         max_table_rows: int,
+        precision: EvalPrecision = EvalPrecision.FP32,
     ) -> None:
         """Builds the shared replica, checks its size and starts the worker.
 
@@ -193,7 +211,7 @@ class AsyncEvaluator:
             for s in eval_sets
         ]
         options = dict(seed=seed, rank=rank, world_size=world_size, max_table_rows=max_table_rows)
-        self._payload = (self._replica, sets, evaluate_fn, options)
+        self._payload = (self._replica, sets, evaluate_fn, options, precision)
         self._spawn()
 
     def _spawn(self) -> None:
@@ -219,9 +237,15 @@ class AsyncEvaluator:
         self._conn.send_bytes(payload)
 
     def close(self, cancel: bool = False) -> None:
-        """Ends the worker: lets it finish its round (or terminates it with `cancel`); idempotent."""
+        """Ends the worker: lets a round in flight finish (or terminates it with `cancel`); idempotent.
+
+        An idle worker is terminated at once: it holds nothing to lose, and waiting for an
+        interpreter with torch loaded to shut down would add about a second to the end of fit.
+        """
+        busy = self.in_flight is not None and self._done is None
         self.in_flight, self._done = None, None
-        self._stop_worker(cancel)
+        self._take_threads_back()
+        self._stop_worker(cancel or not busy)
 
     def _stop_worker(self, cancel: bool) -> None:
         process, conn = self._process, self._conn
@@ -244,6 +268,25 @@ class AsyncEvaluator:
         if conn is not None:
             conn.close()
 
+    # ---- the CPU thread budget -------------------------------------------------------------------
+
+    def _lend_threads(self) -> None:
+        """While the worker evaluates on the CPU, training leaves it the worker's threads.
+
+        The training's torch threads and the worker's together stay within the training's own
+        budget (oversubscribed OpenMP threads wait for each other); between rounds training gets
+        all of them back. Measured in ``benchmarks/async_overhead.py``.
+        """
+        if self._device != "cpu" or self._lent_threads is not None:
+            return
+        self._lent_threads = torch.get_num_threads()
+        torch.set_num_threads(max(1, self._lent_threads - self.threads))
+
+    def _take_threads_back(self) -> None:
+        if self._lent_threads is not None:
+            torch.set_num_threads(self._lent_threads)
+            self._lent_threads = None
+
     @property
     def worker_pid(self) -> int | None:
         """The worker process's id while it runs (tests check that none is left)."""
@@ -260,6 +303,7 @@ class AsyncEvaluator:
         if self._process is None or not self._process.is_alive():
             self._stop_worker(cancel=True)
             self._spawn()  # the worker died with an earlier round: a fresh one takes this round
+        self._lend_threads()
         start = time.perf_counter()
         with torch.no_grad():
             target = self._replica.state_dict()
@@ -280,6 +324,8 @@ class AsyncEvaluator:
             return False
         if self._done is None:
             self._done = self._receive(block=False)
+        if self._done is not None:
+            self._take_threads_back()  # while the ranks agree to merge, training has its threads again
         return self._done is not None
 
     def collect(self, eval_sets: Sequence[EvalSet]) -> tuple[Snapshot, list[LocalSetResult]]:
@@ -288,6 +334,7 @@ class AsyncEvaluator:
         snapshot = self.in_flight
         assert snapshot is not None, "no round in flight"
         done = self._done or self._receive(block=True)
+        self._take_threads_back()
         self.in_flight, self._done = None, None
         assert done is not None
         if done.results is not None:
@@ -310,11 +357,6 @@ class AsyncEvaluator:
                 self._process.join(_STOP_SECS)
                 code = self._process.exitcode
                 self._stop_worker(cancel=True)
-                return _Done(
-                    -1,
-                    None,
-                    f"the worker process exited with code {code} (killed, out of memory, or "
-                    "os._exit) before it returned a result",
-                )
+                return _Done(-1, None, _exit_message(code))
             if not block:
                 return None
