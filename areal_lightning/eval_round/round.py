@@ -28,13 +28,14 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
-from torchmetrics import MeanMetric, Metric
+from torchmetrics import Metric
 
 from areal_lightning.eval_round.context import BatchList, EvalBatch, EvalContext, EvalRoundError, EvaluateFn, SetResult
 from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.eval_round.isolation import evaluation_mode, module_device
 from areal_lightning.eval_round.ranks import all_gather_object, dist_info
 from areal_lightning.eval_round.sharding import sample_seeds, shard_all_ranks, shard_for_rank
+from areal_lightning.metrics.mean import ExactMean
 
 
 class _RankReport(NamedTuple):
@@ -92,11 +93,8 @@ def _flatten(name: str, value: Any) -> dict[str, float]:
 
 def _extra_updates(out: Mapping[str, Any], num_prompts: int) -> dict[str, Tensor]:
     """`evaluate_fn`'s returned values as the values of a mean: a per-sample tensor counts each
-    sample once, a scalar is this rank's mean over its prompts, so it counts once per prompt.
-
-    The scalar is repeated, not weighted: `MeanMetric(nan_strategy="disable")` ignores its
-    `weight` argument (torchmetrics 1.9 replaces it with ones), which would count an idle or
-    lightly dealt rank as much as a busy one.
+    sample once, a scalar is this rank's mean over its prompts, so it counts once per prompt
+    (repeated: an idle or lightly dealt rank then weighs no more than its prompts).
     """
     updates: dict[str, Tensor] = {}
     for key, value in out.items():
@@ -271,10 +269,11 @@ def reduce_set(local: LocalSetResult, eval_set: EvalSet, device: torch.device | 
         raise EvalRoundError(f"evaluation of eval set {eval_set.name!r} failed: " + "\n".join(errors))
     _check_same_metrics(gathered, eval_set.name)
     metrics_in = local.metrics if device is None else {k: _moved(m, device) for k, m in local.metrics.items()}
-    # Returned values reduce through torchmetrics too: one float64 mean per name any rank returned.
+    # Returned values reduce through torchmetrics too: one exact mean per name any rank returned,
+    # so the value does not depend on the number of ranks (a float sum's last bits would).
     extras: dict[str, Metric] = {}
     for name in sorted(set().union(*(g.extra_names for g in gathered))):
-        extras[name] = MeanMetric(nan_strategy="disable").set_dtype(torch.float64)
+        extras[name] = ExactMean()
         if device is not None:
             extras[name] = _moved(extras[name], device)
         if name in local.updates:

@@ -1,12 +1,13 @@
 """RL evaluation metrics: pure functions and torchmetrics classes that are exact under DDP.
 
-``functional`` holds the math; the classes only accumulate float64 states (sums, min / max, and
-RewardMetric's moments), each with its ``dist_reduce_fx``, so a result synced over ranks equals
-the single-process result over the union of the data, whatever the number of updates per rank
-(a rank with none included). Every
-``compute()`` runs the same gathers on every rank (the classes default to
-``compute_with_cache=False``); on a rank without update torchmetrics warns "compute ... before
-update" on local rank 0 only, and the synced value is still right.
+``functional`` holds the math; the classes only accumulate float64 states (counts, min / max,
+and exact sums of float values, see ``exact``), each with its ``dist_reduce_fx``, so a result
+synced over ranks is bit for bit the single-process result over the union of the data, whatever
+the number of ranks and of updates per rank (a rank with none included); a mean is the float64
+nearest to the exact mean of the float64 values. Every ``compute()`` runs the same gathers on
+every rank (the classes default to ``compute_with_cache=False``); on a rank without update
+torchmetrics warns "compute ... before update" on local rank 0 only, and the synced value is
+still right.
 
 The names below load on first use (PEP 562): `options` is pure Python, so the app's config reads
 `AdvantageStd` without importing torch.

@@ -9,12 +9,12 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
+from areal_lightning.metrics.exact import add_squares, add_values, mean_float, merge_sums, new_sum, std_float
 from areal_lightning.metrics.functional import (
     ADVANTAGE_EPS,
     _check_rewards_2d,
     _check_std,
     _group_advantages,
-    _mean_std,
     _zero_std_groups,
 )
 from areal_lightning.metrics.options import AdvantageStd
@@ -27,9 +27,12 @@ class AdvantageMetric(Metric):
     :func:`~areal_lightning.metrics.functional.group_advantages` itself. Samples with a NaN
     (missing) reward are left out of "mean", "std" and "abs_mean" (their advantage is a
     placeholder 0). "zero_std_frac" is the share of groups whose finite rewards are all equal:
-    they give GRPO no signal, and a rising share is the first sign of collapse. All states are
-    float64 sums, exact under DDP (see :class:`~areal_lightning.metrics.RewardMetric`); the
-    reported "std" is the population std of all counted advantages.
+    they give GRPO no signal, and a rising share is the first sign of collapse. The advantages'
+    sums (of values, squares and absolute values) are exact sums (see
+    :mod:`~areal_lightning.metrics.exact`) and the group counts whole numbers, so the result is bit
+    for bit the same whatever the ranks and updates, as long as each group stays whole in one
+    update: "mean", "std" (the population std of all counted advantages) and "abs_mean" are the
+    float64 nearest to the exact values over the float64 advantages.
 
     Args:
         scale: divide advantages by the group std (+ ``ADVANTAGE_EPS``), as in GRPO.
@@ -54,7 +57,6 @@ class AdvantageMetric(Metric):
     higher_is_better = None
     full_state_update = False
 
-    num_samples: Tensor
     adv_sum: Tensor
     adv_sq_sum: Tensor
     adv_abs_sum: Tensor
@@ -69,7 +71,9 @@ class AdvantageMetric(Metric):
             raise ValueError(f"`AdvantageMetric(scale=...)` must be True or False, got {scale!r}")
         self.scale = scale
         self.std = _check_std(std, "AdvantageMetric")
-        for name in ("num_samples", "adv_sum", "adv_sq_sum", "adv_abs_sum", "num_groups", "num_zero_std_groups"):
+        for name in ("adv_sum", "adv_sq_sum", "adv_abs_sum"):
+            self.add_state(name, new_sum(), dist_reduce_fx=merge_sums)
+        for name in ("num_groups", "num_zero_std_groups"):
             self.add_state(name, torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, rewards: Tensor) -> None:
@@ -77,17 +81,16 @@ class AdvantageMetric(Metric):
         rewards = _check_rewards_2d(rewards, "AdvantageMetric.update").detach()
         advantages = _group_advantages(rewards, self.scale, self.std, ADVANTAGE_EPS).to(torch.float64)
         counted = advantages[~torch.isnan(rewards)].to(self.adv_sum.device)
-        self.num_samples += counted.numel()
-        self.adv_sum += counted.sum()
-        self.adv_sq_sum += (counted * counted).sum()
-        self.adv_abs_sum += counted.abs().sum()
+        self.adv_sum = add_values(self.adv_sum, counted)
+        self.adv_sq_sum = add_squares(self.adv_sq_sum, counted)
+        self.adv_abs_sum = add_values(self.adv_abs_sum, counted.abs())
         self.num_groups += rewards.shape[0]
         self.num_zero_std_groups += _zero_std_groups(rewards).sum().to(self.adv_sum.device)
 
     def compute(self) -> dict[str, Tensor]:
         """Return ``{"mean", "std", "abs_mean", "zero_std_frac"}``."""
-        mean, std = _mean_std(self.num_samples, self.adv_sum, self.adv_sq_sum)
-        nan = torch.full_like(mean, math.nan)
-        abs_mean = torch.where(self.num_samples == 0, nan, self.adv_abs_sum / self.num_samples.clamp_min(1))
-        frac = torch.where(self.num_groups == 0, nan, self.num_zero_std_groups / self.num_groups.clamp_min(1))
+        device = self.adv_sum.device
+        stats = [mean_float(self.adv_sum), std_float(self.adv_sum, self.adv_sq_sum), mean_float(self.adv_abs_sum)]
+        mean, std, abs_mean = (torch.tensor(value, dtype=torch.float64, device=device) for value in stats)
+        frac = torch.where(self.num_groups == 0, math.nan, self.num_zero_std_groups / self.num_groups.clamp_min(1))
         return {"mean": mean, "std": std, "abs_mean": abs_mean, "zero_std_frac": frac}

@@ -2,8 +2,8 @@
 
 Shapes: ``P`` prompts, ``G`` samples per group (training) or ``n`` samples per prompt (evaluation).
 Everything here is stateless; the ``torchmetrics`` classes in this package only accumulate what
-these functions return. Results that are averaged over many prompts are float64 so that long sums
-stay exact enough to compare across numbers of devices.
+these functions return. Per-prompt results are float64; the classes sum them exactly (see
+``exact``), so their averages do not depend on the number of devices.
 """
 
 from __future__ import annotations
@@ -96,17 +96,6 @@ def _apply_nan_strategy(values: Tensor, nan_strategy: NanStrategy, where: str) -
             rank_zero_warn(f"{seen}; dropped them (nan_strategy='warn')", UserWarning)
         return values[~nan]
     return torch.where(nan, torch.full_like(values, float(nan_strategy)), values)
-
-
-def _mean_std(count: Tensor, total: Tensor, sq_total: Tensor) -> tuple[Tensor, Tensor]:
-    """Mean and population std from sums (float64); NaN for both when ``count == 0``."""
-    nan = torch.full_like(total, math.nan)
-    safe = count.clamp_min(1)
-    mean = total / safe
-    # E[x^2] - E[x]^2 can dip below zero by rounding; a variance is never negative.
-    var = (sq_total / safe - mean * mean).clamp_min(0)
-    empty = count == 0
-    return torch.where(empty, nan, mean), torch.where(empty, nan, var.sqrt())
 
 
 def _check_rewards_2d(rewards: Tensor, where: str) -> Tensor:

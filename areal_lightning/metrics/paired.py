@@ -4,7 +4,8 @@ Every round evaluates the same prompts with the same per-prompt seeds, so a prom
 two rounds is a paired measurement: the noise they share cancels in the difference ``d_i``. The
 interval of ``mean(d)`` is ``mean(d) +- t_{(1+c)/2, n-1} * sd(d) / sqrt(n)``; it depends on the
 data through three sums only (``n``, ``sum d``, ``sum d^2``), so ranks keep their own prompts'
-outcomes and reduce the sums (`PairedChange`, one float64 sum state).
+outcomes and reduce the sums (`PairedChange`, one state of two exact sums: the change is bit for
+bit the same whatever the number of ranks).
 
 The t quantile is computed here (regularised incomplete beta by its continued fraction, then
 bisection), because torch has none and scipy is not a dependency; tests compare it with scipy.
@@ -20,6 +21,7 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
+from areal_lightning.metrics.exact import add_squares, add_values, merge_sums, new_sum, sum_count, sum_float
 from areal_lightning.metrics.functional import _check_confidence
 
 DEFAULT_CONFIDENCE = 0.95
@@ -155,8 +157,11 @@ def paired_change(n: float, sum_d: float, sum_d2: float, confidence: float = DEF
 
 
 class PairedChange(Metric):
-    """Accumulates ``[n, sum d, sum d^2]`` of paired differences (one float64 sum state, so one
-    gather under DDP) and computes `paired_change`.
+    """Accumulates ``n``, ``sum d`` and ``sum d^2`` of paired differences and computes `paired_change`.
+
+    The sums are exact (:mod:`~areal_lightning.metrics.exact`), stacked in one state (so one
+    gather under DDP), and each rounded once to float64 for `paired_change`: the change does not
+    depend on how the pairs were split between ranks and updates.
 
     Example:
         >>> m = PairedChange()
@@ -173,16 +178,16 @@ class PairedChange(Metric):
         kwargs.setdefault("compute_with_cache", False)  # every compute() syncs on every rank
         super().__init__(**kwargs)
         self.confidence = _check_confidence(confidence, "PairedChange")
-        self.add_state("sums", torch.zeros(3, dtype=torch.float64), dist_reduce_fx="sum")
+        # Row 0: the exact sum of the differences (and their number), row 1: of their squares.
+        self.add_state("sums", torch.stack([new_sum(), new_sum()]), dist_reduce_fx=merge_sums)
 
     def update(self, current: Tensor, reference: Tensor) -> None:
         """Adds the pairs ``current[i] - reference[i]``."""
         d = current.detach().double().flatten() - reference.detach().double().flatten().to(current.device)
-        self.sums += torch.stack([d.new_tensor(float(d.numel())), d.sum(), (d * d).sum()]).to(self.sums.device)
+        self.sums = torch.stack([add_values(self.sums[0], d), add_squares(self.sums[1], d)])
 
     def compute(self) -> Change:
-        n, s, s2 = (float(v) for v in self.sums.tolist())
-        return paired_change(n, s, s2, self.confidence)
+        return paired_change(sum_count(self.sums[0]), sum_float(self.sums[0]), sum_float(self.sums[1]), self.confidence)
 
 
 DELTA = "delta"

@@ -1,8 +1,10 @@
-"""RewardMetric: mean, std, min and max of per-sample rewards, exact under DDP.
+"""RewardMetric: mean, std, min and max of per-sample rewards, the same whatever the ranks.
 
-The mean and std come from (count, mean, M2) moments merged with Chan et al.'s parallel formula,
-not from sums of squares: ``E[x^2] - E[x]^2`` cancels catastrophically once the rewards' offset
-dwarfs their spread (for rewards ``1e8 + U(0, 1)`` it gives a std of 0.0 instead of 0.29).
+The mean and std come from the exact sums of the rewards and of their squares
+(:mod:`areal_lightning.metrics.exact`): an integer state, so the sum over ranks and updates is the
+same whatever the split, rounded once at the end. The variance ``Q / n - (S / n)^2`` is computed
+exactly too; in float64 it cancels catastrophically once the rewards' offset dwarfs their spread
+(for rewards ``1e8 + U(0, 1)`` it gave a std of 0.0 instead of 0.29).
 """
 
 from __future__ import annotations
@@ -14,51 +16,23 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
+from areal_lightning.metrics.exact import add_squares, add_values, mean_float, merge_sums, new_sum, std_float, sum_count
 from areal_lightning.metrics.functional import NanStrategy, _apply_nan_strategy, _check_nan_strategy
-
-
-def _moments(values: Tensor) -> Tensor:
-    """``[count, mean, M2]`` (float64) of a non-empty 1-D tensor, ``M2 = sum((x - mean)^2)``."""
-    mean = values.mean()
-    centered = values - mean
-    return torch.stack([mean.new_tensor(values.numel()), mean, (centered * centered).sum()])
-
-
-def _merge_moments(parts: Tensor) -> Tensor:
-    """Merge ``[k, 3]`` rows of ``[count, mean, M2]`` into one row (Chan, Golub and LeVeque 1979).
-
-    This is the ``dist_reduce_fx`` of :class:`RewardMetric`'s state: torchmetrics gives it the
-    states of all ranks stacked (or, in ``forward``, the accumulated and the batch state). A row
-    with count 0 (a rank without update) leaves the others unchanged.
-
-    Example:
-        >>> _merge_moments(torch.tensor([[2.0, 0.5, 0.5], [0.0, 0.0, 0.0], [1.0, 2.0, 0.0]]))
-        tensor([3., 1., 2.])
-    """
-    count, mean, m2 = parts[0, 0], parts[0, 1], parts[0, 2]
-    for other_count, other_mean, other_m2 in parts[1:]:
-        total = count + other_count
-        # Each weight is 0 when its side is empty, also when both are (no 0 / 0).
-        weight = other_count / total.clamp_min(1)
-        delta = other_mean - mean
-        mean = mean + delta * weight
-        m2 = m2 + other_m2 + delta * delta * count * weight
-        count = total
-    return torch.stack([count, mean, m2])
 
 
 class RewardMetric(Metric):
     """Mean, population std, min and max of per-sample rewards.
 
-    States: one float64 ``[count, mean, M2]`` tensor reduced over ranks by :func:`_merge_moments`,
-    and a running min / max (``dist_reduce_fx`` "min" / "max"), so the result on several ranks
-    equals the single-process result over the union of their data; every rank runs the same
-    collectives, also a rank that saw no update (torchmetrics then warns "compute ... called
-    before the update" on local rank 0 only; the synced result is still right).
+    States: the exact sums of the rewards and of their squares (reduced over ranks by
+    :func:`~areal_lightning.metrics.exact.merge_sums`) and a running min / max
+    (``dist_reduce_fx`` "min" / "max"), so the result on several ranks is bit for bit the
+    single-process result over the union of their data: "mean" is the float64 nearest to the
+    exact mean of the float64 rewards, "std" the float64 nearest to their exact population std.
+    Every rank runs the same collectives, also a rank that saw no update (torchmetrics then warns
+    "compute ... called before the update" on local rank 0 only; the synced result is still right).
     ``compute_with_cache`` defaults to False so that every ``compute()`` syncs on every rank:
     torchmetrics' cache would let a rank without updates since its last compute skip the gathers
-    that the other ranks run. The std's relative error is about ``1e-16 * |mean| / std``; an
-    infinite reward makes the mean infinite and the std NaN.
+    that the other ranks run. An infinite reward makes the mean infinite and the std NaN.
 
     Args:
         nan_strategy: what a NaN reward means, in torchmetrics' words: ``"error"`` raises a
@@ -85,7 +59,8 @@ class RewardMetric(Metric):
     higher_is_better = True
     full_state_update = False
 
-    moments: Tensor
+    reward_sum: Tensor
+    reward_sq_sum: Tensor
     reward_min: Tensor
     reward_max: Tensor
 
@@ -94,28 +69,31 @@ class RewardMetric(Metric):
         # last compute would skip the gathers the other ranks run (wrong values or a hang).
         super().__init__(**{"compute_with_cache": False, **kwargs})
         self.nan_strategy = _check_nan_strategy(nan_strategy, "RewardMetric")
-        self.add_state("moments", torch.zeros(3, dtype=torch.float64), dist_reduce_fx=_merge_moments)
+        self.add_state("reward_sum", new_sum(), dist_reduce_fx=merge_sums)
+        self.add_state("reward_sq_sum", new_sum(), dist_reduce_fx=merge_sums)
         self.add_state("reward_min", torch.tensor(math.inf, dtype=torch.float64), dist_reduce_fx="min")
         self.add_state("reward_max", torch.tensor(-math.inf, dtype=torch.float64), dist_reduce_fx="max")
 
     def update(self, rewards: Tensor) -> None:
         """Add per-sample rewards (any shape, flattened; bool / integer rewards are cast to float64)."""
         values = _apply_nan_strategy(rewards, self.nan_strategy, "RewardMetric.update")
-        values = values.to(device=self.moments.device, dtype=torch.float64)
+        values = values.to(device=self.reward_sum.device, dtype=torch.float64)
         if values.numel() == 0:
             return
-        self.moments = _merge_moments(torch.stack([self.moments, _moments(values)]))
+        self.reward_sum = add_values(self.reward_sum, values)
+        self.reward_sq_sum = add_squares(self.reward_sq_sum, values)
         self.reward_min = torch.minimum(self.reward_min, values.min())
         self.reward_max = torch.maximum(self.reward_max, values.max())
 
     def compute(self) -> dict[str, Tensor]:
         """Return ``{"mean", "std", "min", "max"}``; NaN for each when no sample was seen."""
-        count, mean, m2 = self.moments
-        empty = count == 0
-        nan = torch.full_like(mean, math.nan)
-        return {
-            "mean": torch.where(empty, nan, mean),
-            "std": torch.where(empty, nan, (m2 / count.clamp_min(1)).sqrt()),
-            "min": torch.where(empty, nan, self.reward_min),
-            "max": torch.where(empty, nan, self.reward_max),
+        result = {
+            "mean": mean_float(self.reward_sum),
+            "std": std_float(self.reward_sum, self.reward_sq_sum),
+            "min": self.reward_min.item(),
+            "max": self.reward_max.item(),
         }
+        if sum_count(self.reward_sum) == 0:  # min / max hold their identities +-inf
+            result = dict.fromkeys(result, math.nan)
+        device = self.reward_sum.device
+        return {key: torch.tensor(value, dtype=torch.float64, device=device) for key, value in result.items()}

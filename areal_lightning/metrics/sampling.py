@@ -1,7 +1,9 @@
 """PassAtK and MajAtK: per-prompt estimates over ``n`` samples, averaged over prompts.
 
-Both are a float64 :class:`torchmetrics.MeanMetric` of the per-prompt estimate: its two states
-(sum of estimates, number of prompts) are summed over ranks, so the DDP result is exact.
+Both are an :class:`~areal_lightning.metrics.mean.ExactMean` of the per-prompt estimates: the
+exact sum of the estimates (each a float64, e.g. 2/3 rounded once) and the number of prompts are
+summed over ranks, and the mean is rounded once, so the result is bit for bit the same whatever
+the number of ranks and however the prompts were split between them and their updates.
 """
 
 from __future__ import annotations
@@ -10,32 +12,28 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics import MeanMetric
 
 from areal_lightning.metrics.functional import _check_k, _maj_at_k_per_prompt, _pass_at_k_per_prompt
+from areal_lightning.metrics.mean import ExactMean
 
 
-class _MeanOverPrompts(MeanMetric):
-    """A float64 ``MeanMetric`` over prompts that knows its ``k``; NaN before any prompt."""
+class _MeanOverPrompts(ExactMean):
+    """An exact mean over prompts that knows its ``k``; NaN before any prompt."""
 
-    # torchmetrics' BaseAggregator assigns None to both without an annotation (Metric says bool | None).
-    is_differentiable = False  # type: ignore[assignment]
-    higher_is_better = True  # type: ignore[assignment]
+    higher_is_better = True
 
     def __init__(self, k: int, **kwargs: Any) -> None:
-        # No compute cache: a cached compute skips the sync, so a rank without updates since its
-        # last compute would skip the gathers the other ranks run (wrong values or a hang).
-        # The estimates are never NaN (inputs are checked 0/1), so MeanMetric's NaN scan is off.
-        super().__init__(nan_strategy="disable", **{"compute_with_cache": False, **kwargs})
+        # ExactMean turns the compute cache off (a rank without updates would skip the gathers).
+        super().__init__(**kwargs)
         self.k = _check_k(k, type(self).__name__)
-        self.set_dtype(torch.float64)
 
 
 class PassAtK(_MeanOverPrompts):
     """Unbiased pass@k (Chen et al. 2021) averaged over prompts.
 
     Each ``update`` may bring any number of prompts and any ``n >= k`` samples per prompt; each
-    prompt weighs the same. Exact under DDP (float64 sums).
+    prompt weighs the same. Exact under DDP: the float64 nearest to the exact mean of the
+    per-prompt float64 estimates, whatever the ranks and updates.
 
     Args:
         k: positive integer, the number of attempts allowed.
@@ -53,7 +51,7 @@ class PassAtK(_MeanOverPrompts):
         tensor(0.6667, dtype=torch.float64)
     """
 
-    def update(self, correct: Tensor) -> None:  # type: ignore[override]
+    def update(self, correct: Tensor) -> None:
         """Add ``[P, n]`` bool or 0/1 correctness of ``n >= k`` samples for each of ``P`` prompts."""
         super().update(_pass_at_k_per_prompt(torch.as_tensor(correct).detach(), self.k, "PassAtK.update", "correct"))
 
