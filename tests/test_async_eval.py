@@ -348,17 +348,34 @@ class ThreadLog(Callback):
         self.threads[trainer.global_step] = torch.get_num_threads()
 
 
-def test_training_lends_the_worker_its_threads_while_a_round_is_in_flight(tmp_path: Path) -> None:
+class WaitForWorkerStart(Callback):
+    """Before the second step, waits until the async worker has started (it imports for seconds)."""
+
+    def __init__(self, callback: EvaluationCallback) -> None:
+        self.callback = callback
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        evaluator, deadline = self.callback._async, time.monotonic() + GATE_TIMEOUT_S
+        assert evaluator is not None
+        while trainer.global_step == 1 and evaluator._starting:
+            assert time.monotonic() < deadline, "the worker never started"
+            evaluator.poll_start()
+            time.sleep(0.01)
+
+
+def test_training_lends_the_worker_its_threads_while_it_starts_and_evaluates(tmp_path: Path) -> None:
     gate, log = tmp_path / "gate", ThreadLog()
     callback = EvaluationCallback(_gated_set(gate, gate_step=4, open_at=6), gated_probe, freq_steps=4, mode="async")
     before = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
-        make_trainer(tmp_path, [GateWriter(gate), log, callback], 10).fit(CountingModule(epoch_len=5))
+        callbacks = [GateWriter(gate), WaitForWorkerStart(callback), log, callback]
+        make_trainer(tmp_path, callbacks, 10).fit(CountingModule(epoch_len=5))
         after = torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
-    # Submitted after step 4, the round cannot finish before training reached step 6.
-    assert [log.threads[s] for s in range(6)] == [3, 3, 3, 3, 2, 2]
+    # Step 1 runs while the worker imports; the round submitted after step 4 cannot finish before
+    # training reached step 6.
+    assert [log.threads[s] for s in range(6)] == [2, 3, 3, 3, 2, 2]
     assert after == 3  # given back, also after the end
     assert metric_by_step(tmp_path, "w")[0] == (4, 4.0)

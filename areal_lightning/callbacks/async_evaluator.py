@@ -62,6 +62,11 @@ class _Job:
 
 
 @dataclass(frozen=True)
+class _Started:
+    """The worker has loaded the replica and waits for rounds."""
+
+
+@dataclass(frozen=True)
 class _Done:
     step: int
     results: list[LocalSetResult] | None
@@ -85,6 +90,7 @@ def _worker_main(conn: Connection, threads: int, device: str) -> None:
     except BaseException:  # noqa: BLE001 - reported to the training process
         conn.send(_Done(-1, None, traceback.format_exc()))
         return
+    conn.send(_Started())
     while True:
         try:
             job = conn.recv()
@@ -166,7 +172,8 @@ class AsyncEvaluator:
         self._process: Any = None
         self._conn: Connection | None = None
         self._done: _Done | None = None
-        self._lent_threads: int | None = None  # training's torch threads before a round took some
+        self._lent_threads: int | None = None  # training's torch threads before the worker took some
+        self._starting = False  # the worker was spawned and has not said it started
         self.snapshot_mb = 0.0
 
     # ---- lifetime ------------------------------------------------------------------------------
@@ -235,6 +242,8 @@ class AsyncEvaluator:
         self._process.start()
         child.close()
         self._conn.send_bytes(payload)
+        self._starting = True
+        self._lend_threads()  # importing torch and Lightning takes a core for seconds
 
     def close(self, cancel: bool = False) -> None:
         """Ends the worker: lets a round in flight finish (or terminates it with `cancel`); idempotent.
@@ -249,7 +258,7 @@ class AsyncEvaluator:
 
     def _stop_worker(self, cancel: bool) -> None:
         process, conn = self._process, self._conn
-        self._process, self._conn = None, None
+        self._process, self._conn, self._starting = None, None, False
         if process is None:
             return
         if not cancel and process.is_alive():
@@ -318,6 +327,15 @@ class AsyncEvaluator:
         )
         return self.in_flight
 
+    def poll_start(self) -> None:
+        """Gives training its threads back once the worker has started; never blocks (each step).
+
+        A worker that failed to start is stopped here and spawned again by the next round, which
+        then records its error.
+        """
+        if self._starting and self.in_flight is None:
+            self._receive(block=False)
+
     def ready(self) -> bool:
         """The round in flight has finished on this rank (or its worker died); never blocks."""
         if self.in_flight is None:
@@ -349,10 +367,16 @@ class AsyncEvaluator:
             closed = False
             if self._conn.poll(_POLL_SECS if block else 0):
                 try:
-                    done: _Done = self._conn.recv()  # the worker sends only _Done
-                    return done
+                    message: _Started | _Done = self._conn.recv()
                 except (EOFError, OSError):
                     closed = True  # the worker's end is closed: it exited
+                else:
+                    if isinstance(message, _Done):
+                        return message
+                    self._starting = False
+                    if self.in_flight is None:
+                        self._take_threads_back()
+                    continue  # a round in flight keeps the threads lent
             if closed or not self._process.is_alive():
                 self._process.join(_STOP_SECS)
                 code = self._process.exitcode

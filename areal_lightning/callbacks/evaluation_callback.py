@@ -319,8 +319,11 @@ class EvaluationCallback(Callback):
         if step == self._last_seen_step:
             return  # gradient accumulation: no optimizer step since the last call
         self._last_seen_step = step
-        if self._async is not None and self._async.in_flight is not None:
-            self._finish_async(trainer, pl_module, wait=False)
+        if self._async is not None:
+            if self._async.in_flight is not None:
+                self._finish_async(trainer, pl_module, wait=False)
+            else:
+                self._async.poll_start()
         last_batch = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
         causes = self.trigger.after_step(step, trainer.current_epoch, last_batch)
         if self._adaptive_due(step):
