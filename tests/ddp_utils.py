@@ -57,11 +57,15 @@ def _worker(rank: int, world_size: int, payload: bytes, store_path: str, out_dir
         # and the stamps let the report put the root cause first.
         with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as f:
             f.write(f"{time.time()!r}\n{traceback.format_exc()}")
-        raise
-    finally:
         dist.destroy_process_group()
+        raise
+    dist.barrier()  # no rank is inside a collective any more
     with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
         pickle.dump(result, f)
+    # Exit without tearing gloo down: its teardown, or the interpreter's finalisation with gloo
+    # threads alive, aborted a rank once in many runs ("terminate called without an active
+    # exception", exit code -6) after its work was done.
+    os._exit(0)
 
 
 def _signal_group(pid: int | None, sig: signal.Signals) -> None:
