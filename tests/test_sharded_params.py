@@ -11,7 +11,6 @@ process evaluating the same weights without any sharding.
 
 from __future__ import annotations
 
-import math
 import tempfile
 from typing import Any
 
@@ -132,7 +131,7 @@ def test_fully_sharded_rounds_equal_one_unsharded_process(world_size: int) -> No
         assert row["world_size"] == world_size
         assert round_metrics(row["metrics"]).keys() == expected.metrics.keys()
         for name, value in expected.metrics.items():
-            assert math.isclose(row["metrics"][name], value, rel_tol=0, abs_tol=1e-12), (row["dataset"], name)
+            assert row["metrics"][name] == value, (row["dataset"], name)  # bit for bit
 
 
 @pytest.mark.ddp
