@@ -184,4 +184,4 @@ def test_evaluating_the_saved_checkpoint_on_two_processes_reproduces_the_in_trai
         # same weights, same per-sample seeds: the same numbers, whatever the number of processes
         # (the in-training record also has the paired changes since earlier rounds: `<metric>/delta...`)
         in_training = round_metrics(end[dataset]["metrics"])
-        assert record["metrics"] == pytest.approx(in_training, abs=1e-12)
+        assert record["metrics"] == in_training  # bit for bit
