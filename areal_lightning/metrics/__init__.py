@@ -36,6 +36,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
         wilson_interval as wilson_interval,
         zero_std_groups as zero_std_groups,
     )
+    from areal_lightning.metrics.mean import (
+        ExactMean as ExactMean,
+    )
     from areal_lightning.metrics.options import (
         NO_ANSWER as NO_ANSWER,
         AdvantageStd as AdvantageStd,
@@ -63,6 +66,7 @@ _EXPORTS = {
     "AccuracyMetric": "areal_lightning.metrics.accuracy",
     "AdvantageMetric": "areal_lightning.metrics.advantage",
     "AdvantageStd": "areal_lightning.metrics.options",
+    "ExactMean": "areal_lightning.metrics.mean",
     "MajAtK": "areal_lightning.metrics.sampling",
     "PassAtK": "areal_lightning.metrics.sampling",
     "RewardMetric": "areal_lightning.metrics.reward",
