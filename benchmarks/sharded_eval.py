@@ -159,6 +159,11 @@ def in_process(config: Path, ckpt: Path, world_size: int) -> dict[str, Any]:
     }
 
 
+def _progress(line: str) -> None:
+    """Each run as it ends, on stderr: a crash later in a long run keeps what was measured."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def _fmt(values: list[float], digits: int = 2) -> str:
     return ", ".join(f"{v:.{digits}f}" for v in values)
 
@@ -182,8 +187,10 @@ def main() -> None:
         for repeat in range(args.repeats):  # interleaved, so a slow spell on the box hits every variant
             for name, (devices, threads) in COMMANDS.items():
                 runs[name].append(evaluate(config, ckpt, root / f"{devices}x{threads}_{repeat}", devices, threads))
+                _progress(f"repeat {repeat}, {name}: eval round {runs[name][-1]['eval_secs']:.2f} s")
             for world_size, timed in rounds.items():
                 timed.append(in_process(config, ckpt, world_size))
+                _progress(f"repeat {repeat}, in-process {world_size} rank(s): wall {_fmt(timed[-1]['wall_secs'])} s")
     best = {name: min(r["eval_secs"] for r in rs) for name, rs in runs.items()}
     reference = runs[ONE][0]["record"]["metrics"]
     # per variant: every run logged the numbers of the first 1-process, 1-thread run
