@@ -29,8 +29,11 @@ import json
 import logging
 import os
 import random
+import sys
+import tempfile
 import time
 import warnings
+from pathlib import Path
 from statistics import median
 from typing import Any
 
@@ -42,6 +45,9 @@ from areal_lightning.app.config import load_config
 from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
 from areal_lightning.eval_round import run_round
 from areal_lightning.rl.grpo import GRPOModule
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from callback_helpers import make_trainer  # the tests' quiet CPU Trainer, reused
 
 CONFIGS = ("none", "sync", "async")
 FIXED = "async, fixed split"
@@ -84,17 +90,7 @@ def _fit(kind: str, args: argparse.Namespace, tmp: str) -> float:
                 seed=SEED,
             )
         )
-    trainer = L.Trainer(
-        max_steps=args.steps,
-        accelerator=args.accelerator,
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=f"{tmp}/{kind}",
-        callbacks=callbacks,
-    )
+    trainer = make_trainer(f"{tmp}/{kind}", callbacks, args.steps, accelerator=args.accelerator)
     start = time.perf_counter()
     try:
         trainer.fit(module)
@@ -119,17 +115,10 @@ def thread_scaling(args: argparse.Namespace, steps: int = 20) -> dict[str, float
         torch.set_num_threads(threads)
         L.seed_everything(SEED, verbose=False)
         module = GRPOModule.from_config(cfg)
-        trainer = L.Trainer(
-            max_steps=steps,
-            accelerator=args.accelerator,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-        )
-        start = time.perf_counter()
-        trainer.fit(module)
-        out[f"step_secs_{threads}"] = (time.perf_counter() - start) / steps
+        with tempfile.TemporaryDirectory() as tmp:
+            start = time.perf_counter()
+            make_trainer(tmp, [], steps, accelerator=args.accelerator).fit(module)
+            out[f"step_secs_{threads}"] = (time.perf_counter() - start) / steps
         torch.set_num_threads(args.async_threads if threads != args.threads else threads)
         start = time.perf_counter()
         run_round(module, build_eval_sets(cfg, module.task), type(module).evaluate, seed=SEED, global_step=0, epoch=0)
@@ -160,8 +149,6 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    import tempfile
-
     if args.threads > args.async_threads:
         scaling = thread_scaling(args)
         print(

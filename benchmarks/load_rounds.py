@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import tempfile
 import time
 import warnings
@@ -29,6 +30,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from areal_lightning.callbacks import EvaluationCallback
 from areal_lightning.metrics import AccuracyMetric, PassAtK, RewardMetric
 from areal_lightning.tracking.history import eval_rows, read_history
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from callback_helpers import make_trainer  # the tests' quiet CPU Trainer, reused
 
 EVAL_SETS = {"easy": [0.2 * i for i in range(16)], "hard": [0.1 * i for i in range(8)]}
 EARLY_ROUND = 10
@@ -92,17 +96,7 @@ def run(steps: int, every: int, out_dir: Path) -> dict[str, Any]:
     callback = EvaluationCallback(
         EVAL_SETS, _evaluate, freq_steps=every, eval_at_end=False, output_dir=out_dir, max_table_rows=4
     )
-    trainer = L.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=str(out_dir),
-        callbacks=[callback, probe],
-    )  # the probe runs after the round of the same step
+    trainer = make_trainer(out_dir, [callback, probe], steps)  # the probe runs after the round of the same step
     start = time.perf_counter()
     trainer.fit(_Regression())
     secs = time.perf_counter() - start

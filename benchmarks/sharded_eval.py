@@ -38,6 +38,7 @@ import yaml
 from shard_balance import TARGET, measure
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from callback_helpers import make_trainer  # the tests' quiet CPU Trainer, reused
 from ddp_utils import run_ddp  # the tests' gloo launcher, reused
 from procs import evaluate_command
 
@@ -64,7 +65,6 @@ def write_config(root: Path, size: int, n_samples: int, batch_size: int) -> Path
 def make_checkpoint(config: Path, root: Path) -> Path:
     """A checkpoint of the default tiny policy after its format warm-up and one GRPO step, so that
     completions end at EOS as a trained policy's do (generation stops early when every row ended)."""
-    import lightning as L
     import torch
 
     from areal_lightning.app.config import load_config
@@ -72,15 +72,7 @@ def make_checkpoint(config: Path, root: Path) -> Path:
 
     torch.set_num_threads(1)
     module = GRPOModule.from_config(load_config(config))
-    trainer = L.Trainer(
-        max_steps=1,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        default_root_dir=root,
-    )
+    trainer = make_trainer(root, [], 1)
     trainer.fit(module)
     path = root / "bench.ckpt"
     trainer.save_checkpoint(path)

@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import lightning as L
 import torch
 
 from areal_lightning.app.builders import build_eval_sets
@@ -32,6 +32,9 @@ from areal_lightning.eval_round.subsample import Subsample, subsample
 from areal_lightning.metrics.paired import PairedChange, t_quantile
 from areal_lightning.rl.grpo import GRPOModule
 from areal_lightning.rl.rollout_eval import rollout_evaluate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from callback_helpers import make_trainer  # the tests' quiet CPU Trainer, reused
 
 
 def timed_round(module: GRPOModule, eval_set, precision: EvalPrecision = EvalPrecision.FP32) -> tuple[SetResult, float]:
@@ -52,15 +55,7 @@ def main() -> None:
     cfg = load_config(None, [f"eval_sets.easy.size={args.size}", "eval_sets.easy.n_samples=4"])
     module = GRPOModule.from_config(cfg)
     with tempfile.TemporaryDirectory() as root:
-        L.Trainer(
-            max_steps=args.train_steps,
-            accelerator="cpu",
-            logger=False,
-            enable_progress_bar=False,
-            enable_checkpointing=False,
-            enable_model_summary=False,
-            default_root_dir=root,
-        ).fit(module)
+        make_trainer(root, [], args.train_steps).fit(module)
         (full_set,) = build_eval_sets(cfg, module.task)
         sub_set = subsample(full_set, Subsample(fraction=args.fraction, seed=cfg.seed))
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from callback_helpers import make_trainer
 from procs import evaluate_command, run_in_group
 
 from areal_lightning.app.cli import main
@@ -36,8 +37,6 @@ CONFIG = {
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(config file, checkpoint) of a run trained for two steps."""
-    import lightning as L
-
     from areal_lightning.app.config import load_config
     from areal_lightning.rl.grpo import GRPOModule
 
@@ -45,15 +44,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     config = root / "cfg.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
     module = GRPOModule.from_config(load_config(config))
-    trainer = L.Trainer(
-        max_steps=2,
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        default_root_dir=root,
-    )
+    trainer = make_trainer(root, [], 2)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a width-32 model gains nothing from threads, and a busy box loses a lot
     try:

@@ -7,6 +7,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from callback_helpers import make_trainer
 
 from areal_lightning.app.builders import build_eval_sets
 from areal_lightning.app.config import load_config
@@ -30,16 +31,7 @@ def test_grpo_raises_eval_accuracy_far_beyond_chance(tmp_path):
     L.seed_everything(cfg.seed, verbose=False)
     module = GRPOModule.from_config(cfg)
     eval_sets = [s for s in build_eval_sets(cfg, module.task) if s.name == "easy"]
-    trainer = L.Trainer(
-        max_steps=TRAIN_STEPS,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = make_trainer(tmp_path, [], TRAIN_STEPS)
     before: dict[str, float] = {}
 
     class MeasureAfterWarmup(L.Callback):
@@ -70,15 +62,7 @@ def test_training_step_logs_the_grpo_statistics(tmp_path):
         ],
     )
     module = GRPOModule.from_config(cfg)
-    trainer = L.Trainer(
-        max_steps=2,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = make_trainer(tmp_path, [], 2)
     trainer.fit(module)
     logged = trainer.callback_metrics
     for name in (
@@ -116,15 +100,7 @@ def test_kl_to_a_reference_that_differs_is_positive(tmp_path):
     with torch.no_grad():
         for param in module.reference.parameters():
             param.add_(0.5 * torch.randn_like(param))
-    trainer = L.Trainer(
-        max_steps=1,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = make_trainer(tmp_path, [], 1)
     trainer.fit(module)
     assert float(trainer.callback_metrics["train/kl"]) > 0.01
 
