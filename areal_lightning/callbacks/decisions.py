@@ -16,6 +16,7 @@ import logging
 import math
 import warnings
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import lightning as L
 import torch
@@ -96,31 +97,26 @@ def read_train_metric(trainer: L.Trainer, name: str) -> float | None:
     return None if math.isnan(number) else number
 
 
-def report_alert(trainer: L.Trainer, alert: HackingAlert, history: EvalHistory | None, run_id: str | None) -> None:
-    """Rank 0: a warning in the log, an ``alert`` record of kind ``reward_hacking``, a W&B alert."""
+def report_alert(
+    trainer: L.Trainer,
+    history: EvalHistory | None,
+    step: int,
+    *,
+    dataset: str,
+    message: str,
+    title: str,
+    run_id: str | None,
+    source: str,
+    **fields: Any,
+) -> None:
+    """Rank 0: a warning in the log (``source: message``), an ``alert`` record in the eval history
+    with `fields`, and an alert to every logger that takes one (W&B)."""
     if not trainer.is_global_zero:
         return
-    log.warning("reward watch: %s", alert.message)
+    log.warning("%s: %s", source, message)
     if history is not None:
-        history.append(
-            event_record(
-                "alert",
-                alert.step,
-                dataset=alert.dataset,
-                message=alert.message,
-                run_id=run_id,
-                kind=ALERT_KIND,
-                metric=alert.metric,
-                train_metric=alert.train_metric,
-                train_rise=alert.train_rise,
-                change=alert.eval_change,
-                change_ci_high=alert.eval_change_ci_high,
-                reference_step=alert.reference_step,
-            )
-        )
-    send_alert(
-        trainer.loggers, title=f"areal-lightning: possible reward hacking on {alert.dataset}", text=alert.message
-    )
+        history.append(event_record("alert", step, dataset=dataset, message=message, run_id=run_id, **fields))
+    send_alert(trainer.loggers, title=title, text=message)
 
 
 def watch_round(
@@ -135,5 +131,21 @@ def watch_round(
     train_value = read_train_metric(trainer, watch.train_metric)
     alerts = watch.observe(step, train_value, {r.dataset: r.metrics for r in results})
     for alert in alerts:
-        report_alert(trainer, alert, history, run_id)
+        report_alert(
+            trainer,
+            history,
+            alert.step,
+            dataset=alert.dataset,
+            message=alert.message,
+            title=f"areal-lightning: possible reward hacking on {alert.dataset}",
+            run_id=run_id,
+            source="reward watch",
+            kind=ALERT_KIND,
+            metric=alert.metric,
+            train_metric=alert.train_metric,
+            train_rise=alert.train_rise,
+            change=alert.eval_change,
+            change_ci_high=alert.eval_change_ci_high,
+            reference_step=alert.reference_step,
+        )
     return alerts

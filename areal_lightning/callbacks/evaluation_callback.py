@@ -24,6 +24,7 @@ from areal_lightning.callbacks.best import DEFAULT_BEST_METRICS, BestValues
 from areal_lightning.callbacks.budget import EvalBudget
 from areal_lightning.callbacks.decisions import (
     publish_round,
+    report_alert,
     warn_early_stopping_order,
     watch_round,
 )
@@ -72,7 +73,7 @@ from areal_lightning.tracking.history import (
     event_record,
     new_run_id,
 )
-from areal_lightning.tracking.loggers import log_eval_results, send_alert
+from areal_lightning.tracking.loggers import log_eval_results
 
 log = logging.getLogger(__name__)
 
@@ -726,27 +727,20 @@ class EvaluationCallback(Callback):
         if not self.thresholds.resolved:
             self.thresholds.resolve({name for r in results for name in r.metrics})
         alerts: list[Alert] = [a for r in results for a in self.thresholds.check(r.dataset, r.metrics, step)]
-        if trainer.is_global_zero:
-            for alert in alerts:
-                log.warning("threshold alert: %s", alert.message)
-                assert self._history is not None
-                self._history.append(
-                    event_record(
-                        "alert",
-                        step,
-                        dataset=alert.dataset,
-                        message=alert.message,
-                        run_id=self.run_id,
-                        metric=alert.metric,
-                        value=alert.value,
-                        threshold=alert.threshold,
-                    )
-                )
-                send_alert(
-                    trainer.loggers,
-                    title=f"areal-lightning: {alert.dataset}/{alert.metric} below threshold",
-                    text=alert.message,
-                )
+        for alert in alerts:
+            report_alert(
+                trainer,
+                self._history,
+                step,
+                dataset=alert.dataset,
+                message=alert.message,
+                title=f"areal-lightning: {alert.dataset}/{alert.metric} below threshold",
+                run_id=self.run_id,
+                source="threshold alert",
+                metric=alert.metric,
+                value=alert.value,
+                threshold=alert.threshold,
+            )
         if self.threshold_action is ThresholdAction.STOP:
             # Reduced metrics are identical on every rank, but a stop decided alone would leave
             # the other ranks in the next step's collectives: agree explicitly.
