@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo lint test wheel bench clean
+.PHONY: install demo lint test wheel bench mutation clean
 
 # torch==2.13.0 (CPU build) goes first and is pinned by constraints.txt, so the project's
 # `torch>=2.3` range never replaces it with a multi-GB CUDA build.
@@ -37,6 +37,17 @@ bench: $(STAMP)
 	$(PY) benchmarks/sharded_eval.py
 	$(PY) benchmarks/shard_balance.py
 	$(PY) benchmarks/async_overhead.py
+
+# Mutation testing (not part of `make test`): each core module's mutants against its own fast tests,
+# one module at a time, at low priority. `make mutation MODULES="trigger exact"` runs only those.
+# The report is build/mutation/report.md; docs/development.md explains it.
+MUTMUT_STAMP := $(VENV)/.mutmut-installed
+$(MUTMUT_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet 'mutmut>=3.8,<4'
+	touch $(MUTMUT_STAMP)
+
+mutation: $(MUTMUT_STAMP)
+	nice -n 10 $(PY) tools/mutation.py $(MODULES)
 
 clean:
 	rm -rf $(VENV) runs wandb lightning_logs dist build .mypy_cache .ruff_cache

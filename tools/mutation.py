@@ -1,0 +1,289 @@
+"""Mutation testing of the plugin's core modules with mutmut, one module at a time.
+
+Each module is mutated in its own scratch copy of the checkout (``build/mutation/<name>/``) and
+its mutants run only against that module's own fast tests (``MODULES`` below), so a run never
+takes the whole suite. A surviving mutant is either killed by a new test or listed as equivalent
+in the table "Equivalent mutants" of ``docs/development.md`` (module, function, the change, why);
+this script reads that table and counts the listed survivors as equivalent.
+
+Usage (from the repository root, in the project's environment)::
+
+    python tools/mutation.py                    # every module, report in build/mutation/report.md
+    python tools/mutation.py trigger exact      # only these modules (names as in MODULES)
+    python tools/mutation.py --list             # the modules and their tests
+
+Exit status 0 when every mutant is killed or listed as equivalent, 1 otherwise (the survivors
+and a line to paste into the table for each are in the report), 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRATCH = ROOT / "build" / "mutation"
+DOCS = ROOT / "docs" / "development.md"
+
+# Module -> the test files (or node ids) that are its own fast tests. Multi-process (`ddp`) and
+# `slow` tests are deselected for every module (see PYTEST_ARGS): a mutant must die in seconds.
+MODULES: dict[str, tuple[str, list[str]]] = {
+    # the pure core
+    "trigger": ("areal_lightning/callbacks/trigger.py", ["tests/test_trigger.py", "tests/test_trigger_messages.py"]),
+    "sharding": ("areal_lightning/eval_round/sharding.py", ["tests/test_sharding.py"]),
+    "subsample": ("areal_lightning/eval_round/subsample.py", ["tests/test_subsample.py"]),
+    "functional": ("areal_lightning/metrics/functional.py", ["tests/test_metrics_functional.py"]),
+    "exact": ("areal_lightning/metrics/exact.py", ["tests/test_exact_sums.py"]),
+    "paired": ("areal_lightning/metrics/paired.py", ["tests/test_paired_change.py"]),
+    # the newer modules
+    "adaptive": ("areal_lightning/callbacks/adaptive.py", ["tests/test_adaptive.py"]),
+    "budget": ("areal_lightning/callbacks/budget.py", ["tests/test_budget.py", "tests/test_budget_rule.py"]),
+    "best": ("areal_lightning/callbacks/best.py", ["tests/test_decisions.py"]),
+    "reward_watch": ("areal_lightning/callbacks/reward_watch.py", ["tests/test_reward_watch.py"]),
+    "async_evaluator": ("areal_lightning/callbacks/async_evaluator.py", ["tests/test_async_eval.py"]),
+    "cache": ("areal_lightning/eval_round/cache.py", ["tests/test_eval_cache.py"]),
+    "precision": ("areal_lightning/eval_round/precision.py", ["tests/test_eval_precision_drift.py"]),
+    "drift": ("areal_lightning/eval_round/drift.py", ["tests/test_eval_precision_drift.py"]),
+    "runs": ("areal_lightning/app/runs.py", ["tests/test_run_identity.py"]),
+    "watch": ("areal_lightning/app/watch.py", ["tests/test_watch.py"]),
+}
+
+# Added to every pytest run of mutmut. The deselection keeps multi-process tests out: a mutant in a
+# child process is not switched on (mutmut selects the mutant in the process that runs pytest).
+# The module's own doctests run too: its path is the first test path of each run, and the
+# project's pytest settings (`--doctest-modules`) come with the copied pyproject.toml.
+PYTEST_ARGS = ["-p", "no:cacheprovider", "-m", "not ddp and not slow", "-q"]
+
+# mutmut's exit codes of a test run for one mutant (mutmut/stats.py). A timeout or a crash counts
+# as killed: a user notices a hang or a segfault.
+KILLED_CODES = {1, 3, 24, -24, 36, 152, 255, -9, -11, 37}
+SURVIVED_CODES = {0}
+NO_TESTS_CODES = {5, 33}
+
+
+@dataclass
+class Mutant:
+    name: str
+    function: str
+    code: int | None
+    change: str = ""
+
+
+@dataclass
+class ModuleResult:
+    name: str
+    path: str
+    tests: list[str]
+    seconds: float
+    mutants: list[Mutant] = field(default_factory=list)
+    equivalent: list[Mutant] = field(default_factory=list)
+    survived: list[Mutant] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def killed(self) -> int:
+        return sum(1 for m in self.mutants if m.code in KILLED_CODES)
+
+    @property
+    def score(self) -> float:
+        denominator = len(self.mutants) - len(self.equivalent)
+        return self.killed / denominator if denominator else 1.0
+
+
+def function_of(mutant_name: str) -> str:
+    """`pkg.mod.xǁClassǁmethod__mutmut_3` -> `Class.method`; `pkg.mod.x_func__mutmut_3` -> `func`."""
+    tail = mutant_name.rsplit("__mutmut_", 1)[0].split(".")[-1]
+    if tail.startswith("xǁ"):
+        return ".".join(part for part in tail[2:].split("ǁ") if part)
+    return tail.removeprefix("x_")
+
+
+def change_of(diff: str) -> str:
+    """The mutant's diff as one line: ``old → new`` (stripped, several lines joined by ``⏎``)."""
+    removed = [line[1:].strip() for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
+    added = [line[1:].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    return f"{' ⏎ '.join(removed)} → {' ⏎ '.join(added)}"
+
+
+def _cells(row: str) -> list[str]:
+    """The cells of a markdown table row; `\\|` is a literal bar, code spans lose their backticks."""
+    cells = re.split(r"(?<!\\)\|", row.strip().strip("|"))
+    return [cell.strip().replace("\\|", "|").strip("`").strip() for cell in cells]
+
+
+def read_equivalents(docs: Path = DOCS) -> set[tuple[str, str, str]]:
+    """(module, function, change) of every row of the table under "### Equivalent mutants"."""
+    rows: set[tuple[str, str, str]] = set()
+    in_section = False
+    for line in docs.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            in_section = line.strip().lower() == "### equivalent mutants"
+            continue
+        if in_section and line.startswith("|") and not set(line) <= set("|-: "):
+            cells = _cells(line)
+            if len(cells) >= 4 and cells[0] != "Module":
+                rows.add((cells[0], cells[1], cells[2]))
+    return rows
+
+
+def _md(text: str) -> str:
+    """A code span for a markdown table cell (bars escaped, backticks doubled around if present)."""
+    text = text.replace("|", "\\|")
+    return f"`` {text} ``" if "`" in text else f"`{text}`"
+
+
+def _pyproject(module_path: str, tests: list[str]) -> str:
+    """The scratch copy's pyproject.toml: the project's own (its pytest settings) and this module's mutmut settings."""
+    mutmut = [
+        "",
+        "[tool.mutmut]",
+        'source_paths = ["areal_lightning"]',
+        f"only_mutate = {json.dumps([module_path])}",
+        f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
+        f"pytest_add_cli_args = {json.dumps(PYTEST_ARGS)}",
+        "use_git_change_detection = false",
+        "",
+    ]
+    return (ROOT / "pyproject.toml").read_text(encoding="utf-8") + "\n".join(mutmut)
+
+
+def run_module(name: str, mutmut: Path, max_children: int) -> ModuleResult:
+    module_path, tests = MODULES[name]
+    tests = [module_path, *tests]
+    work = SCRATCH / name
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "areal_lightning", work / "areal_lightning", ignore=ignore)
+    shutil.copytree(ROOT / "tests", work / "tests", ignore=ignore)
+    (work / "pyproject.toml").write_text(_pyproject(module_path, tests), encoding="utf-8")
+
+    start = time.monotonic()
+    with open(work / "mutmut.log", "w", encoding="utf-8") as log:
+        # mutmut asks the tests for `areal_lightning` from its copy (mutants/) first on sys.path;
+        # the editable install of the checkout is a fallback finder that comes after it.
+        proc = subprocess.run(
+            [str(mutmut), "run", "--max-children", str(max_children)],
+            cwd=work,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+            check=False,
+        )
+    result = ModuleResult(name, module_path, tests, time.monotonic() - start)
+    meta = work / "mutants" / f"{module_path}.meta"
+    if proc.returncode != 0 or not meta.exists():
+        result.error = f"mutmut exited {proc.returncode}; see {(work / 'mutmut.log').relative_to(ROOT)}"
+        return result
+
+    codes = json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"]
+    result.mutants = [Mutant(key, function_of(key), code) for key, code in sorted(codes.items())]
+    not_killed = [m for m in result.mutants if m.code not in KILLED_CODES]
+    if not_killed:
+        _describe(work, module_path, not_killed)
+    equivalents = read_equivalents()
+    for m in not_killed:
+        if (module_path, m.function, m.change) in equivalents:
+            result.equivalent.append(m)
+        else:
+            result.survived.append(m)
+    return result
+
+
+def _describe(work: Path, module_path: str, mutants: list[Mutant]) -> None:
+    """Fill in each mutant's change, read from mutmut's copy in `work`."""
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+
+    cwd = Path.cwd()
+    os.chdir(work)
+    try:
+        for m in mutants:
+            m.change = change_of(get_diff_for_mutant(m.name, path=module_path))
+    finally:
+        os.chdir(cwd)
+
+
+def report(results: list[ModuleResult], seconds: float) -> str:
+    lines = [
+        "# Mutation testing report",
+        "",
+        f"mutmut, one module at a time against its own tests; {seconds / 60:.1f} min in all.",
+        "",
+        "| Module | Tests | Mutants | Killed | Survived | Equivalent | Score | Time |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        if r.error:
+            lines.append(f"| `{r.path}` | {', '.join(r.tests)} | error: {r.error} | | | | | |")
+            continue
+        tests = ", ".join(f"`{t.removeprefix('tests/')}`" for t in r.tests)
+        lines.append(
+            f"| `{r.path}` | {tests} | {len(r.mutants)} | {r.killed} | {len(r.survived)} | {len(r.equivalent)} "
+            f"| {r.score:.0%} | {r.seconds:.0f} s |"
+        )
+    survivors = [(r, m) for r in results for m in r.survived]
+    if survivors:
+        lines += [
+            "",
+            "## Survivors",
+            "",
+            "Kill each with a test of behaviour a user would notice, or add its row (with why) to the",
+            'table "Equivalent mutants" in docs/development.md. "no tests": no selected test calls the function.',
+            "",
+            "| Module | Function | Change | Why |",
+            "|---|---|---|---|",
+        ]
+        for r, m in survivors:
+            status = "no tests" if m.code in NO_TESTS_CODES else "survived"
+            lines.append(f"| `{r.path}` | `{m.function}` | {_md(m.change)} | {status}: {m.name} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("modules", nargs="*", help=f"modules to mutate (default: all): {', '.join(MODULES)}")
+    parser.add_argument("--report", type=Path, default=SCRATCH / "report.md", help="where to write the report")
+    parser.add_argument("--max-children", type=int, default=1, help="mutants tested in parallel (default 1)")
+    parser.add_argument("--list", action="store_true", help="print the modules and their tests, run nothing")
+    args = parser.parse_args(argv)
+
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        parser.error(f"unknown module(s) {', '.join(unknown)}; choose from {', '.join(MODULES)}")
+    if args.list:
+        for name, (path, tests) in MODULES.items():
+            print(f"{name:16} {path:48} {' '.join(tests)}")
+        return 0
+    mutmut = Path(sys.executable).with_name("mutmut")
+    if not mutmut.exists():
+        print(f"mutmut is not installed in {Path(sys.executable).parent.parent}: pip install mutmut", file=sys.stderr)
+        return 2
+
+    start = time.monotonic()
+    results = []
+    for name in args.modules or list(MODULES):
+        print(f"mutating {MODULES[name][0]} ...", flush=True)
+        r = run_module(name, mutmut, args.max_children)
+        results.append(r)
+        summary = r.error or (
+            f"{len(r.mutants)} mutants: {r.killed} killed, {len(r.survived)} survived, "
+            f"{len(r.equivalent)} equivalent ({r.score:.0%}) in {r.seconds:.0f} s"
+        )
+        print(f"  {summary}", flush=True)
+        # Keep the report current after each module: a long run can be read while it goes on.
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(report(results, time.monotonic() - start), encoding="utf-8")
+    print(f"report: {args.report}")
+    return 0 if all(not r.error and not r.survived for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
