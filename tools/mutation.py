@@ -51,9 +51,12 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "async_evaluator": ("areal_lightning/callbacks/async_evaluator.py", ["tests/test_async_eval.py"]),
     "cache": ("areal_lightning/eval_round/cache.py", ["tests/test_eval_cache.py"]),
     "precision": ("areal_lightning/eval_round/precision.py", ["tests/test_eval_precision_drift.py"]),
-    "drift": ("areal_lightning/eval_round/drift.py", ["tests/test_eval_precision_drift.py"]),
-    "runs": ("areal_lightning/app/runs.py", ["tests/test_run_identity.py"]),
-    "watch": ("areal_lightning/app/watch.py", ["tests/test_watch.py"]),
+    "drift": (
+        "areal_lightning/eval_round/drift.py",
+        ["tests/test_eval_precision_drift.py", "tests/test_drift_reports.py"],
+    ),
+    "runs": ("areal_lightning/app/runs.py", ["tests/test_run_dirs.py"]),
+    "watch": ("areal_lightning/app/watch.py", ["tests/test_watch.py", "tests/test_watch_decisions.py"]),
 }
 
 # Added to every pytest run of mutmut. The deselection keeps multi-process tests out: a mutant in a
