@@ -32,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SCRATCH = ROOT / "build" / "mutation"
 DOCS = ROOT / "docs" / "development.md"
+RUN_FILE = "run.json"  # in each module's scratch copy: the tests it ran against and how long it took
 
 # Module -> the test files (or node ids) that are its own fast tests. Multi-process (`ddp`) and
 # `slow` tests are deselected for every module (see PYTEST_ARGS): a mutant must die in seconds.
@@ -159,6 +160,7 @@ def _pyproject(module_path: str, tests: list[str]) -> str:
 
 
 def run_module(name: str, mutmut: Path, max_children: int) -> ModuleResult:
+    """Mutate one module in a fresh scratch copy; its result is kept there (`collect` reads it)."""
     module_path, tests = MODULES[name]
     tests = [module_path, *tests]
     work = SCRATCH / name
@@ -181,10 +183,33 @@ def run_module(name: str, mutmut: Path, max_children: int) -> ModuleResult:
             env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
             check=False,
         )
-    result = ModuleResult(name, module_path, tests, time.monotonic() - start)
+    run = {"tests": tests, "seconds": time.monotonic() - start, "returncode": proc.returncode}
+    (work / RUN_FILE).write_text(json.dumps(run), encoding="utf-8")
+    result = collect(name)
+    assert result is not None
+    return result
+
+
+def collect(name: str) -> ModuleResult | None:
+    """The last run of module `name`, read from its scratch copy; None when it never ran."""
+    module_path, _ = MODULES[name]
+    work = SCRATCH / name
     meta = work / "mutants" / f"{module_path}.meta"
-    if proc.returncode != 0 or not meta.exists():
-        result.error = f"mutmut exited {proc.returncode}; see {(work / 'mutmut.log').relative_to(ROOT)}"
+    if (work / RUN_FILE).is_file():
+        run = json.loads((work / RUN_FILE).read_text(encoding="utf-8"))
+    elif meta.is_file():  # a run that was stopped before it wrote its summary
+        selection = next(
+            line.split("=", 1)[1]
+            for line in (work / "pyproject.toml").read_text(encoding="utf-8").splitlines()
+            if line.startswith("pytest_add_cli_args_test_selection")
+        )
+        seconds = meta.stat().st_mtime - (work / "pyproject.toml").stat().st_mtime
+        run = {"tests": json.loads(selection), "seconds": seconds, "returncode": 0}
+    else:
+        return None
+    result = ModuleResult(name, module_path, run["tests"], run["seconds"])
+    if run["returncode"] != 0 or not meta.is_file():
+        result.error = f"mutmut exited {run['returncode']}; see {(work / 'mutmut.log').relative_to(ROOT)}"
         return result
 
     codes = json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"]
@@ -218,7 +243,7 @@ def report(results: list[ModuleResult], seconds: float) -> str:
     lines = [
         "# Mutation testing report",
         "",
-        f"mutmut, one module at a time against its own tests; {seconds / 60:.1f} min in all.",
+        f"mutmut, one module at a time against its own tests; {seconds / 60:.1f} min of runs in all.",
         "",
         "| Module | Tests | Mutants | Killed | Survived | Equivalent | Score | Time |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
@@ -227,7 +252,7 @@ def report(results: list[ModuleResult], seconds: float) -> str:
         if r.error:
             lines.append(f"| `{r.path}` | {', '.join(r.tests)} | error: {r.error} | | | | | |")
             continue
-        tests = ", ".join(f"`{t.removeprefix('tests/')}`" for t in r.tests)
+        tests = ", ".join("doctests" if t == r.path else f"`{t.removeprefix('tests/')}`" for t in r.tests)
         lines.append(
             f"| `{r.path}` | {tests} | {len(r.mutants)} | {r.killed} | {len(r.survived)} | {len(r.equivalent)} "
             f"| {r.score:.0%} | {r.seconds:.0f} s |"
@@ -256,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, default=SCRATCH / "report.md", help="where to write the report")
     parser.add_argument("--max-children", type=int, default=1, help="mutants tested in parallel (default 1)")
     parser.add_argument("--list", action="store_true", help="print the modules and their tests, run nothing")
+    parser.add_argument(
+        "--report-only", action="store_true", help="write the report from the last run of each module, run nothing"
+    )
     args = parser.parse_args(argv)
 
     unknown = [m for m in args.modules if m not in MODULES]
@@ -266,26 +294,25 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:16} {path:48} {' '.join(tests)}")
         return 0
     mutmut = Path(sys.executable).with_name("mutmut")
-    if not mutmut.exists():
+    if not args.report_only and not mutmut.exists():
         print(f"mutmut is not installed in {Path(sys.executable).parent.parent}: pip install mutmut", file=sys.stderr)
         return 2
 
-    start = time.monotonic()
-    results = []
-    for name in args.modules or list(MODULES):
+    for name in [] if args.report_only else args.modules or list(MODULES):
         print(f"mutating {MODULES[name][0]} ...", flush=True)
         r = run_module(name, mutmut, args.max_children)
-        results.append(r)
         summary = r.error or (
             f"{len(r.mutants)} mutants: {r.killed} killed, {len(r.survived)} survived, "
             f"{len(r.equivalent)} equivalent ({r.score:.0%}) in {r.seconds:.0f} s"
         )
         print(f"  {summary}", flush=True)
-        # Keep the report current after each module: a long run can be read while it goes on.
-        args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(report(results, time.monotonic() - start), encoding="utf-8")
-    print(f"report: {args.report}")
-    return 0 if all(not r.error and not r.survived for r in results) else 1
+    # The report covers every module's last run, so a run of one module updates the whole table.
+    results = [r for r in (collect(name) for name in MODULES) if r is not None]
+    args.report.parent.mkdir(parents=True, exist_ok=True)
+    args.report.write_text(report(results, sum(r.seconds for r in results)), encoding="utf-8")
+    missing = [name for name in MODULES if name not in {r.name for r in results}]
+    print(f"report: {args.report}" + (f" (never run: {', '.join(missing)})" if missing else ""))
+    return 0 if not missing and all(not r.error and not r.survived for r in results) else 1
 
 
 if __name__ == "__main__":
