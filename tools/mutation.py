@@ -45,7 +45,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "exact": ("areal_lightning/metrics/exact.py", ["tests/test_exact_sums.py"]),
     "paired": ("areal_lightning/metrics/paired.py", ["tests/test_paired_change.py"]),
     # the newer modules
-    "adaptive": ("areal_lightning/callbacks/adaptive.py", ["tests/test_adaptive.py"]),
+    "adaptive": ("areal_lightning/callbacks/adaptive.py", ["tests/test_adaptive.py", "tests/test_adaptive_schedule.py"]),
     "budget": ("areal_lightning/callbacks/budget.py", ["tests/test_budget.py", "tests/test_budget_rule.py"]),
     "best": ("areal_lightning/callbacks/best.py", ["tests/test_decisions.py"]),
     "reward_watch": ("areal_lightning/callbacks/reward_watch.py", ["tests/test_reward_watch.py"]),
@@ -64,7 +64,15 @@ MODULES: dict[str, tuple[str, list[str]]] = {
 # child process is not switched on (mutmut selects the mutant in the process that runs pytest).
 # The module's own doctests run too: its path is the first test path of each run, and the
 # project's pytest settings (`--doctest-modules`) come with the copied pyproject.toml.
-PYTEST_ARGS = ["-p", "no:cacheprovider", "-m", "not ddp and not slow", "-q"]
+# Tests that start other processes without a `ddp` or `slow` mark: seconds each, and a mutant
+# is not what the child process runs.
+DESELECT = [
+    "tests/test_sharding.py::test_seeds_and_fingerprints_are_stable_across_processes",
+    "tests/test_watch.py::test_watch_stops_cleanly_on_ctrl_c_and_on_idle_timeout",
+]
+PYTEST_ARGS = ["-p", "no:cacheprovider", "-m", "not ddp and not slow", "-q"] + [
+    arg for node in DESELECT for arg in ("--deselect", node)
+]
 
 # mutmut's exit codes of a test run for one mutant (mutmut/stats.py). A timeout or a crash counts
 # as killed: a user notices a hang or a segfault.

@@ -97,6 +97,8 @@ class AdaptiveSchedule:
                 "",
                 (min_steps, max_steps),
                 f"min_steps must be at most max_steps, got min_steps={min_steps}, max_steps={max_steps}",
+                f"`AdaptiveSchedule(...)`: min_steps must be at most max_steps, got min_steps={min_steps},"
+                f" max_steps={max_steps}",
             )
         if (
             isinstance(factor, bool)
