@@ -47,7 +47,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     # the newer modules
     "adaptive": ("areal_lightning/callbacks/adaptive.py", ["tests/test_adaptive.py", "tests/test_adaptive_schedule.py"]),
     "budget": ("areal_lightning/callbacks/budget.py", ["tests/test_budget.py", "tests/test_budget_rule.py"]),
-    "best": ("areal_lightning/callbacks/best.py", ["tests/test_decisions.py"]),
+    "best": ("areal_lightning/callbacks/best.py", ["tests/test_decisions.py", "tests/test_best_values.py"]),
     "reward_watch": ("areal_lightning/callbacks/reward_watch.py", ["tests/test_reward_watch.py"]),
     "async_evaluator": ("areal_lightning/callbacks/async_evaluator.py", ["tests/test_async_eval.py"]),
     "cache": ("areal_lightning/eval_round/cache.py", ["tests/test_eval_cache.py"]),
