@@ -39,7 +39,7 @@ RUN_FILE = "run.json"  # in each module's scratch copy: the tests it ran against
 MODULES: dict[str, tuple[str, list[str]]] = {
     # the pure core
     "trigger": ("areal_lightning/callbacks/trigger.py", ["tests/test_trigger.py", "tests/test_trigger_messages.py"]),
-    "sharding": ("areal_lightning/eval_round/sharding.py", ["tests/test_sharding.py"]),
+    "sharding": ("areal_lightning/eval_round/sharding.py", ["tests/test_sharding.py", "tests/test_sharding_messages.py"]),
     "subsample": ("areal_lightning/eval_round/subsample.py", ["tests/test_subsample.py"]),
     "functional": ("areal_lightning/metrics/functional.py", ["tests/test_metrics_functional.py"]),
     "exact": ("areal_lightning/metrics/exact.py", ["tests/test_exact_sums.py"]),
