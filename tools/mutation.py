@@ -34,30 +34,82 @@ SCRATCH = ROOT / "build" / "mutation"
 DOCS = ROOT / "docs" / "development.md"
 RUN_FILE = "run.json"  # in each module's scratch copy: the tests it ran against and how long it took
 
-# Module -> the test files (or node ids) that are its own fast tests. Multi-process (`ddp`) and
-# `slow` tests are deselected for every module (see PYTEST_ARGS): a mutant must die in seconds.
+# Module -> its own fast tests (files or node ids): what runs against each of its mutants.
+# Tests that fit a Trainer (seconds each) are left out where the module's logic has tests without
+# one; multi-process (`ddp`) and `slow` tests are deselected for every module (see PYTEST_ARGS).
 MODULES: dict[str, tuple[str, list[str]]] = {
     # the pure core
     "trigger": ("areal_lightning/callbacks/trigger.py", ["tests/test_trigger.py", "tests/test_trigger_messages.py"]),
-    "sharding": ("areal_lightning/eval_round/sharding.py", ["tests/test_sharding.py", "tests/test_sharding_messages.py"]),
-    "subsample": ("areal_lightning/eval_round/subsample.py", ["tests/test_subsample.py"]),
+    "sharding": (
+        "areal_lightning/eval_round/sharding.py",
+        ["tests/test_sharding.py", "tests/test_sharding_messages.py"],
+    ),
+    "subsample": (
+        "areal_lightning/eval_round/subsample.py",
+        [
+            "tests/test_subsample.py::test_allocation_is_proportional_with_one_per_stratum",
+            "tests/test_subsample.py::test_fewer_places_than_strata_go_to_the_largest_strata",
+            "tests/test_subsample.py::test_subset_is_stable_and_its_seed_matters",
+            "tests/test_subsample.py::test_arithmetic_eval_set_keeps_the_share_of_two_digit_sums",
+            "tests/test_subsample.py::test_config_needs_exactly_one_size",
+        ],
+    ),
     "functional": ("areal_lightning/metrics/functional.py", ["tests/test_metrics_functional.py"]),
     "exact": ("areal_lightning/metrics/exact.py", ["tests/test_exact_sums.py"]),
-    "paired": ("areal_lightning/metrics/paired.py", ["tests/test_paired_change.py"]),
-    # the newer modules
-    "adaptive": ("areal_lightning/callbacks/adaptive.py", ["tests/test_adaptive.py", "tests/test_adaptive_schedule.py"]),
-    "budget": ("areal_lightning/callbacks/budget.py", ["tests/test_budget.py", "tests/test_budget_rule.py"]),
-    "best": ("areal_lightning/callbacks/best.py", ["tests/test_decisions.py", "tests/test_best_values.py"]),
-    "reward_watch": ("areal_lightning/callbacks/reward_watch.py", ["tests/test_reward_watch.py"]),
-    "async_evaluator": ("areal_lightning/callbacks/async_evaluator.py", ["tests/test_async_eval.py"]),
-    "cache": ("areal_lightning/eval_round/cache.py", ["tests/test_eval_cache.py"]),
-    "precision": ("areal_lightning/eval_round/precision.py", ["tests/test_eval_precision_drift.py"]),
-    "drift": (
-        "areal_lightning/eval_round/drift.py",
-        ["tests/test_eval_precision_drift.py", "tests/test_drift_reports.py"],
+    "paired": (
+        "areal_lightning/metrics/paired.py",
+        [
+            "tests/test_paired_change.py::test_t_quantile_matches_scipy",
+            "tests/test_paired_change.py::test_interval_matches_scipy_paired_t_and_is_narrower_than_the_unpaired_one",
+            "tests/test_paired_change.py::test_one_pair_has_no_interval_and_no_pair_nothing",
+        ],
     ),
+    # the newer modules
+    "adaptive": (
+        "areal_lightning/callbacks/adaptive.py",
+        [
+            "tests/test_adaptive.py::test_rule_shrinks_on_movement_grows_on_stillness_and_stays_in_bounds",
+            "tests/test_adaptive.py::test_bad_bounds_are_refused_with_their_names",
+            "tests/test_adaptive_schedule.py",
+        ],
+    ),
+    "budget": (
+        "areal_lightning/callbacks/budget.py",
+        ["tests/test_budget.py::test_bad_budget_is_refused", "tests/test_budget_rule.py"],
+    ),
+    "best": ("areal_lightning/callbacks/best.py", ["tests/test_best_values.py"]),
+    "reward_watch": (
+        "areal_lightning/callbacks/reward_watch.py",
+        [
+            "tests/test_reward_watch.py::test_decision_needs_a_reward_rise_and_a_fall_beyond_noise",
+            "tests/test_reward_watch.py::test_one_alert_per_episode_and_again_after_recovery",
+            "tests/test_reward_watch.py::test_against_the_best_round_a_slow_drift_alerts",
+            "tests/test_reward_watch.py::test_metric_without_outcomes_uses_the_tolerance_and_the_watch_resumes",
+            "tests/test_reward_watch.py::test_bad_arguments_are_refused",
+        ],
+    ),
+    "async_evaluator": (
+        "areal_lightning/callbacks/async_evaluator.py",
+        [
+            "tests/test_async_eval.py::test_async_config_errors_name_the_key",
+            "tests/test_async_eval.py::test_sharded_strategies_are_refused_with_a_clear_message",
+            "tests/test_async_eval.py::test_the_result_cache_with_async_is_refused_naming_both",
+        ],
+    ),
+    "cache": ("areal_lightning/eval_round/cache.py", ["tests/test_eval_cache.py"]),
+    "precision": (
+        "areal_lightning/eval_round/precision.py",
+        ["tests/test_eval_precision_drift.py::test_precision_in_yaml_and_errors"],
+    ),
+    "drift": ("areal_lightning/eval_round/drift.py", ["tests/test_drift_reports.py"]),
     "runs": ("areal_lightning/app/runs.py", ["tests/test_run_dirs.py"]),
-    "watch": ("areal_lightning/app/watch.py", ["tests/test_watch.py", "tests/test_watch_decisions.py"]),
+    "watch": (
+        "areal_lightning/app/watch.py",
+        [
+            "tests/test_watch.py::test_next_checkpoint_takes_the_oldest_step_not_yet_evaluated",
+            "tests/test_watch_decisions.py",
+        ],
+    ),
 }
 
 # Added to every pytest run of mutmut. The deselection keeps multi-process tests out: a mutant in a
