@@ -96,10 +96,13 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/test_async_eval.py::test_the_result_cache_with_async_is_refused_naming_both",
         ],
     ),
-    "cache": ("areal_lightning/eval_round/cache.py", ["tests/test_eval_cache.py"]),
+    "cache": ("areal_lightning/eval_round/cache.py", ["tests/test_result_cache.py"]),
     "precision": (
         "areal_lightning/eval_round/precision.py",
-        ["tests/test_eval_precision_drift.py::test_precision_in_yaml_and_errors"],
+        [
+            "tests/test_eval_precision_drift.py::test_precision_in_yaml_and_errors",
+            "tests/test_eval_precision_choice.py",
+        ],
     ),
     "drift": ("areal_lightning/eval_round/drift.py", ["tests/test_drift_reports.py"]),
     "runs": ("areal_lightning/app/runs.py", ["tests/test_run_dirs.py"]),
