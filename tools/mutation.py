@@ -42,7 +42,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "trigger": ("areal_lightning/callbacks/trigger.py", ["tests/test_trigger.py", "tests/test_trigger_messages.py"]),
     "sharding": (
         "areal_lightning/eval_round/sharding.py",
-        ["tests/test_sharding.py", "tests/test_sharding_messages.py"],
+        ["tests/test_sharding.py", "tests/test_sharding_messages.py", "tests/test_sample_seeds_stable.py"],
     ),
     "subsample": (
         "areal_lightning/eval_round/subsample.py",
