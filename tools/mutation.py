@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRATCH = ROOT / "build" / "mutation"
 DOCS = ROOT / "docs" / "development.md"
 RUN_FILE = "run.json"  # in each module's scratch copy: the tests it ran against and how long it took
+RETEST_FILE = "retest.json"  # survivors run again against the current tests (`--retest`)
+RETEST_TIMEOUT_S = 300
 
 # Module -> its own fast tests (files or node ids): what runs against each of its mutants.
 # Tests that fit a Trainer (seconds each) are left out where the module's logic has tests without
@@ -142,6 +144,7 @@ class Mutant:
     function: str
     code: int | None
     change: str = ""
+    killed_by: str = ""  # the first test that failed on a retest
 
 
 @dataclass
@@ -153,11 +156,12 @@ class ModuleResult:
     mutants: list[Mutant] = field(default_factory=list)
     equivalent: list[Mutant] = field(default_factory=list)
     survived: list[Mutant] = field(default_factory=list)
+    killed_on_retest: list[Mutant] = field(default_factory=list)
     error: str = ""
 
     @property
     def killed(self) -> int:
-        return sum(1 for m in self.mutants if m.code in KILLED_CODES)
+        return sum(1 for m in self.mutants if m.code in KILLED_CODES) + len(self.killed_on_retest)
 
     @property
     def score(self) -> float:
@@ -281,12 +285,68 @@ def collect(name: str) -> ModuleResult | None:
     if not_killed:
         _describe(work, module_path, not_killed)
     equivalents = read_equivalents()
+    retested = json.loads((work / RETEST_FILE).read_text(encoding="utf-8")) if (work / RETEST_FILE).is_file() else {}
     for m in not_killed:
         if (module_path, m.function, m.change) in equivalents:
             result.equivalent.append(m)
+        elif retested.get(m.name, {}).get("status") == "killed":
+            m.killed_by = retested[m.name]["by"]
+            result.killed_on_retest.append(m)
         else:
             result.survived.append(m)
     return result
+
+
+def retest(name: str) -> ModuleResult | None:
+    """Run the module's current tests against each survivor of its last run, one pytest process per
+    mutant (the mutant written into the scratch copy's source, then put back).
+
+    Cheaper than a new run when tests were added for a few survivors: only those are tested. A
+    survivor whose function changed since the run is reported as stale (run the module again).
+    """
+    from mutmut.configuration import reset_config
+    from mutmut.mutation.diff_apply import apply_mutant
+
+    result = collect(name)
+    if result is None or result.error:
+        return result
+    module_path, tests = MODULES[name]
+    work = SCRATCH / name
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for part in ("areal_lightning", "tests"):
+        shutil.copytree(ROOT / part, work / part, ignore=ignore, dirs_exist_ok=True)
+    source = work / module_path
+    original = source.read_text(encoding="utf-8")
+    retested = json.loads((work / RETEST_FILE).read_text(encoding="utf-8")) if (work / RETEST_FILE).is_file() else {}
+    command = [sys.executable, "-m", "pytest", "-x", *PYTEST_ARGS, module_path, *tests]
+    cwd = Path.cwd()
+    os.chdir(work)
+    reset_config()
+    try:
+        for m in result.survived:
+            try:
+                apply_mutant(m.name)
+            except Exception:  # noqa: BLE001 - the function changed since the run
+                retested[m.name] = {"status": "stale", "by": "", "change": m.change}
+                continue
+            try:
+                proc = subprocess.run(
+                    command, cwd=work, capture_output=True, text=True, timeout=RETEST_TIMEOUT_S, check=False
+                )
+                # 0: every test passed; 5: none ran; anything else (failures, an import error): killed.
+                status = {0: "survived", 5: "no tests"}.get(proc.returncode, "killed")
+                failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, flags=re.MULTILINE)
+                retested[m.name] = {"status": status, "by": failed[0] if failed else "", "change": m.change}
+            except subprocess.TimeoutExpired:
+                retested[m.name] = {"status": "killed", "by": "(timeout)", "change": m.change}  # a hang is noticed
+            finally:
+                source.write_text(original, encoding="utf-8")
+    finally:
+        source.write_text(original, encoding="utf-8")
+        os.chdir(cwd)
+        reset_config()
+    (work / RETEST_FILE).write_text(json.dumps(retested, indent=1), encoding="utf-8")
+    return collect(name)
 
 
 def _describe(work: Path, module_path: str, mutants: list[Mutant]) -> None:
@@ -316,10 +376,21 @@ def report(results: list[ModuleResult], seconds: float) -> str:
             lines.append(f"| `{r.path}` | {', '.join(r.tests)} | error: {r.error} | | | | | |")
             continue
         tests = ", ".join("doctests" if t == r.path else f"`{t.removeprefix('tests/')}`" for t in r.tests)
+        retest = f" ({len(r.killed_on_retest)} on retest)" if r.killed_on_retest else ""
         lines.append(
-            f"| `{r.path}` | {tests} | {len(r.mutants)} | {r.killed} | {len(r.survived)} | {len(r.equivalent)} "
-            f"| {r.score:.0%} | {r.seconds:.0f} s |"
+            f"| `{r.path}` | {tests} | {len(r.mutants)} | {r.killed}{retest} | {len(r.survived)} "
+            f"| {len(r.equivalent)} | {r.score:.0%} | {r.seconds:.0f} s |"
         )
+    retested = [(r, m) for r in results for m in r.killed_on_retest]
+    if retested:
+        lines += [
+            "",
+            "## Killed on retest (by tests added after the run)",
+            "",
+            "| Module | Function | Change | Killed by |",
+        ]
+        lines.append("|---|---|---|---|")
+        lines += [f"| `{r.path}` | `{m.function}` | {_md(m.change)} | `{m.killed_by}` |" for r, m in retested]
     survivors = [(r, m) for r in results for m in r.survived]
     if survivors:
         lines += [
@@ -347,6 +418,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--report-only", action="store_true", help="write the report from the last run of each module, run nothing"
     )
+    parser.add_argument(
+        "--retest",
+        action="store_true",
+        help="instead of a new run, test only the survivors of each module's last run against its current tests",
+    )
     args = parser.parse_args(argv)
 
     unknown = [m for m in args.modules if m not in MODULES]
@@ -362,8 +438,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     for name in [] if args.report_only else args.modules or list(MODULES):
-        print(f"mutating {MODULES[name][0]} ...", flush=True)
-        r = run_module(name, mutmut, args.max_children)
+        print(f"{'retesting the survivors of' if args.retest else 'mutating'} {MODULES[name][0]} ...", flush=True)
+        r = retest(name) if args.retest else run_module(name, mutmut, args.max_children)
+        if r is None:
+            print("  never run", flush=True)
+            continue
         summary = r.error or (
             f"{len(r.mutants)} mutants: {r.killed} killed, {len(r.survived)} survived, "
             f"{len(r.equivalent)} equivalent ({r.score:.0%}) in {r.seconds:.0f} s"
