@@ -54,6 +54,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/test_subsample.py::test_subset_is_stable_and_its_seed_matters",
             "tests/test_subsample.py::test_arithmetic_eval_set_keeps_the_share_of_two_digit_sums",
             "tests/test_subsample.py::test_config_needs_exactly_one_size",
+            "tests/test_subsample_rules.py",
         ],
     ),
     "functional": ("areal_lightning/metrics/functional.py", ["tests/test_metrics_functional.py"]),
