@@ -44,7 +44,12 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "trigger": ("areal_lightning/callbacks/trigger.py", ["tests/test_trigger.py", "tests/test_trigger_messages.py"]),
     "sharding": (
         "areal_lightning/eval_round/sharding.py",
-        ["tests/test_sharding.py", "tests/test_sharding_messages.py", "tests/test_sample_seeds_stable.py"],
+        [
+            "tests/test_sharding.py",
+            "tests/test_sharding_messages.py",
+            "tests/test_sample_seeds_stable.py",
+            "tests/test_sharding_options.py",
+        ],
     ),
     "subsample": (
         "areal_lightning/eval_round/subsample.py",
@@ -302,8 +307,9 @@ def retest(name: str) -> ModuleResult | None:
     """Run the module's current tests against each survivor of its last run, one pytest process per
     mutant (the mutant written into the scratch copy's source, then put back).
 
-    Cheaper than a new run when tests were added for a few survivors: only those are tested. A
-    survivor whose function changed since the run is reported as stale (run the module again).
+    Cheaper than a new run when tests were added for a few survivors: only the survivors are tested,
+    only against the tests added to the module's map since the run. A survivor whose function
+    changed since the run is reported as stale (run the module again).
     """
     from mutmut.configuration import reset_config
     from mutmut.mutation.diff_apply import apply_mutant
@@ -319,7 +325,11 @@ def retest(name: str) -> ModuleResult | None:
     source = work / module_path
     original = source.read_text(encoding="utf-8")
     retested = json.loads((work / RETEST_FILE).read_text(encoding="utf-8")) if (work / RETEST_FILE).is_file() else {}
-    command = [sys.executable, "-m", "pytest", "-x", *PYTEST_ARGS, module_path, *tests]
+    # The code is the run's, so only tests added to the map since can kill a survivor.
+    added = [t for t in tests if t not in result.tests]
+    if not added:
+        return result
+    command = [sys.executable, "-m", "pytest", "-x", *PYTEST_ARGS, *added]
     cwd = Path.cwd()
     os.chdir(work)
     reset_config()
