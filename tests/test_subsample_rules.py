@@ -117,3 +117,32 @@ def test_a_bad_spec_is_refused_with_its_whole_message(kwargs: dict[str, Any], me
 def test_the_limits_of_a_spec_are_accepted() -> None:
     assert Subsample(max_prompts=1).size(10) == 1 and Subsample(fraction=1.0).size(3) == 3
     assert Subsample(fraction=1e-9, seed=-5).size(3) == 1
+
+
+def test_a_mapping_without_the_field_is_in_no_stratum() -> None:
+    assert sample_stratum({"q": 1}) == "all" and sample_stratum({"q": 1}, "level") == "all"
+
+
+def test_the_one_per_stratum_minimum_is_given_back_by_the_most_over_quota_first() -> None:
+    # quotas a 2.22, b 3.11, c d e 0.22: the minimum of one makes 8 of 6 places. b gives back
+    # first (3 is 0.11 under its quota, 2 is 0.22 under a's), then a (2 vs 2.22, b's 2 vs 3.11).
+    assert allocate({"a": 10, "b": 14, "c": 1, "d": 1, "e": 1}, 6) == {"a": 1, "b": 2, "c": 1, "d": 1, "e": 1}
+
+
+def test_no_stratification_draws_from_the_whole_set() -> None:
+    full = EvalSet("easy", [{"q": i, "stratum": "b" if i == 9 else "a"} for i in range(10)])
+    stratified = [subsample(full, Subsample(max_prompts=2, seed=s)).samples for s in range(10)]
+    assert all(any(x["stratum"] == "b" for x in part) for part in stratified)  # one place per stratum
+    flat = [subsample(full, Subsample(max_prompts=2, seed=s, stratify_by=None)).samples for s in range(10)]
+    assert flat == [[full.samples[i] for i in stratified_indices(["all"] * 10, 2, s)] for s in range(10)]
+    assert any(all(x["stratum"] == "a" for x in part) for part in flat)
+    by_level = EvalSet("easy", [{"q": i, "level": "hard" if i < 2 else "easy"} for i in range(10)])
+    part = subsample(by_level, Subsample(max_prompts=5, stratify_by="level")).samples
+    assert sorted(x["level"] for x in part) == ["easy", "easy", "easy", "easy", "hard"]
+
+
+def test_the_exactly_one_error_carries_its_fields_for_the_config() -> None:
+    with pytest.raises(ArgumentError) as info:
+        Subsample(max_prompts=3, fraction=0.5)
+    assert (info.value.owner, info.value.arg, info.value.value) == ("Subsample", "", (3, 0.5))
+    assert info.value.accepted == "needs exactly one of max_prompts and fraction"
