@@ -325,8 +325,10 @@ def retest(name: str) -> ModuleResult | None:
     source = work / module_path
     original = source.read_text(encoding="utf-8")
     retested = json.loads((work / RETEST_FILE).read_text(encoding="utf-8")) if (work / RETEST_FILE).is_file() else {}
-    # The code is the run's, so only tests added to the map since can kill a survivor.
-    added = [t for t in tests if t not in result.tests]
+    # The code is the run's, so only tests added since can kill a survivor: those added to the map,
+    # and those in test files changed since the run started.
+    started = (work / "pyproject.toml").stat().st_mtime
+    added = [t for t in tests if t not in result.tests or (ROOT / t.split("::")[0]).stat().st_mtime > started]
     if not added:
         return result
     command = [sys.executable, "-m", "pytest", "-x", *PYTEST_ARGS, *added]
