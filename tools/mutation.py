@@ -62,7 +62,17 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/test_subsample_rules.py",
         ],
     ),
-    "functional": ("areal_lightning/metrics/functional.py", ["tests/test_metrics_functional.py"]),
+    "functional": (
+        "areal_lightning/metrics/functional.py",
+        [
+            "tests/test_metrics_functional.py",
+            "tests/test_metrics_functional_edges.py",
+            # the NaN strategies are the metric classes' arguments
+            "tests/test_metrics_classes.py::test_reward_metric_nan_strategies",
+            "tests/test_metrics_classes.py::test_reward_metric_rejects_unknown_nan_strategy",
+            "tests/test_metrics_classes.py::test_accuracy_metric_nan_strategy_and_empty",
+        ],
+    ),
     "exact": ("areal_lightning/metrics/exact.py", ["tests/test_exact_sums.py"]),
     "paired": (
         "areal_lightning/metrics/paired.py",
