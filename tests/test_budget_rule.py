@@ -114,3 +114,14 @@ def test_a_bad_share_is_refused_naming_the_argument_and_the_range(bad: Any) -> N
 def test_a_share_in_range_is_kept_as_a_float(share: float) -> None:
     budget = EvalBudget(share)
     assert budget.share == float(share) and isinstance(budget.share, float)
+
+
+def test_a_stopped_budget_counts_no_wall_time() -> None:
+    clock = Clock()
+    budget = EvalBudget(0.5, clock=clock)
+    assert budget.wall_secs() == 0.0  # never started
+    budget.start()
+    clock.now += 10.0
+    budget.stop()
+    clock.now += 50.0
+    assert budget.wall_secs() == 10.0 and budget.state_dict()["wall_secs"] == 10.0
