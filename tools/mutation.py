@@ -104,6 +104,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/test_reward_watch.py::test_against_the_best_round_a_slow_drift_alerts",
             "tests/test_reward_watch.py::test_metric_without_outcomes_uses_the_tolerance_and_the_watch_resumes",
             "tests/test_reward_watch.py::test_bad_arguments_are_refused",
+            "tests/test_reward_watch_rules.py",
         ],
     ),
     "async_evaluator": (
