@@ -74,3 +74,18 @@ def test_a_resumed_monitor_compares_with_what_the_checkpoint_saw() -> None:
     fresh = DriftMonitor()
     fresh.load_state_dict({})
     assert fresh.check([_set("easy", ["a", "b"])]) == {}
+
+
+def test_a_summary_now_without_strata_compares_as_no_strata() -> None:
+    before = {"fingerprint": "f1", "strata": {"a": 1}}
+    assert drift_message("easy", before, {"fingerprint": "f1"}) == (
+        "eval set 'easy' changed during the run (strata {'a': 1} -> {}): its metrics before and after"
+        " this point are not comparable"
+    )
+
+
+def test_the_monitor_names_the_set_that_changed() -> None:
+    monitor = DriftMonitor()
+    monitor.check([_set("hard", ["a"])])
+    (message,) = monitor.check([_set("hard", ["b"])]).values()
+    assert message.startswith("eval set 'hard' changed during the run (")
