@@ -113,6 +113,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/test_async_eval.py::test_async_config_errors_name_the_key",
             "tests/test_async_eval.py::test_sharded_strategies_are_refused_with_a_clear_message",
             "tests/test_async_eval.py::test_the_result_cache_with_async_is_refused_naming_both",
+            "tests/test_async_messages.py",
         ],
     ),
     "cache": ("areal_lightning/eval_round/cache.py", ["tests/test_result_cache.py"]),
