@@ -29,7 +29,7 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from areal_lightning.callbacks import EvaluationCallback
 from areal_lightning.eval_round import EvalRoundError
 from areal_lightning.metrics import RewardMetric
-from areal_lightning.tracking.history import HISTORY_FILENAME, event_rows, eval_rows, read_history
+from areal_lightning.tracking.history import HISTORY_FILENAME, eval_rows, event_rows, read_history
 
 pytestmark = [pytest.mark.filterwarnings(w) for w in QUIET_WARNINGS]
 
@@ -84,7 +84,7 @@ def test_every_round_yields_metrics_under_lightnings_defaults(
     records = read_history(tmp_path)
     assert event_rows(records, "error") == []
     rows = eval_rows(records)
-    assert [r["step"] for r in rows] == [FREQ_STEPS, MAX_STEPS]
+    assert [r["step"] for r in rows] == evaluation.evaluated_steps == [FREQ_STEPS, MAX_STEPS]
     assert all(r["num_prompts"] == EVAL_SIZE and MONITOR.split("/", 2)[2] in r["metrics"] for r in rows)
     # The default logger (CSV here) got every round at its step.
     assert trainer.logger is not None and trainer.logger.log_dir is not None

@@ -113,7 +113,8 @@ class EvaluationCallback(Callback):
         metric_thresholds: `{metric: minimum}`; a metric that reached its minimum and falls below
             it raises one alert per crossing.
         threshold_action: ``alert`` (log, history record, W&B alert) or ``stop`` (also stop training).
-        on_error: ``log`` (record the exception and keep training) or ``raise``.
+        on_error: ``log`` (record the exception and keep training) or ``raise``. The first round
+            of a fit is a sanity round: when it fails, training stops whatever `on_error` says.
         output_dir: where the eval history goes; None: the Trainer's `default_root_dir`.
         seed: run seed from which each sample's seed derives; None: the module's `seed` or 0.
         max_table_rows: sample generations per eval set kept for W&B tables.
@@ -144,7 +145,10 @@ class EvaluationCallback(Callback):
 
     Every round's metrics also reach ``trainer.callback_metrics`` under their logged names, on
     every rank, so ``ModelCheckpoint(monitor="eval/easy/accuracy", mode="max")`` and
-    ``EarlyStopping(monitor=...)`` (listed after this callback) decide on them.
+    ``EarlyStopping(monitor=...)`` decide on them; an `EarlyStopping` on an ``eval/`` metric
+    checks right after each round (``docs/decisions.md``). Under the Trainer's progress bar each
+    round shows its batches as validation does; under ``fast_dev_run`` a round evaluates each eval
+    set's first batch and records nothing.
 
     Every round also logs, per eval set and per metric whose per-prompt outcomes `evaluate_fn`
     recorded (``ctx.record_outcomes``), the paired change since the previous round and since the
