@@ -80,6 +80,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/test_paired_change.py::test_t_quantile_matches_scipy",
             "tests/test_paired_change.py::test_interval_matches_scipy_paired_t_and_is_narrower_than_the_unpaired_one",
             "tests/test_paired_change.py::test_one_pair_has_no_interval_and_no_pair_nothing",
+            "tests/test_paired_rounds.py",
         ],
     ),
     # the newer modules
