@@ -4,6 +4,7 @@ trial), and what a resume reads back (run id, step, CSV version, last eval step 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,19 @@ def test_the_last_eval_step_sent_is_the_runs_highest_training_round(tmp_path: Pa
     assert last_logged_eval_step(tmp_path, "run-a") == 10
     assert last_logged_eval_step(tmp_path, "run-b") == 40
     assert last_logged_eval_step(tmp_path, "run-c") is None
+
+
+def test_new_run_takes_the_very_next_trial_when_it_is_free(tmp_path: Path) -> None:
+    cfg, load = _loader(tmp_path, "trial-7")
+    _use(tmp_path / "trial-7")
+    assert next_free_trial(cfg, load).trial_name == "trial-8"
+    cfg, load = _loader(tmp_path, "base")
+    _use(tmp_path / "base")
+    assert next_free_trial(cfg, load).trial_name == "base-1"
+
+
+def test_rounds_written_before_record_sources_count_as_training(tmp_path: Path) -> None:
+    old = _round(12, "run-a")
+    del old["source"]
+    (tmp_path / "eval_history.jsonl").write_text(json.dumps(old) + "\n")
+    assert last_logged_eval_step(tmp_path, "run-a") == 12
