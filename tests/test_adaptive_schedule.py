@@ -138,3 +138,17 @@ def test_bounds_and_factor_at_their_limits_are_accepted() -> None:
     assert (s.min_steps, s.max_steps, s.interval, s.last_step) == (1, 1, 1, 0)
     assert isinstance(AdaptiveSchedule("accuracy", 10, 80, factor=3).factor, float)
     assert AdaptiveSchedule("accuracy", 10, 80, start_steps=80).interval == 80
+
+
+def test_observe_uses_the_schedules_own_factor() -> None:
+    s = AdaptiveSchedule("accuracy", min_steps=1, max_steps=1000, factor=3, start_steps=10)
+    assert s.observe(10, {"easy": {"accuracy": FLAT}}).new == 30
+    assert s.observe(40, {"easy": {"accuracy": MOVED_UP}}).new == 10
+
+
+def test_crossed_bounds_carry_the_fields_the_config_words_its_error_from() -> None:
+    with pytest.raises(ArgumentError) as info:
+        AdaptiveSchedule("accuracy", min_steps=20, max_steps=10)
+    err = info.value
+    assert (err.owner, err.arg, err.value) == ("AdaptiveSchedule", "", (20, 10))
+    assert err.accepted == "min_steps must be at most max_steps, got min_steps=20, max_steps=10"
