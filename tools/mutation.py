@@ -367,6 +367,8 @@ def retest(name: str) -> ModuleResult | None:
                 retested[m.name] = {"status": "killed", "by": "(timeout)", "change": m.change}  # a hang is noticed
             finally:
                 source.write_text(original, encoding="utf-8")
+            # After each mutant: a stopped retest keeps what it found.
+            (work / RETEST_FILE).write_text(json.dumps(retested, indent=1), encoding="utf-8")
     finally:
         source.write_text(original, encoding="utf-8")
         os.chdir(cwd)
