@@ -4,9 +4,11 @@ gives back (every field, NaN metrics), a miss for a missing or damaged file, no 
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -118,3 +120,38 @@ def test_a_missing_or_damaged_entry_is_a_miss_not_an_error(tmp_path: Path) -> No
     (tmp_path / "dir.json").mkdir()
     for key in ("torn", "partial", "wrong", "list", "dir"):
         assert cache.get(key) is None
+
+
+class FirstScorer:
+    def __call__(self, module: object, batches: object, ctx: object) -> dict[str, float]:
+        return {"accuracy": 0.25}
+
+
+class SecondScorer:
+    def __call__(self, module: object, batches: object, ctx: object) -> dict[str, float]:
+        return {"accuracy": 0.5}
+
+
+def test_any_callable_gets_an_identity_and_two_callable_classes_differ() -> None:
+    first, second = function_identity(FirstScorer()), function_identity(SecondScorer())
+    assert first != second
+    assert first.startswith(f"{__name__}.FirstScorer") and second.startswith(f"{__name__}.SecondScorer")
+    assert function_identity((1).__add__) != function_identity((1).__sub__)  # no __module__ at all
+
+
+def test_settings_that_are_not_json_still_make_a_key() -> None:
+    from areal_lightning.eval_round.precision import EvalPrecision
+
+    easy = EvalSet("easy", [1, 2])
+    assert result_key("w", easy, precision=EvalPrecision.BF16) != result_key("w", easy, precision=EvalPrecision.FP16)
+    assert result_key("w", easy, where=Path("a")) == result_key("w", easy, where=Path("a"))
+
+
+def test_the_cache_directory_is_created_with_its_parents_and_holds_standard_json(tmp_path: Path) -> None:
+    cache = ResultCache(tmp_path / "run" / "nested" / "eval_cache")
+    cache.put("k", SetResult("easy", {"accuracy": math.nan}, 1, 1, 0.5, [{"file": Path("x.txt")}]))
+    text = (tmp_path / "run" / "nested" / "eval_cache" / "k.json").read_text()
+    data = json.loads(text, parse_constant=lambda token: pytest.fail(f"not standard JSON: {token}"))
+    assert data["metrics"] == {"accuracy": None} and data["table_rows"] == [{"file": "x.txt"}]
+    back = cache.get("k")
+    assert back is not None and math.isnan(back.metrics["accuracy"]) and back.table_rows == [{"file": "x.txt"}]
