@@ -73,7 +73,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/test_metrics_classes.py::test_accuracy_metric_nan_strategy_and_empty",
         ],
     ),
-    "exact": ("areal_lightning/metrics/exact.py", ["tests/test_exact_sums.py"]),
+    "exact": ("areal_lightning/metrics/exact.py", ["tests/test_exact_sums.py", "tests/test_exact_sums_edges.py"]),
     "paired": (
         "areal_lightning/metrics/paired.py",
         [
