@@ -136,12 +136,11 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     ),
 }
 
-# Added to every pytest run of mutmut. The deselection keeps multi-process tests out: a mutant in a
-# child process is not switched on (mutmut selects the mutant in the process that runs pytest).
+# Added to every pytest run of mutmut: no multi-process (`ddp`) or `slow` test, a mutant must die in
+# seconds.
 # The module's own doctests run too: its path is the first test path of each run, and the
 # project's pytest settings (`--doctest-modules`) come with the copied pyproject.toml.
-# Tests that start other processes without a `ddp` or `slow` mark: seconds each, and a mutant
-# is not what the child process runs.
+# Tests that start other processes without a `ddp` or `slow` mark: seconds each.
 DESELECT = [
     "tests/test_sharding.py::test_seeds_and_fingerprints_are_stable_across_processes",
     "tests/test_watch.py::test_watch_stops_cleanly_on_ctrl_c_and_on_idle_timeout",
