@@ -34,7 +34,7 @@ SCRATCH = ROOT / "build" / "mutation"
 DOCS = ROOT / "docs" / "development.md"
 RUN_FILE = "run.json"  # in each module's scratch copy: the tests it ran against and how long it took
 RETEST_FILE = "retest.json"  # survivors run again against the current tests (`--retest`)
-RETEST_TIMEOUT_S = 300
+RETEST_TIMEOUT_S = 120
 
 # Module -> its own fast tests (files or node ids): what runs against each of its mutants.
 # Tests that fit a Trainer (seconds each) are left out where the module's logic has tests without
@@ -149,9 +149,12 @@ PYTEST_ARGS = ["-p", "no:cacheprovider", "-m", "not ddp and not slow", "-q"] + [
     arg for node in DESELECT for arg in ("--deselect", node)
 ]
 
-# mutmut's exit codes of a test run for one mutant (mutmut/stats.py). A timeout or a crash counts
-# as killed: a user notices a hang or a segfault.
-KILLED_CODES = {1, 3, 24, -24, 36, 152, 255, -9, -11, 37}
+# mutmut's exit codes of a test run for one mutant (mutmut/stats.py). A timeout or a killed worker
+# is not counted as killed: a forked test process can hang on a lock another thread held at the
+# fork (torch), whatever the mutant. `--retest` runs such a mutant in a fresh process, where a
+# hang (past RETEST_TIMEOUT_S) is the mutant's.
+KILLED_CODES = {1, 3, 37}
+TIMEOUT_CODES = {24, -24, 36, 152, 255, -9, -11}
 SURVIVED_CODES = {0}
 NO_TESTS_CODES = {5, 33}
 
@@ -239,6 +242,9 @@ def _pyproject(module_path: str, tests: list[str]) -> str:
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
         f"pytest_add_cli_args = {json.dumps(PYTEST_ARGS)}",
         "use_git_change_detection = false",
+        # Workers fork from a process that imported only mutmut and the test runner, not from one
+        # that ran torch (whose threads' locks a forked child can inherit held).
+        'process_isolation = "forkserver"',
         "",
     ]
     return (ROOT / "pyproject.toml").read_text(encoding="utf-8") + "\n".join(mutmut)
@@ -341,14 +347,17 @@ def retest(name: str) -> ModuleResult | None:
     # and those in test files changed since the run started.
     started = (work / "pyproject.toml").stat().st_mtime
     added = [t for t in tests if t not in result.tests or (ROOT / t.split("::")[0]).stat().st_mtime > started]
-    if not added:
+    # A timeout is tested again against every mapped test: in a fresh process a hang is the mutant's.
+    todo = [m for m in result.survived if m.code in TIMEOUT_CODES or added]
+    if not todo:
         return result
-    command = [sys.executable, "-m", "pytest", "-x", *PYTEST_ARGS, *added]
+    command = [sys.executable, "-m", "pytest", "-x", *PYTEST_ARGS]
     cwd = Path.cwd()
     os.chdir(work)
     reset_config()
     try:
-        for m in result.survived:
+        for m in todo:
+            selected = [module_path, *tests] if m.code in TIMEOUT_CODES else added
             try:
                 apply_mutant(m.name)
             except Exception:  # noqa: BLE001 - the function changed since the run
@@ -356,7 +365,12 @@ def retest(name: str) -> ModuleResult | None:
                 continue
             try:
                 proc = subprocess.run(
-                    command, cwd=work, capture_output=True, text=True, timeout=RETEST_TIMEOUT_S, check=False
+                    [*command, *selected],
+                    cwd=work,
+                    capture_output=True,
+                    text=True,
+                    timeout=RETEST_TIMEOUT_S,
+                    check=False,
                 )
                 # 0: every test passed; 5: none ran; anything else (failures, an import error): killed.
                 status = {0: "survived", 5: "no tests"}.get(proc.returncode, "killed")
@@ -431,7 +445,7 @@ def report(results: list[ModuleResult], seconds: float) -> str:
             "|---|---|---|---|",
         ]
         for r, m in survivors:
-            status = "no tests" if m.code in NO_TESTS_CODES else "survived"
+            status = "no tests" if m.code in NO_TESTS_CODES else "timeout" if m.code in TIMEOUT_CODES else "survived"
             lines.append(f"| `{r.path}` | `{m.function}` | {_md(m.change)} | {status}: {m.name} |")
     return "\n".join(lines) + "\n"
 
