@@ -409,19 +409,22 @@ def report(results: list[ModuleResult], seconds: float) -> str:
         "",
         f"mutmut, one module at a time against its own tests; {seconds / 60:.1f} min of runs in all.",
         "",
-        "| Module | Tests | Mutants | Killed | Survived | Equivalent | Score | Time |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| Module | Mutants | Killed | Survived | Equivalent | Score | Time of the run |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         if r.error:
-            lines.append(f"| `{r.path}` | {', '.join(r.tests)} | error: {r.error} | | | | | |")
+            lines.append(f"| `{r.path}` | error: {r.error} | | | | | |")
             continue
-        tests = ", ".join("doctests" if t == r.path else f"`{t.removeprefix('tests/')}`" for t in r.tests)
         retest = f" ({len(r.killed_on_retest)} on retest)" if r.killed_on_retest else ""
         lines.append(
-            f"| `{r.path}` | {tests} | {len(r.mutants)} | {r.killed}{retest} | {len(r.survived)} "
+            f"| `{r.path}` | {len(r.mutants)} | {r.killed}{retest} | {len(r.survived)} "
             f"| {len(r.equivalent)} | {r.score:.0%} | {r.seconds:.0f} s |"
         )
+    lines += ["", "## Tests of each module's run", ""]
+    for r in results:
+        tests = ", ".join("doctests" if t == r.path else f"`{t.removeprefix('tests/')}`" for t in r.tests)
+        lines.append(f"- `{r.path}`: {tests}")
     retested = [(r, m) for r in results for m in r.killed_on_retest]
     if retested:
         lines += [
