@@ -141,3 +141,27 @@ def test_each_bad_argument_has_its_whole_message(kwargs: dict[str, Any], message
 def test_zero_rise_and_tolerance_are_accepted() -> None:
     watch = RewardWatch("accuracy", min_train_rise=0, tolerance=0)
     assert (watch.min_train_rise, watch.tolerance) == (0.0, 0.0) and isinstance(watch.min_train_rise, float)
+
+
+def test_a_watched_eval_set_ignores_every_other_set_in_any_order() -> None:
+    watch = RewardWatch("accuracy", eval_set="hard", min_train_rise=0.05)
+    first = {"easy": {"accuracy": 0.9}, "hard": {"accuracy": 0.6}}
+    assert watch.observe(10, 0.1, first) == []
+    falling = {
+        "easy": {"accuracy": 0.1, "accuracy/delta_ci_high": -0.5},
+        "hard": {"accuracy": 0.4, "accuracy/delta_ci_high": -0.1},
+    }
+    assert [a.dataset for a in watch.observe(20, 0.2, falling)] == ["hard"]  # easy (first) is skipped, not the end
+
+
+def test_a_set_without_the_metric_is_skipped() -> None:
+    watch = RewardWatch("accuracy", min_train_rise=0.05)
+    assert watch.observe(10, 0.1, {"easy": {"reward/mean": 1.0}}) == []
+    assert watch.observe(20, 0.2, {"easy": {"reward/mean": 0.0}}) == []
+
+
+def test_the_rise_is_measured_from_the_reference_rounds_reward() -> None:
+    watch = RewardWatch("accuracy", min_train_rise=0.05)
+    watch.observe(10, 0.5, {"easy": {"accuracy": 0.6}})
+    # 0.52 - 0.5 = 0.02: not a rise, however far the metric falls.
+    assert watch.observe(20, 0.52, {"easy": {"accuracy": 0.2, "accuracy/delta_ci_high": -0.3}}) == []
