@@ -304,6 +304,10 @@ def collect(name: str) -> ModuleResult | None:
         return result
 
     codes = json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"]
+    if not (work / RUN_FILE).is_file() and None in codes.values():
+        checked = sum(code is not None for code in codes.values())
+        result.error = f"running or stopped: {checked} of {len(codes)} mutants checked"
+        return result
     result.mutants = [Mutant(key, function_of(key), code) for key, code in sorted(codes.items())]
     not_killed = [m for m in result.mutants if m.code not in KILLED_CODES]
     if not_killed:
