@@ -12,14 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from vllm_helpers import CPU_OPTIONS, HIDDEN, require_vllm
-
-require_vllm()
 from hf_models import save_tiny_llama
+from vllm_helpers import CPU_OPTIONS, HIDDEN, require_vllm
 
 from areal_lightning.rl.hf_policy import HFPolicy
 from areal_lightning.rl.vllm_policy import VLLMEngine, _EnginePolicy
+
+require_vllm()
 
 MAX_NEW = 12
 PROMPTS = [
@@ -49,7 +48,9 @@ def _generators(seeds: list[int]) -> list[torch.Generator]:
 
 
 def _greedy(policy, prompts: list[str]) -> torch.Tensor:
-    ids, mask = policy.encode_prompts(prompts) if isinstance(policy, HFPolicy) else policy.policy.encode_prompts(prompts)
+    ids, mask = (
+        policy.encode_prompts(prompts) if isinstance(policy, HFPolicy) else policy.policy.encode_prompts(prompts)
+    )
     return policy.generate(
         ids, mask, max_new_tokens=MAX_NEW, temperature=0.0, generators=_generators(list(range(len(prompts))))
     )
@@ -72,16 +73,26 @@ def test_a_sampled_prompt_gives_the_same_completions_alone_and_in_a_batch_of_64(
     # n rows per prompt share its generator, as in the default evaluation.
     gens = [g for g in _generators(seeds) for _ in range(n)]
     batch = engine_policy.generate(
-        ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0), max_new_tokens=MAX_NEW, temperature=1.0,
-        generators=gens, top_p=0.95, top_k=40,
+        ids.repeat_interleave(n, 0),
+        mask.repeat_interleave(n, 0),
+        max_new_tokens=MAX_NEW,
+        temperature=1.0,
+        generators=gens,
+        top_p=0.95,
+        top_k=40,
     )
     assert batch.shape[0] == 64
     assert len({tuple(r) for r in batch[:n].tolist()}) > 1, "a prompt's samples must differ from each other"
     for p in (0, 3, 7):
         one_ids, one_mask = policy.encode_prompts([prompts[p]])
         alone = engine_policy.generate(
-            one_ids.repeat(n, 1), one_mask.repeat(n, 1), max_new_tokens=MAX_NEW, temperature=1.0,
-            generators=[torch.Generator().manual_seed(seeds[p])] * n, top_p=0.95, top_k=40,
+            one_ids.repeat(n, 1),
+            one_mask.repeat(n, 1),
+            max_new_tokens=MAX_NEW,
+            temperature=1.0,
+            generators=[torch.Generator().manual_seed(seeds[p])] * n,
+            top_p=0.95,
+            top_k=40,
         )
         assert torch.equal(alone, batch[p * n : (p + 1) * n]), p
 

@@ -15,7 +15,8 @@ from areal_lightning.rl.vllm_policy import VLLMOptions
 HIDDEN = 128
 """Width of the test Llama: 4 heads of 32 (the CPU attention needs head_dim >= 32)."""
 CPU_OPTIONS = VLLMOptions(max_model_len=256, kv_cache_gib=1, max_num_seqs=64, extra={"block_size": 32})
-"""Small blocks (the CPU attention takes multiples of 32), so that long test prompts span several and the prefix cache has something to reuse."""
+"""Small cache blocks (the CPU attention takes multiples of 32): long test prompts span several,
+so the prefix cache has something to reuse."""
 
 
 def require_vllm() -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import io
 import logging
 import os
 import shutil
@@ -26,7 +27,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from lightning.pytorch.utilities.seed import isolate_rng
@@ -35,7 +36,7 @@ from torch import Tensor, nn
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round import EvalBatch, EvalContext
 from areal_lightning.rl.policy import Generators
-from areal_lightning.rl.rollout_eval import rollout_evaluate, sampling_of
+from areal_lightning.rl.rollout_eval import RolloutModule, rollout_evaluate, sampling_of
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,7 @@ class VLLMEngine:
 
     def _engine_kwargs(self, model: nn.Module, device: torch.device) -> dict[str, Any]:
         opts = self.options
-        config = model.config  # type: ignore[union-attr]
+        config: Any = model.config
         max_model_len = opts.max_model_len or int(config.max_position_embeddings)
         dtype = opts.dtype or str(next(model.parameters()).dtype).removeprefix("torch.")
         kwargs: dict[str, Any] = dict(
@@ -161,6 +162,7 @@ class VLLMEngine:
             enable_chunked_prefill=False,
             enforce_eager=device.type == "cpu",
             load_format="dummy",
+            worker_extension_cls=f"{WeightLoader.__module__}.{WeightLoader.__qualname__}",
             seed=0,
         )
         if self._in_process:
@@ -182,7 +184,8 @@ class VLLMEngine:
         from vllm import LLM
 
         self._dir = tempfile.mkdtemp(prefix="areal_vllm_")
-        model.config.save_pretrained(self._dir)  # type: ignore[union-attr]
+        config: Any = model.config
+        config.save_pretrained(self._dir)
         tokenizer.save_pretrained(self._dir)
         start = time.perf_counter()
         self._llm = LLM(model=self._dir, **self._engine_kwargs(model, device))
@@ -222,8 +225,15 @@ class VLLMEngine:
             ) from error
 
     def _push(self, model: nn.Module) -> None:
-        weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
-        self._llm.collective_rpc(_reload_weights, args=(weights,))
+        state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+        if self._in_process:
+            self._llm.collective_rpc("load_weights_in_place", args=(state,))
+        else:
+            # A separate engine process gets the arguments through msgpack, which does not carry
+            # untyped tensors: one `torch.save` blob instead.
+            buffer = io.BytesIO()
+            torch.save({k: v.cpu() for k, v in state.items()}, buffer)
+            self._llm.collective_rpc("load_weights_in_place", args=(buffer.getvalue(),))
         # Cached prefix blocks hold keys and values of the old weights.
         self._llm.reset_prefix_cache()
         self.pushes += 1
@@ -281,9 +291,19 @@ def _isolated_rng() -> Iterator[None]:
         yield
 
 
-def _reload_weights(worker: Any, weights: list[tuple[str, Tensor]]) -> None:
-    """Runs on the engine's worker: loads `weights` into its model in place."""
-    worker.model_runner.reload_weights(weights_iterator=iter(weights))
+class WeightLoader:
+    """Mixed into the engine's worker (``worker_extension_cls``): a method `collective_rpc` calls by
+    name, in process or in the engine's own process (a function would have to be pickled there)."""
+
+    model_runner: Any
+
+    def load_weights_in_place(self, state: dict[str, Tensor] | bytes) -> None:
+        """Loads a state dict (checkpoint names; or its `torch.save` bytes) into the worker's model in
+        place; on the CPU backend `model.load_weights` fails after start-up (weights are pre-packed),
+        this does not."""
+        if isinstance(state, bytes):
+            state = torch.load(io.BytesIO(state), weights_only=True)
+        self.model_runner.reload_weights(weights_iterator=iter(state.items()))
 
 
 class _EnginePolicy:
@@ -375,6 +395,11 @@ class VLLMEvaluator:
         self.engine = VLLMEngine(options)
 
     def __call__(self, module: Any, batches: Sequence[EvalBatch], ctx: EvalContext) -> dict[str, Any]:
+        if ctx.lockstep:
+            raise ValueError(
+                "VLLMEvaluator does not run lockstep rounds (sharded parameters): each rank's engine needs the "
+                "full weights; evaluate a sharded model with the policy's own generate (eval_engine: policy)"
+            )
         policy = module.policy
         model = getattr(policy, "model", None)
         if not isinstance(model, nn.Module) or not hasattr(policy, "tokenizer"):
@@ -386,10 +411,9 @@ class VLLMEvaluator:
         # sampling draws from them), whoever calls this: the round, an async worker, a script.
         self.engine.ensure(model, policy.tokenizer.tokenizer, ctx.global_step)
         view = _EngineModule(module, _EnginePolicy(self.engine, policy, sampling_of(ctx).stop))
-        out = rollout_evaluate(view, batches, ctx)
+        out = rollout_evaluate(cast("RolloutModule", view), batches, ctx)
         return {**out, WEIGHTS_STEP_KEY: float(self.engine.weights_step or 0)}
 
     def close(self) -> None:
         """Shuts the engine down (it is built again on the next call)."""
         self.engine.close()
-
