@@ -99,7 +99,7 @@ class _RngProbe(L.Callback):
         self.states.append((torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate()))
 
 
-def _fit(tmp: Path, rounds: bool, *extra: str) -> tuple[Any, _RngProbe, Any]:
+def _fit(tmp: Path, rounds: bool, *extra: str, steps: int = 2) -> tuple[Any, _RngProbe, Any]:
     from areal_lightning.app.builders import build_callback, build_module
     from areal_lightning.app.config import load_config
 
@@ -110,8 +110,8 @@ def _fit(tmp: Path, rounds: bool, *extra: str) -> tuple[Any, _RngProbe, Any]:
             "grpo.group_size=2",
             "grpo.prompts_per_step=2",
             "grpo.max_new_tokens=4",
-            "trainer.max_steps=2",
-            "evaluator.freq_steps=1" if rounds else "evaluator.freq_steps=null",
+            f"trainer.max_steps={steps}",
+            "evaluator.freq_steps=1",
             "evaluator.freq_epochs=null",
             "evaluator.freq_secs=null",
             "evaluator.eval_at_end=false",
@@ -121,10 +121,9 @@ def _fit(tmp: Path, rounds: bool, *extra: str) -> tuple[Any, _RngProbe, Any]:
     L.seed_everything(0)
     module = build_module(cfg)
     probe = _RngProbe()
+    callbacks: list[L.Callback] = [build_callback(cfg), probe] if rounds else [probe]
     # Lightning's defaults: progress bar, logger, checkpointing, model summary.
-    trainer = L.Trainer(
-        max_steps=2, accelerator="cpu", devices=1, default_root_dir=str(tmp), callbacks=[build_callback(cfg), probe]
-    )
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, default_root_dir=str(tmp), callbacks=callbacks)
     trainer.fit(module)
     return module, probe, cfg
 
@@ -142,27 +141,38 @@ def test_the_trainers_rng_state_is_the_same_with_and_without_a_round(tmp_path: P
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # two engines in processes of their own start here (15-60 s each)
 def test_an_engine_killed_mid_round_gives_an_error_record_and_the_next_round_succeeds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    killed: list[int] = []
+    calls: list[int] = []
     generate = VLLMEngine.generate
 
     def kill_then_generate(self: VLLMEngine, prompts: list[list[int]], params: list[Any]) -> list[Any]:
-        if not killed:  # the first round: its engine process dies as the round asks it to generate
-            pid = self.llm.llm_engine.engine_core.resources.engine_manager.processes[0].pid
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
+        calls.append(len(prompts))
+        if len(calls) == 2:  # the second round (the first is a sanity round: its failure stops training)
+            os.kill(self.llm.llm_engine.engine_core.resources.engine_manager.processes[0].pid, signal.SIGKILL)
         return generate(self, prompts, params)
 
     monkeypatch.setattr(VLLMEngine, "generate", kill_then_generate)
-    module, _, cfg = _fit(tmp_path, True, "policy.vllm.in_process=false")
+    module, _, cfg = _fit(tmp_path, True, "policy.vllm.in_process=false", steps=3)
     engine = module.eval_generate.engine
     try:
         errors = event_rows(read_history(cfg.output_dir), "error")
         records = eval_rows(read_history(cfg.output_dir))
-        assert len(killed) == 1 and engine.builds == 2
-        assert [e["step"] for e in errors] == [1] and "VLLMEngineError" in errors[0]["message"]
-        assert [r["step"] for r in records] == [2] and records[0]["metrics"][WEIGHTS_STEP_KEY] == 2
+        assert len(calls) == 3 and engine.builds == 2
+        assert [e["step"] for e in errors] == [2] and "VLLMEngineError" in errors[0]["message"]
+        assert [r["step"] for r in records] == [1, 3] and records[1]["metrics"][WEIGHTS_STEP_KEY] == 3
     finally:
         engine.close()
+
+
+@pytest.mark.slow
+def test_async_rounds_build_their_engine_in_the_worker_and_record_the_snapshots_step(tmp_path: Path) -> None:
+    module, _, cfg = _fit(tmp_path, True, "evaluator.mode=async", "evaluator.on_busy=wait")
+    records = eval_rows(read_history(cfg.output_dir))
+    # Every round generated with the weights of the step it is recorded at (the worker's engine
+    # was fed each snapshot); the training process never built an engine of its own.
+    assert [r["step"] for r in records] == [1, 2]
+    assert [r["metrics"][WEIGHTS_STEP_KEY] for r in records] == [1.0, 2.0]
+    assert module.eval_generate.engine.llm is None and module.eval_generate.engine.builds == 0

@@ -21,9 +21,11 @@ import gc
 import hashlib
 import io
 import logging
+import multiprocessing
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +47,7 @@ WEIGHTS_STEP_KEY = "vllm/weights_step"
 DEFAULT_CPU_KV_CACHE_GIB = 1
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 _SEED_BITS = 63
+_DEAD_ENGINE_POLL_S = 0.2
 
 
 class VLLMEngineError(RuntimeError):
@@ -174,8 +177,10 @@ class VLLMEngine:
 
     def _build(self, model: nn.Module, tokenizer: Any, device: torch.device) -> None:
         # Under torch.distributed (DDP) an in-process engine would join the trainer's process group
-        # as its own world; each rank's engine then runs in a process of its own instead.
-        self._in_process = self.options.in_process and not torch.distributed.is_initialized()
+        # as its own world; each rank's engine then runs in a process of its own instead. A daemonic
+        # process (the async evaluator's worker) may not start processes: its engine runs in it.
+        daemon = multiprocessing.current_process().daemon
+        self._in_process = (self.options.in_process or daemon) and not torch.distributed.is_initialized()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self._in_process else "1"
         if device.type == "cpu":
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.options.kv_cache_gib)
@@ -248,7 +253,7 @@ class VLLMEngine:
         from vllm import TokensPrompt
 
         error, outputs = None, []
-        with _isolated_rng():
+        with _isolated_rng(), _unblocked_when_dead(self._llm):
             try:
                 outputs = self._llm.generate(
                     [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
@@ -284,6 +289,36 @@ class VLLMEngine:
 
 
 @contextlib.contextmanager
+def _unblocked_when_dead(llm: Any) -> Iterator[None]:
+    """While the block runs, watches an engine that runs in a process of its own: when that process
+    dies, vLLM marks the client dead but leaves `generate` waiting on its output queue forever;
+    this puts the `EngineDeadError` there that vLLM would raise, so `generate` raises it."""
+    client = getattr(llm.llm_engine, "engine_core", None)
+    resources = getattr(client, "resources", None)
+    queue = getattr(client, "outputs_queue", None)
+    if resources is None or queue is None:  # the in-process engine: nothing to wait on
+        yield
+        return
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(_DEAD_ENGINE_POLL_S):
+            if getattr(resources, "engine_dead", False):
+                queue.put_nowait(EngineDeadError())
+                return
+
+    watcher = threading.Thread(target=watch, name="vllm-engine-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+
+
+@contextlib.contextmanager
 def _isolated_rng() -> Iterator[None]:
     """Lightning's `isolate_rng` (torch, CUDA where present, NumPy, Python); it restores the states
     only when its block exits normally, so the blocks above catch inside it."""
@@ -301,9 +336,8 @@ class WeightLoader:
         """Loads a state dict (checkpoint names; or its `torch.save` bytes) into the worker's model in
         place; on the CPU backend `model.load_weights` fails after start-up (weights are pre-packed),
         this does not."""
-        if isinstance(state, bytes):
-            state = torch.load(io.BytesIO(state), weights_only=True)
-        self.model_runner.reload_weights(weights_iterator=iter(state.items()))
+        weights = torch.load(io.BytesIO(state), weights_only=True) if isinstance(state, bytes) else state
+        self.model_runner.reload_weights(weights_iterator=iter(weights.items()))
 
 
 class _EnginePolicy:
