@@ -33,6 +33,25 @@ LONG = "Question: Tom has 3 apples and buys 5 more. How many apples does he have
 LONG_PROMPTS = [LONG + "Question: What is 12 + 30?", LONG + "Tom has"]
 
 
+def test_the_engine_leaves_the_callers_rng_states_as_they_were(tmp_path: Path) -> None:
+    # First in the file: the process's first engine is the one that reseeds the global RNGs.
+    policy = HFPolicy.from_pretrained(save_tiny_llama(tmp_path / "model", hidden=HIDDEN))
+    torch.manual_seed(1), np.random.seed(2), random.seed(3)
+    states = torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate()
+    engine = VLLMEngine(CPU_OPTIONS)  # built, fed, sampled, closed
+    try:
+        engine.ensure(policy.model, policy.tokenizer.tokenizer, step=0)
+        ids, mask = policy.encode_prompts(PROMPTS)
+        _EnginePolicy(engine, policy, stop=[]).generate(
+            ids, mask, max_new_tokens=MAX_NEW, temperature=1.0, generators=_generators([1, 2, 3, 4, 5])
+        )
+    finally:
+        engine.close()
+    assert torch.equal(torch.get_rng_state(), states[0])
+    assert np.array_equal(np.random.get_state()[1], states[1])
+    assert random.getstate() == states[2]
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[HFPolicy, _EnginePolicy]:
     path = save_tiny_llama(tmp_path_factory.mktemp("vllm") / "model", hidden=HIDDEN, digit_bias=2.0)
@@ -106,7 +125,10 @@ def test_pushed_weights_after_training_steps_give_the_new_greedy_completions(set
     pushes = engine.pushes
     engine.ensure(policy.model, policy.tokenizer.tokenizer, step=0)
     assert engine.pushes == pushes, "unchanged weights must not be pushed again"
-    optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.5)
+    # Only the attention's key and value projections train: the cached keys and values of the
+    # long prompts' shared blocks are then stale, while the output layer still follows the context.
+    trained = [p for n, p in policy.model.named_parameters() if n.endswith(("k_proj.weight", "v_proj.weight"))]
+    optimizer = torch.optim.SGD(trained, lr=0.5)
     ids, mask = policy.encode_prompts(prompts)
     for _ in range(3):
         logits = policy.model(input_ids=ids, attention_mask=mask.long()).logits
@@ -119,21 +141,3 @@ def test_pushed_weights_after_training_steps_give_the_new_greedy_completions(set
     after = _greedy(engine_policy, prompts)
     assert not torch.equal(before, after), "training changed nothing: the test would not see stale weights"
     assert torch.equal(after, _greedy(policy, prompts))
-
-
-def test_the_engine_leaves_the_callers_rng_states_as_they_were(setup, tmp_path: Path) -> None:
-    policy, _ = setup
-    torch.manual_seed(1), np.random.seed(2), random.seed(3)
-    states = torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate()
-    engine = VLLMEngine(CPU_OPTIONS)  # a second engine in this process: built, fed, sampled, closed
-    try:
-        engine.ensure(policy.model, policy.tokenizer.tokenizer, step=0)
-        ids, mask = policy.encode_prompts(PROMPTS)
-        _EnginePolicy(engine, policy, stop=[]).generate(
-            ids, mask, max_new_tokens=MAX_NEW, temperature=1.0, generators=_generators([1, 2, 3, 4, 5])
-        )
-    finally:
-        engine.close()
-    assert torch.equal(torch.get_rng_state(), states[0])
-    assert np.array_equal(np.random.get_state()[1], states[1])
-    assert random.getstate() == states[2]
