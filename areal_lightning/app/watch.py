@@ -423,10 +423,11 @@ def evaluate_command(args: argparse.Namespace) -> int:
 
 def watch_main(args: argparse.Namespace) -> int:
     """Runs the watcher on every rank; returns the exit status (0 after a clean stop, 2 for bad input)."""
-    from areal_lightning.app.config import ConfigError, load_config
+    from areal_lightning.app.config import ConfigError, WandbMode, load_config
     from areal_lightning.app.console import fail, quiet_lightning
-    from areal_lightning.app.evaluate import _build_fabric
+    from areal_lightning.app.evaluate import _build_fabric, history_problem
     from areal_lightning.tracking.history import HISTORY_FILENAME
+    from areal_lightning.tracking.writable import option_problem
 
     try:
         cfg = load_config(args.config, args.overrides)
@@ -444,6 +445,12 @@ def watch_main(args: argparse.Namespace) -> int:
             f"--watch {args.watch!r} is a file; pass the directory the checkpoints are written to, "
             "e.g. <output_dir>/checkpoints"
         )
+    problem = history_problem(cfg, args.history)
+    save_dir = cfg.logger.wandb.save_dir if cfg.logger.wandb.mode is not WandbMode.DISABLED else None
+    if problem is None and save_dir is not None:
+        problem = option_problem("logger.wandb.save_dir", save_dir)
+    if problem is not None:
+        return fail(problem)
     history_file = Path(args.history) if args.history else Path(cfg.output_dir) / HISTORY_FILENAME
     watch = _Watch(cfg, directory, history_file, args.poll_secs, args.idle_timeout, args.trust_checkpoint)
     fabric = _build_fabric(cfg)
