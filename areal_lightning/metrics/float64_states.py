@@ -30,17 +30,19 @@ class Float64StateMetric(Metric):
     metric, or a module holding it, is converted to; they follow device moves."""
 
     @override
-    def _apply(self, fn: Callable, exclude_state: Sequence[str] = ()) -> nn.Module:
+    def _apply(self, fn: Callable[[Tensor], Tensor], exclude_state: Sequence[str] = ()) -> nn.Module:
         kept = [
             key
             for key, default in self._defaults.items()
             if isinstance(default, Tensor) and default.dtype == torch.float64 and key not in exclude_state
         ]
         this = super()._apply(fn, exclude_state=(*exclude_state, *kept))
+        assert isinstance(this, Metric)  # Metric._apply returns the metric itself
+        defaults: dict[str, Tensor] = this._defaults  # type: ignore[assignment]  # kept keys hold tensors
         for key in kept:
             # Where `fn` would put a float64 tensor of this state: the device only, never the dtype.
-            device = fn(torch.zeros((), dtype=torch.float64, device=getattr(this, key).device)).device
-            this._defaults[key] = this._defaults[key].to(device=device)
+            device = fn(torch.zeros((), dtype=torch.float64, device=defaults[key].device)).device
+            defaults[key] = defaults[key].to(device=device)
             setattr(this, key, getattr(this, key).to(device=device))
         return this
 
