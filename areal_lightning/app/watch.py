@@ -202,12 +202,16 @@ def watch_loggers(cfg: Config, run_dir: Path, run_id: str | None) -> list[Logger
 
     The one place the watcher wires W&B: eval rows go on the run's ``eval/step`` axis.
     """
-    import dataclasses
+    import copy
 
     from areal_lightning.app.builders import build_wandb_logger
 
     # The W&B id is the run id (build_wandb_logger), so the watcher's rows join the training run.
-    logger = build_wandb_logger(dataclasses.replace(cfg, run_id=run_id or cfg.run_id), run_dir)
+    # A shallow copy, not dataclasses.replace: that would validate the config again, here on rank 0
+    # alone, and validation must never reach a collective (metric names come from torchmetrics).
+    with_id = copy.copy(cfg)
+    with_id.run_id = run_id or cfg.run_id
+    logger = build_wandb_logger(with_id, run_dir)
     return [] if logger is None else [logger]
 
 

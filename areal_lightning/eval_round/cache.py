@@ -38,6 +38,16 @@ def _digest() -> Any:
     return hashlib.blake2b(digest_size=_DIGEST_BYTES, person=_PERSON)
 
 
+def _is_sharded(module: nn.Module) -> bool:
+    """True when the module's weights are split over ranks (FSDP2 DTensors, FSDP1 wrappers)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in module.parameters()) or any(
+        isinstance(m, FullyShardedDataParallel) for m in module.modules()
+    )
+
+
 def weights_digest(module: nn.Module) -> str:
     """A digest of every tensor of the module's state dict (names, dtypes, shapes, bytes).
 
@@ -49,6 +59,12 @@ def weights_digest(module: nn.Module) -> str:
         >>> weights_digest(a) == weights_digest(a), weights_digest(a) == weights_digest(b)
         (True, False)
     """
+    if _is_sharded(module):
+        # Its state_dict() would all-gather, and the cache's key is computed on rank 0 alone.
+        raise UncacheableError(
+            f"{type(module).__name__} has parameters sharded over the ranks (FSDP); the result cache needs "
+            "whole weights on rank 0: turn the cache off"
+        )
     digest = _digest()
     for name, tensor in sorted(module.state_dict().items()):
         t = tensor.detach().cpu().contiguous()
