@@ -139,7 +139,8 @@ def test_training_advances_while_a_round_is_in_flight_and_a_busy_round_is_skippe
     rows = eval_rows(read_history(tmp_path))
     assert [(r["step"], r["trigger"]) for r in rows] == [(4, ["steps"]), (10, ["end"])]
     assert metric_by_step(tmp_path, "w") == [(4, 4.0), (10, 10.0)]  # each round saw its snapshot's weights
-    assert rows[0]["lag_steps"] >= 5  # recorded at step 4, training had gone on to step 9 or later
+    # Recorded at step 4; collected once training reached step 9 (the gate) and at the end (10) at the latest.
+    assert 5 <= rows[0]["lag_steps"] <= 6
     skipped = event_rows(read_history(tmp_path), "skipped")
     assert [(e["step"], e["running_step"], e["trigger"]) for e in skipped] == [(8, 4, ["steps"])]
     assert callback.evaluated_steps == [4, 10]
