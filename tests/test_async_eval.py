@@ -304,12 +304,15 @@ def test_sharded_strategies_are_refused_with_a_clear_message(tmp_path: Path) -> 
     # (FSDP2 under ModelParallelStrategy runs on CPU, one process over gloo).
     callback = EvaluationCallback({"probe": PROBES}, probe_weights, freq_steps=2, mode="async")
     module = CountingModule()
+    environ = dict(os.environ)  # the strategy sets MASTER_ADDR, MASTER_PORT, ... for its process group
     try:
         with pytest.raises(ValueError, match=r"does not support ModelParallelStrategy: its parameters are sharded"):
             make_trainer(tmp_path, [callback], 2, strategy=ModelParallelStrategy()).fit(module)
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(environ)
     assert float(module.w) == 0.0 and not (tmp_path / "eval_history.jsonl").exists()  # no step, no round
 
 
