@@ -390,6 +390,7 @@ class EvaluationCallback(Callback):
             "thresholds": self.thresholds.state_dict(),
             "drift": self.drift.state_dict(),
             "best": self.best.state_dict(),
+            "pairs": self.pairs.state_dict(),  # every rank's outcomes: a collective under DDP
         }
         if self.reward_watch is not None:
             state["reward_watch"] = self.reward_watch.state_dict()
@@ -406,6 +407,7 @@ class EvaluationCallback(Callback):
         self.thresholds.load_state_dict(state_dict.get("thresholds", {}))
         self.drift.load_state_dict(state_dict.get("drift", {}))
         self.best.load_state_dict(state_dict.get("best", {}))
+        self.pairs.load_state_dict(state_dict.get("pairs", {}))
         if self.reward_watch is not None:
             self.reward_watch.load_state_dict(state_dict.get("reward_watch", {}))
         if self.adaptive is not None:
