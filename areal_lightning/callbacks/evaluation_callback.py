@@ -439,7 +439,7 @@ class EvaluationCallback(Callback):
         if not causes or self.budget is None or self.budget.allows():
             return causes
         self.deferred_steps.append(step)
-        self._deferred_since_round += 1
+        self.budget.defer()
         return []
 
     def _check_drift(self, trainer: L.Trainer) -> None:
@@ -540,7 +540,7 @@ class EvaluationCallback(Callback):
         self.evaluated_steps.append(step)
         extras: dict[str, float] = {}
         if self.budget is not None:
-            self.budget.add_round(blocked_secs)
+            self._deferred_since_round = self.budget.add_round(blocked_secs)
             extras["budget_share"] = self.budget.spent_share()
         if self.adaptive is not None:
             change = self.adaptive.observe(
