@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 from callback_helpers import CountingModule, make_trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
 from ddp_utils import run_ddp
+from lightning.pytorch.callbacks import ModelCheckpoint
 from scipy import stats
 
 from areal_lightning.callbacks import EvaluationCallback
