@@ -198,8 +198,11 @@ def test_fit_ckpt_after_a_kill_continues_the_same_run_id_history_wandb_run_and_c
     assert (run_dir / "config.yaml").read_bytes() == config_before  # the resumed session's config went beside it
     assert yaml.safe_load((run_dir / f"config.resumed-step{CHECKPOINT_EVERY}.yaml").read_text())["run_id"] == run_id
 
-    # W&B: the resumed session wrote to the same run id and rewound it to the checkpoint's row: read
-    # back as W&B holds it after syncing, every eval step is there once, along eval/step.
+    # W&B: the resumed session wrote to the same run id and rewound it to the checkpoint's row. Read
+    # back as W&B holds it after syncing: no step twice, every eval step after the checkpoint once.
+    # Before it, the rows the killed W&B service had written out: a SIGKILL of the whole group
+    # takes the rows it still held with it (no rewind or resume brings them back; the eval history
+    # has every round).
     wandb_dirs = _wandb_run_dirs(run_dir)
     assert len(wandb_dirs) == 2 and all(d.name.endswith(f"-{run_id}") for d in wandb_dirs)
     (resumed_wandb,) = [d for d in wandb_dirs if d != killed_wandb]
@@ -207,11 +210,13 @@ def test_fit_ckpt_after_a_kill_continues_the_same_run_id_history_wandb_run_and_c
     (run,) = [r["run"] for r in records_wandb if r["type"] == "run"]
     assert run["run_id"] == run_id
     assert branch_point(records_wandb) == {"run": run_id, "metric": "_step", "value": saved["wandb_step"]}
-    # (Killed with its W&B service, the session's file holds the rows the service had written out;
-    # rows after the checkpoint that reached it are dropped by the rewind, see test_wandb_logging.py.)
     assert wandb_step_metric(wandb_metric_definitions(records_wandb), "eval/easy/accuracy") == "eval/step"
     rows = rewound_history([killed_records, records_wandb])
-    assert [row["eval/step"] for row in rows if "eval/step" in row] == list(range(0, RESUMED_MAX_STEPS + 1, 2))
+    assert [row["_step"] for row in rows] == sorted({row["_step"] for row in rows})
+    points = [row["eval/step"] for row in rows if "eval/step" in row]
+    killed_points = [row["eval/step"] for row in wandb_history(killed_records) if "eval/step" in row]
+    assert [s for s in points if s <= CHECKPOINT_EVERY] == [s for s in killed_points if s <= CHECKPOINT_EVERY]
+    assert [s for s in points if s > CHECKPOINT_EVERY] == list(range(CHECKPOINT_EVERY + 1, RESUMED_MAX_STEPS + 1, 2))
     trained = [row["trainer/global_step"] for row in rows if "eval/step" not in row]
     assert trained == sorted(set(trained))  # no training point twice
 

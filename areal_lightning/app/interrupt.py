@@ -74,10 +74,10 @@ class StopOnSignal(Checkpoint):
         """The global step of the checkpoint written on the stop, or None when none was written."""
 
     @override
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Python delivers signals to the main thread only, and only there may a handler be set.
-        # Lightning's signal connector, set up later, calls this SIGTERM handler from its own and
-        # restores every handler it found when the Trainer tears down.
+        # Set after Lightning's signal connector took note of the process's handlers (it replaces
+        # its own SIGTERM handler here): its teardown, on every way out of `fit`, restores them.
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
                 signal.signal(sig, self._on_signal)
