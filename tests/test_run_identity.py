@@ -19,6 +19,7 @@ from wandb_reader import (
     branch_point,
     read_wandb_records,
     rewound_history,
+    wandb_history,
     wandb_metric_definitions,
     wandb_step_metric,
 )
