@@ -12,7 +12,8 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
-from callback_helpers import CountingModule, make_trainer
+from callback_helpers import CountingModule, make_trainer, quiet
+from ddp_utils import run_ddp
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -61,3 +62,24 @@ def test_a_second_signal_stops_at_once_without_a_checkpoint(tmp_path: Path) -> N
     assert (stop.stopped_by, stop.saved_step) == (signal.SIGINT, None)
     assert not stop.path.parent.exists()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def _signal_on_rank_1(rank: int, world_size: int, root: str) -> tuple[int, int | None, int | None, int]:
+    quiet()
+    stop = StopOnSignal(Path(root) / "checkpoints" / "last.ckpt")
+    callbacks: list[Callback] = [stop]
+    if rank == 1:  # this rank alone gets the signal, during step 3
+        callbacks.insert(0, SignalDuringStep(signal.SIGINT, at=3))
+    trainer = make_trainer(
+        root, callbacks, max_steps=10, strategy="ddp", accelerator="cpu", devices=world_size, enable_checkpointing=True
+    )
+    with pytest.raises(SystemExit):
+        trainer.fit(CountingModule(epoch_len=10 * world_size))
+    assert stop.stopped_by is not None
+    return trainer.global_step, stop.saved_step, int(stop.stopped_by), int(torch.load(stop.path)["global_step"])
+
+
+@pytest.mark.ddp
+def test_a_signal_on_one_rank_stops_every_rank_after_the_same_step(tmp_path: Path) -> None:
+    results = run_ddp(_signal_on_rank_1, 2, str(tmp_path), timeout_s=120.0)
+    assert results == [(3, 3, int(signal.SIGINT), 3)] * 2

@@ -24,6 +24,7 @@ from types import FrameType
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
@@ -103,14 +104,16 @@ class StopOnSignal(Checkpoint):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        stop = self.requested is not None
+        code = int(self.requested or 0)
         if trainer.world_size > 1:
             # A signal reaches each rank on its own clock: a rank that stopped alone would leave the
-            # others waiting in the next step's collectives. Any rank's request stops every rank here.
-            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
-        if not stop:
+            # others waiting in the next step's collectives. Any rank's request stops every rank
+            # here, all for the same signal (SIGTERM, the larger number, wins over SIGINT).
+            mine = torch.tensor(code, device=trainer.strategy.root_device)
+            code = int(trainer.strategy.reduce(mine, reduce_op="max"))
+        if not code:
             return
-        sig = self.requested or signal.SIGTERM  # a rank that got no signal follows the others
+        sig = signal.Signals(code)
         self._save(trainer)
         if sig is signal.SIGINT:
             raise KeyboardInterrupt
@@ -121,6 +124,7 @@ class StopOnSignal(Checkpoint):
         trainer.save_checkpoint(partial)  # every rank builds its state; rank 0 writes; all wait
         if trainer.is_global_zero:
             os.replace(partial, self.path)
+        trainer.strategy.barrier("StopOnSignal")  # no rank goes on before the file has its name
         self.saved_step = trainer.global_step
 
     @override
