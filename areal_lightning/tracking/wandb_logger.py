@@ -345,6 +345,13 @@ def _log_round(logger: WandbLogger, metrics: Mapping[str, float], results: Seque
     run = logger.experiment
     if wandb_failure(logger) is not None:
         return
+    # Read once the run has started: a refused rewind sets it then.
+    already = getattr(logger, "logged_eval_through", None)
+    if already is not None and step <= already:
+        log.info(
+            "eval round of step %d not logged to W&B: the run's earlier session logged steps up to %d", step, already
+        )
+        return
     _define_eval_axis(run, list(metrics))
     row: dict[str, Any] = {**metrics, EVAL_STEP_KEY: step, TRAINER_STEP_KEY: step}
     for result in results:
@@ -363,12 +370,6 @@ def log_eval_round(logger: WandbLogger, metrics: Mapping[str, float], results: S
         results: the round's `SetResult`s; those with `table_rows` get a sample table.
         step: the global step whose weights were evaluated.
     """
-    already = getattr(logger, "logged_eval_through", None)
-    if already is not None and step <= already:
-        log.info(
-            "eval round of step %d not logged to W&B: the run's earlier session logged steps up to %d", step, already
-        )
-        return
     call_wandb(logger, "logging eval metrics", _log_round, logger, metrics, results, step)
 
 
