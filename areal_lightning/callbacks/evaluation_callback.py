@@ -418,6 +418,7 @@ class EvaluationCallback(Callback):
             "thresholds": self.thresholds.state_dict(),
             "drift": self.drift.state_dict(),
             "best": self.best.state_dict(),
+            "pairs": self.pairs.state_dict(),  # every rank's outcomes: a collective under DDP
         }
         if self.reward_watch is not None:
             state["reward_watch"] = self.reward_watch.state_dict()
@@ -434,6 +435,7 @@ class EvaluationCallback(Callback):
         self.thresholds.load_state_dict(state_dict.get("thresholds", {}))
         self.drift.load_state_dict(state_dict.get("drift", {}))
         self.best.load_state_dict(state_dict.get("best", {}))
+        self.pairs.load_state_dict(state_dict.get("pairs", {}))
         if self.reward_watch is not None:
             self.reward_watch.load_state_dict(state_dict.get("reward_watch", {}))
         if self.adaptive is not None:
@@ -465,7 +467,7 @@ class EvaluationCallback(Callback):
         if not causes or self.budget is None or self.budget.allows():
             return causes
         self.deferred_steps.append(step)
-        self._deferred_since_round += 1
+        self.budget.defer()
         return []
 
     def _check_drift(self, trainer: L.Trainer) -> None:
@@ -568,7 +570,7 @@ class EvaluationCallback(Callback):
         self._rounds_this_fit += 1
         extras: dict[str, float] = {}
         if self.budget is not None:
-            self.budget.add_round(blocked_secs)
+            self._deferred_since_round = self.budget.add_round(blocked_secs)
             extras["budget_share"] = self.budget.spent_share()
         if self.adaptive is not None:
             change = self.adaptive.observe(
