@@ -81,6 +81,14 @@ class PolicyKind(str, Enum):
     HF = "hf"
 
 
+class EvalEngine(str, Enum):
+    """What the evaluation generates with: ``policy``: the policy's own `generate`; ``vllm``: a vLLM
+    engine fed the trained weights in place (``hf`` policies; docs/vllm.md)."""
+
+    POLICY = "policy"
+    VLLM = "vllm"
+
+
 class ModelDtype(str, Enum):
     """Weight dtype of an ``hf`` policy; ``auto`` keeps the checkpoint's."""
 
@@ -197,6 +205,41 @@ class TrainerConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """The vLLM engine of ``policy.eval_engine: vllm`` (`VLLMOptions`; docs/vllm.md)."""
+
+    in_process: bool = True
+    """Run the engine in the training process (starts in seconds); false: in a process of its own."""
+    max_model_len: Optional[int] = None
+    """Longest prompt plus completion, in tokens; null: the model's max_position_embeddings."""
+    kv_cache_gib: int = 1
+    """CPU: the KV cache's memory in whole GiB."""
+    gpu_memory_utilization: float = 0.3
+    """CUDA: the share of the GPU's memory the engine may take (the trainer keeps the rest)."""
+    max_num_seqs: int = 256
+    """Sequences the engine decodes at once."""
+    max_num_batched_tokens: Optional[int] = None
+    """Tokens per engine step; at least the longest prompt; null: max(8192, max_model_len)."""
+
+    def check(self, path: str) -> None:
+        with _owned_by(path):
+            self.build()
+
+    def build(self) -> Any:
+        """The `VLLMOptions` of this section."""
+        from areal_lightning.rl.vllm_policy import VLLMOptions
+
+        return VLLMOptions(
+            in_process=self.in_process,
+            max_model_len=self.max_model_len,
+            kv_cache_gib=self.kv_cache_gib,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+        )
+
+
+@dataclass
 class PolicyConfig:
     """The language model being trained."""
 
@@ -222,8 +265,18 @@ class PolicyConfig:
     """Attention heads per block of the tiny transformer."""
     max_len: int = 32
     """Longest prompt plus completion, in tokens."""
+    eval_engine: EvalEngine = EvalEngine.POLICY
+    """What evaluation generates with: policy (its own generate) or vllm (kind: hf only; docs/vllm.md)."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """hf with eval_engine: vllm: how the engine is built."""
 
     def check(self, path: str) -> None:
+        self.vllm.check(f"{path}.vllm")
+        if self.eval_engine is EvalEngine.VLLM and self.kind is not PolicyKind.HF:
+            raise ConfigError(
+                f"{path}.eval_engine: vllm needs {path}.kind: hf (vLLM serves transformers models), "
+                f"got kind: {self.kind.value}; set kind: hf and path, or eval_engine: policy"
+            )
         for name in ("d_model", "n_layers", "n_heads", "max_len"):
             _at_least(f"{path}.{name}", getattr(self, name), 1)
         if self.d_model % self.n_heads:
@@ -859,6 +912,25 @@ def _parse_overrides(overrides: list[str]) -> DictConfig:
         raise ConfigError(f"overrides {overrides} could not be parsed: {err.msg}") from None
 
 
+def _replaces(merged: DictConfig, item: str, layer: DictConfig) -> tuple[str, DictConfig] | None:
+    """(key, mapping) when the override `item` writes a whole mapping (``key={...}``, ``{}``
+    included) to an option whose value is a mapping of names (``evaluator.metric_thresholds``,
+    ``evaluator.best_metrics``, ``eval_sets``): it then replaces the mapping instead of merging into
+    it, so that ``evaluator.metric_thresholds={}`` switches off the thresholds of the YAML file.
+    None for any other override (a leaf, a section of fixed keys such as ``trainer={...}``)."""
+    key = item.split("=", 1)[0].strip()
+    try:
+        value = OmegaConf.select(layer, key, throw_on_missing=False, throw_on_resolution_failure=False)
+        if not isinstance(value, DictConfig):
+            return None
+        target = OmegaConf.select(merged, key, throw_on_missing=False, throw_on_resolution_failure=False)
+    except oc_errors.OmegaConfBaseException:
+        return None  # not a key of the schema, or not resolvable: the merge names it
+    if isinstance(target, DictConfig) and OmegaConf.get_type(target) is dict:
+        return key, value
+    return None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Defaults, then the YAML file, then `key=value` overrides; resolved and validated.
 
@@ -876,14 +948,22 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         (5, 'runs/arith-grpo/trial0')
     """
     merged = OmegaConf.structured(Config)
-    layers: list[tuple[str, DictConfig]] = []
+    layers: list[tuple[str, DictConfig]] = []  # (where from: "file ..." or the override item, layer)
     if path is not None:
         layers.append((f"file {str(path)!r}", _read_yaml(Path(path))))
     if overrides:
-        layers.append(("the command line", _parse_overrides(overrides)))
+        _parse_overrides(overrides)  # every item checked before any is applied
+        # One at a time, in order: a mapping written whole replaces a mapping option (see `_replaces`).
+        layers += [(item, _parse_overrides([item])) for item in overrides]
     for source, layer in layers:
+        item, from_file = source, source.startswith("file ")
+        source = source if from_file else "the command line"
+        replaced = None if from_file else _replaces(merged, item, layer)
         try:
-            merged = OmegaConf.merge(merged, layer)
+            if replaced is not None:
+                OmegaConf.update(merged, replaced[0], replaced[1], merge=False)
+            else:
+                merged = OmegaConf.merge(merged, layer)
         except oc_errors.OmegaConfBaseException as err:
             raise _explain(err, source) from None
         except TypeError:  # OmegaConf names no key when a list meets a mapping: find it

@@ -63,6 +63,7 @@ from areal_lightning.eval_round import (
 from areal_lightning.eval_round.cache import (
     CACHE_DIRNAME,
     ResultCache,
+    UncacheableError,
     function_identity,
     result_key,
     weights_digest,
@@ -239,6 +240,13 @@ class EvaluationCallback(Callback):
         if not isinstance(use_cache, bool):
             raise ArgumentError("EvaluationCallback", "use_cache", use_cache, "True or False")
         check_cache_mode(self.mode, use_cache)
+        if use_cache and evaluate_fn is not None:
+            try:
+                function_identity(evaluate_fn)
+            except UncacheableError as err:
+                raise ValueError(
+                    f"`EvaluationCallback(use_cache=True)` cannot key evaluate_fn: {err}; pass use_cache=False"
+                ) from None
         self.use_cache = use_cache
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.precision = EvalPrecision.parse(precision)
@@ -410,6 +418,7 @@ class EvaluationCallback(Callback):
             "thresholds": self.thresholds.state_dict(),
             "drift": self.drift.state_dict(),
             "best": self.best.state_dict(),
+            "pairs": self.pairs.state_dict(),  # every rank's outcomes: a collective under DDP
         }
         if self.reward_watch is not None:
             state["reward_watch"] = self.reward_watch.state_dict()
@@ -426,6 +435,7 @@ class EvaluationCallback(Callback):
         self.thresholds.load_state_dict(state_dict.get("thresholds", {}))
         self.drift.load_state_dict(state_dict.get("drift", {}))
         self.best.load_state_dict(state_dict.get("best", {}))
+        self.pairs.load_state_dict(state_dict.get("pairs", {}))
         if self.reward_watch is not None:
             self.reward_watch.load_state_dict(state_dict.get("reward_watch", {}))
         if self.adaptive is not None:
@@ -457,7 +467,7 @@ class EvaluationCallback(Callback):
         if not causes or self.budget is None or self.budget.allows():
             return causes
         self.deferred_steps.append(step)
-        self._deferred_since_round += 1
+        self.budget.defer()
         return []
 
     def _check_drift(self, trainer: L.Trainer) -> None:
@@ -489,7 +499,10 @@ class EvaluationCallback(Callback):
         hits: dict[str, SetResult] = {}
         if trainer.is_global_zero:
             assert self.cache_dir is not None
-            keys = self._cache_keys(pl_module, evaluate_fn)
+            try:
+                keys = self._cache_keys(pl_module, evaluate_fn)
+            except UncacheableError as err:  # state changed since construction: evaluate, cache nothing
+                warnings.warn(f"result cache skipped this round: {err}", stacklevel=2)
             cache = ResultCache(self.cache_dir)
             hits = {name: r for name, key in keys.items() if (r := cache.get(key)) is not None}
         # Every rank must skip the same eval sets, or the ranks that evaluate wait for the others.
@@ -557,7 +570,7 @@ class EvaluationCallback(Callback):
         self._rounds_this_fit += 1
         extras: dict[str, float] = {}
         if self.budget is not None:
-            self.budget.add_round(blocked_secs)
+            self._deferred_since_round = self.budget.add_round(blocked_secs)
             extras["budget_share"] = self.budget.spent_share()
         if self.adaptive is not None:
             change = self.adaptive.observe(

@@ -17,9 +17,14 @@ evaluated global step, the x axis of every eval chart), the same value as
 * ``trainer/global_step`` in the row: a key that falls to ``*`` (a table's sub-keys) would
   otherwise get the *latest* training step inserted by ``step_sync``.
 
-A run continues after ``fit --ckpt`` when the logger is built with the same ``id`` (Lightning
-passes W&B's ``resume="allow"``); `SafeWandbLogger(logged_eval_through=N)` then skips eval
-rounds of steps up to ``N``, which the run's earlier session already logged.
+A run continues after ``fit --ckpt`` under the same ``id``. The checkpoint holds the ``_step`` of
+the last row the run had logged when it was saved (`last_logged_step`);
+`SafeWandbLogger(rewind_to=N)` continues the run with W&B's rewind (``resume_from="<id>?_step=N"``),
+so the rows a dead session logged after its checkpoint are dropped and the resumed session logs
+those steps once, afresh. Offline, the resumed session's file carries the rewind point (its run
+record's ``branch_point``) and W&B applies it when the files are synced. Where W&B refuses the
+rewind (a server without it), the logger falls back to ``resume="allow"`` and skips eval rounds of
+steps up to `logged_eval_through`, which the earlier session already logged.
 
 wandb quirks worked around here (wandb 0.31, Lightning 2.6):
 
@@ -145,8 +150,11 @@ class SafeWandbLogger(WandbLogger):
 
     Args:
         history_file: the eval history file the failure warning points users to.
+        rewind_to: continue the run ``id`` from its row ``_step == rewind_to`` (W&B's rewind): its
+            later rows are dropped. None: append to the run.
         logged_eval_through: the last evaluated step this W&B run already holds (its earlier
-            session logged it before a crash); rounds of steps up to it are not logged again.
+            session logged it before a crash); without a rewind (none asked, or W&B refused it),
+            rounds of steps up to it are not logged again.
 
     Example:
         >>> lg = SafeWandbLogger(project="demo", offline=True, save_dir="runs/demo", id="r1")
@@ -155,15 +163,29 @@ class SafeWandbLogger(WandbLogger):
     """
 
     def __init__(
-        self, *args: Any, history_file: str | Path | None = None, logged_eval_through: int | None = None, **kwargs: Any
+        self,
+        *args: Any,
+        history_file: str | Path | None = None,
+        rewind_to: int | None = None,
+        logged_eval_through: int | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.history_file = history_file
-        self.logged_eval_through = logged_eval_through
+        self.rewind_to = rewind_to
+        # With a rewind the resumed session logs every step after the rewind point afresh.
+        self.logged_eval_through = None if rewind_to is not None else logged_eval_through
+        self._eval_through_without_rewind = logged_eval_through
         # Lightning always passes anonymous=None (a wandb deprecation warning); its init kwargs
         # are only reachable through the private dict.
         if self._wandb_init.get("anonymous") is None:
             self._wandb_init.pop("anonymous", None)
+        if rewind_to is not None:
+            if self._id is None:
+                raise ValueError("SafeWandbLogger(rewind_to=...) needs the id of the run to rewind (id=...)")
+            # wandb refuses `resume` beside `resume_from`; Lightning always passes resume="allow".
+            self._wandb_init.pop("resume", None)
+            self._wandb_init["resume_from"] = f"{self._id}?_step={int(rewind_to)}"
 
     @property
     def failure(self) -> str | None:
@@ -172,6 +194,28 @@ class SafeWandbLogger(WandbLogger):
 
     def _start_run(self) -> Any:
         _prepare_save_dir(self.save_dir)
+        if "resume_from" not in self._wandb_init:
+            return self._init_run()
+        try:
+            return self._init_run()
+        except Exception as err:  # noqa: BLE001 - a refused rewind still leaves a run to continue
+            log.warning(
+                "W&B refused to rewind run %s to _step %s (%s: %s); the run continues without rewinding: "
+                "rows its earlier session logged after the checkpoint stay, and eval rounds up to step %s "
+                "are not logged again",
+                self._id,
+                self.rewind_to,
+                type(err).__name__,
+                err,
+                self._eval_through_without_rewind,
+            )
+            self._wandb_init.pop("resume_from")
+            self._wandb_init["resume"] = "allow"
+            self.rewind_to = None
+            self.logged_eval_through = self._eval_through_without_rewind
+            return self._init_run()
+
+    def _init_run(self) -> Any:
         saved_mode = os.environ.get("WANDB_MODE")
         try:
             return WandbLogger.experiment.fget(self)  # type: ignore[attr-defined]
@@ -241,6 +285,21 @@ def _started_run(logger: WandbLogger) -> Any:
     return logger._experiment
 
 
+def last_logged_step(loggers: Sequence[Logger]) -> int | None:
+    """The ``_step`` of the last row that the first started W&B run among `loggers` logged, i.e. the
+    point to rewind it to when training resumes from a checkpoint taken now; None without such a
+    run (not started, failed, or no W&B logger) or before its first row."""
+    for logger in loggers:
+        if isinstance(logger, WandbLogger) and wandb_failure(logger) is None:
+            run = _started_run(logger)
+            if run is not None:
+                # `step` is the next row's; a rewound session reports 0 until its first row, and
+                # its `starting_step` (the row after the rewind point) until then.
+                steps = call_wandb(logger, "reading the run's step", lambda r: max(r.step, r.starting_step), run)
+                return None if steps is None or steps == 0 else int(steps) - 1
+    return None
+
+
 # ---- eval rounds -------------------------------------------------------------------------------
 
 
@@ -286,6 +345,13 @@ def _log_round(logger: WandbLogger, metrics: Mapping[str, float], results: Seque
     run = logger.experiment
     if wandb_failure(logger) is not None:
         return
+    # Read once the run has started: a refused rewind sets it then.
+    already = getattr(logger, "logged_eval_through", None)
+    if already is not None and step <= already:
+        log.info(
+            "eval round of step %d not logged to W&B: the run's earlier session logged steps up to %d", step, already
+        )
+        return
     _define_eval_axis(run, list(metrics))
     row: dict[str, Any] = {**metrics, EVAL_STEP_KEY: step, TRAINER_STEP_KEY: step}
     for result in results:
@@ -304,12 +370,6 @@ def log_eval_round(logger: WandbLogger, metrics: Mapping[str, float], results: S
         results: the round's `SetResult`s; those with `table_rows` get a sample table.
         step: the global step whose weights were evaluated.
     """
-    already = getattr(logger, "logged_eval_through", None)
-    if already is not None and step <= already:
-        log.info(
-            "eval round of step %d not logged to W&B: the run's earlier session logged steps up to %d", step, already
-        )
-        return
     call_wandb(logger, "logging eval metrics", _log_round, logger, metrics, results, step)
 
 
@@ -379,6 +439,7 @@ __all__ = [
     "alert_level",
     "call_wandb",
     "finish_wandb",
+    "last_logged_step",
     "log_eval_round",
     "samples_table",
     "send_wandb_alert",
