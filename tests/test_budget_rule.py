@@ -72,7 +72,7 @@ def test_a_resumed_budget_makes_the_same_decisions_without_the_downtime() -> Non
     budget.add_round(2.0)
     clock.now += 10.0
     state = budget.state_dict()
-    assert state == {"eval_secs": 2.0, "wall_secs": 10.0, "last_round_secs": 2.0}
+    assert state == {"eval_secs": 2.0, "wall_secs": 10.0, "last_round_secs": 2.0, "deferred": 0}
 
     clock.now += 1e6  # downtime
     resumed = EvalBudget(0.25, clock=clock)

@@ -63,16 +63,13 @@ class Scorer:
         return {"accuracy": 1.0}
 
 
-def test_the_function_identity_is_its_qualified_name_and_its_code() -> None:
+def test_the_function_identity_is_its_name_and_a_digest_of_its_code() -> None:
     identity = function_identity(_evaluate)
-    assert identity.startswith(f"{__name__}._evaluate:") and len(identity.split(":")[1]) == 32
-    assert function_identity(_evaluate) == identity
-    # The same code under another name, and other constants under the same shape of code, differ.
+    assert identity.startswith("_evaluate:") and function_identity(_evaluate) == identity
+    # Other code under another name, and other constants in the same shape of code, differ.
     assert function_identity(_evaluate_edited).split(":")[1] != identity.split(":")[1]
     assert function_identity(lambda m, b, c: {"a": 1.0}) != function_identity(lambda m, b, c: {"a": 2.0})
-    assert function_identity(Scorer().score) == function_identity(Scorer.score)
-    assert function_identity(Scorer.score).startswith(f"{__name__}.Scorer.score:")
-    assert function_identity(len) == "builtins.len"
+    assert function_identity(Scorer.score).startswith("Scorer.score:")
 
 
 def test_a_key_is_the_same_for_the_same_parts_in_any_order_and_differs_otherwise() -> None:
@@ -132,11 +129,10 @@ class SecondScorer:
         return {"accuracy": 0.5}
 
 
-def test_any_callable_gets_an_identity_and_two_callable_classes_differ() -> None:
+def test_two_callable_classes_have_different_identities() -> None:
     first, second = function_identity(FirstScorer()), function_identity(SecondScorer())
     assert first != second
-    assert first.startswith(f"{__name__}.FirstScorer") and second.startswith(f"{__name__}.SecondScorer")
-    assert function_identity((1).__add__) != function_identity((1).__sub__)  # no __module__ at all
+    assert first.startswith("FirstScorer") and second.startswith("SecondScorer")
 
 
 def test_settings_that_are_not_json_still_make_a_key() -> None:
