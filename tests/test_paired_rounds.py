@@ -131,3 +131,7 @@ def test_the_metric_pairs_across_updates() -> None:
     metric.update(torch.tensor([1.0]), torch.tensor([1.0]))
     change = metric.compute()
     assert (change.n, change.delta) == (3, pytest.approx(1 / 3))
+
+
+def test_the_t_distribution_at_the_infinities() -> None:
+    assert t_cdf(math.inf, 5) == 1.0 and t_cdf(-math.inf, 5) == 0.0
