@@ -52,3 +52,14 @@ def test_maj_at_k_names_a_correct_tensor_of_the_wrong_shape(fn: Any) -> None:
     assert str(info.value) == (
         f"`{fn.__name__}(correct=...)` must be a 2-D tensor [P, n] (prompts x samples), got shape (2,)"
     )
+
+
+def test_a_nan_reward_under_the_error_strategy_says_every_way_out() -> None:
+    from areal_lightning.metrics.reward import RewardMetric
+
+    with pytest.raises(ValueError) as info:
+        RewardMetric(nan_strategy="error").update(torch.tensor([1.0, math.nan]))
+    assert str(info.value) == (
+        "`RewardMetric.update(rewards=...)` got 1 NaN value(s) out of 2 with nan_strategy='error'; pass "
+        "nan_strategy='ignore' (or 'warn') to drop them, or a float such as 0.0 to replace them"
+    )
