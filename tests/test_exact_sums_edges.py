@@ -72,3 +72,10 @@ def test_stacked_states_merge_row_by_row() -> None:
     merged = merge_sums(torch.stack([a, b]))
     assert merged.shape == a.shape
     assert [sum_float(row) for row in merged] == [3.5, 6.001]
+
+
+def test_the_exact_fraction_of_a_sum_with_non_finite_values_is_the_ieee_sum() -> None:
+    from areal_lightning.metrics.exact import sum_fraction
+
+    assert math.isnan(sum_fraction(_sum([1.0, math.nan]))) and sum_fraction(_sum([1.0, math.inf])) == math.inf
+    assert sum_fraction(_sum([0.5, 0.25])) == Fraction(3, 4)
