@@ -135,6 +135,10 @@ def default_metrics(n_samples: int) -> dict[str, Callable[[], Metric]]:
     return factories
 
 
+def _never() -> bool:
+    return False
+
+
 def metric_names(n_samples: int) -> list[str]:
     """Every name a round of the default evaluation logs for an eval set (``reward/mean``, ``pass@4`` ...),
     known before any round runs, so that a threshold on a metric it never logs is refused up front.
@@ -146,6 +150,9 @@ def metric_names(n_samples: int) -> list[str]:
     names = []
     for name, factory in default_metrics(n_samples).items():
         metric = factory()
+        # Computed on this process alone: config checks also run where a process group is up
+        # (a DDP rank re-checking its config), and a sync there would wait for the other ranks.
+        metric.distributed_available_fn = _never
         correct = torch.ones(1, n_samples)
         if isinstance(metric, MajAtK):
             metric.update(torch.zeros(1, n_samples, dtype=torch.long), correct.bool())
