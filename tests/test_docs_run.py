@@ -46,7 +46,6 @@ FAST: dict[str, dict[str, list[str]]] = {
     GSM8K: {
         "fit": [
             "trainer.accelerator=cpu",
-            "trainer.devices=1",
             "trainer.max_steps=2",
             "grpo.group_size=2",
             "grpo.prompts_per_step=2",
@@ -136,6 +135,7 @@ def _local_model_and_data(cwd: Path) -> None:
     from hf_models import save_tiny_llama, write_gsm8k
 
     save_tiny_llama(cwd / "models" / "Qwen2.5-0.5B-Instruct", digit_bias=2.0)
+    (cwd / "data" / "gsm8k").mkdir(parents=True)
     write_gsm8k(cwd / "data" / "gsm8k" / "train.jsonl", 4)
     write_gsm8k(cwd / "data" / "gsm8k" / "test.jsonl", 4, offset=4)
 
