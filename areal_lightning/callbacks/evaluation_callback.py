@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, EarlyStopping
 from typing_extensions import override
 
 from areal_lightning.callbacks.adaptive import AdaptiveSchedule
@@ -23,9 +23,11 @@ from areal_lightning.callbacks.async_evaluator import (
 from areal_lightning.callbacks.best import DEFAULT_BEST_METRICS, BestValues
 from areal_lightning.callbacks.budget import EvalBudget
 from areal_lightning.callbacks.decisions import (
+    adopt_eval_monitors,
+    check_after_round,
+    hold_monitor_places,
     publish_round,
     report_alert,
-    warn_early_stopping_order,
     watch_round,
 )
 from areal_lightning.callbacks.imports import import_object
@@ -42,6 +44,7 @@ from areal_lightning.callbacks.options import (
     choice,
 )
 from areal_lightning.callbacks.parallelism import forwards_in_lockstep
+from areal_lightning.callbacks.progress import trainer_progress
 from areal_lightning.callbacks.reward_watch import RewardWatch, as_reward_watch
 from areal_lightning.callbacks.thresholds import Alert, ThresholdMonitor
 from areal_lightning.callbacks.trigger import Cause, HybridTrigger
@@ -78,6 +81,11 @@ from areal_lightning.tracking.loggers import log_eval_results
 log = logging.getLogger(__name__)
 
 
+def _fast_dev_run(trainer: L.Trainer) -> bool:
+    """`Trainer(fast_dev_run=...)` is on (an attribute the Trainer sets but does not declare)."""
+    return bool(getattr(trainer, "fast_dev_run", False))
+
+
 def _epoch_ran_to_end(trainer: L.Trainer) -> bool:
     """The epoch loop consumed its last batch (or its `limit_train_batches`), the same on every rank."""
     progress = trainer.fit_loop.epoch_loop.batch_progress
@@ -105,7 +113,8 @@ class EvaluationCallback(Callback):
         metric_thresholds: `{metric: minimum}`; a metric that reached its minimum and falls below
             it raises one alert per crossing.
         threshold_action: ``alert`` (log, history record, W&B alert) or ``stop`` (also stop training).
-        on_error: ``log`` (record the exception and keep training) or ``raise``.
+        on_error: ``log`` (record the exception and keep training) or ``raise``. The first round
+            of a fit is a sanity round: when it fails, training stops whatever `on_error` says.
         output_dir: where the eval history goes; None: the Trainer's `default_root_dir`.
         seed: run seed from which each sample's seed derives; None: the module's `seed` or 0.
         max_table_rows: sample generations per eval set kept for W&B tables.
@@ -136,7 +145,10 @@ class EvaluationCallback(Callback):
 
     Every round's metrics also reach ``trainer.callback_metrics`` under their logged names, on
     every rank, so ``ModelCheckpoint(monitor="eval/easy/accuracy", mode="max")`` and
-    ``EarlyStopping(monitor=...)`` (listed after this callback) decide on them.
+    ``EarlyStopping(monitor=...)`` decide on them; an `EarlyStopping` on an ``eval/`` metric
+    checks right after each round (``docs/decisions.md``). Under the Trainer's progress bar each
+    round shows its batches as validation does; under ``fast_dev_run`` a round evaluates each eval
+    set's first batch and records nothing.
 
     Every round also logs, per eval set and per metric whose per-prompt outcomes `evaluate_fn`
     recorded (``ctx.record_outcomes``), the paired change since the previous round and since the
@@ -243,6 +255,8 @@ class EvaluationCallback(Callback):
         self.max_table_rows = max_table_rows
         self._evaluate_fn = evaluate_fn
         self._history: EvalHistory | None = None
+        self._adopted: list[EarlyStopping] = []  # EarlyStopping on eval metrics: checked after each round
+        self._rounds_this_fit = 0  # the first round of a fit is a sanity round: its failure stops training
         self._checked_eval_sets = False
         self._last_seen_step = -1
         self._lockstep = False  # decided from the strategy once the model is sharded (on_train_start)
@@ -276,15 +290,15 @@ class EvaluationCallback(Callback):
             self.output_dir = Path(trainer.default_root_dir)
         if self.seed is None:
             self.seed = int(getattr(pl_module, "seed", 0))
-        if trainer.is_global_zero:
+        # fast_dev_run writes nothing, as Lightning's own callbacks do not.
+        if trainer.is_global_zero and not _fast_dev_run(trainer):
             # A resumed run evaluates again the steps between its checkpoint and the crash: one record each.
             self._history = EvalHistory.in_run_dir(self.output_dir, once_per_step=[c.value for c in Cause])
         if self.use_cache and self.cache_dir is None:
             self.cache_dir = self.output_dir / CACHE_DIRNAME
         if self._async is not None:
             refuse_sharded(trainer.strategy)
-        # `Trainer.callbacks` is public, set by its callback connector rather than declared on the class.
-        warn_early_stopping_order(trainer.callbacks, self)  # type: ignore[attr-defined]
+        self._adopted = adopt_eval_monitors(trainer)
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -292,6 +306,12 @@ class EvaluationCallback(Callback):
             check_eval_sets_consistent(self.eval_sets)  # every rank: a mismatch fails everywhere at once
             self._checked_eval_sets = True
         self._lockstep = forwards_in_lockstep(trainer.strategy, pl_module)  # raises for tensor parallelism
+        self._rounds_this_fit = 0
+        hold_monitor_places(trainer)
+        if _fast_dev_run(trainer):
+            # As Lightning's fast_dev_run runs one validation batch: each eval set's first batch, unrecorded.
+            self.eval_sets = [s.first_batch() for s in self.eval_sets]
+            log.info("fast_dev_run: rounds evaluate the first batch of each eval set and record nothing")
         self._check_drift(trainer)
         self.trigger.start()
         if self.budget is not None:
@@ -445,7 +465,7 @@ class EvaluationCallback(Callback):
             self.pairs.reset(name)  # the new content has nothing to pair with
             if trainer.is_global_zero:
                 warnings.warn(message, stacklevel=2)
-                assert self._history is not None
+            if self._history is not None:
                 self._history.append(event_record("drift", trainer.global_step, dataset=name, message=message))
 
     def _cache_keys(self, pl_module: L.LightningModule, evaluate_fn: EvaluateFn) -> dict[str, str]:
@@ -498,14 +518,12 @@ class EvaluationCallback(Callback):
                     global_step=step,
                     epoch=epoch,
                     max_table_rows=self.max_table_rows,
-                    show_progress=trainer.progress_bar_callback is not None,
+                    progress=trainer_progress(trainer),
                     lockstep=self._lockstep,
                 )
         except EvalRoundError as err:
             self.trigger.mark_evaluated(step)
-            if self.on_error is ErrorPolicy.RAISE:
-                raise
-            self._record_error(trainer, step, err)
+            self._fail_round(trainer, step, err)
             return
         if keys:
             assert self.cache_dir is not None  # keys exist only with the cache on, and then it has a directory
@@ -536,6 +554,7 @@ class EvaluationCallback(Callback):
         by_name = {r.dataset: r for r in fresh} | dict(cached)
         results = [by_name[s.name] for s in self.eval_sets]
         self.evaluated_steps.append(step)
+        self._rounds_this_fit += 1
         extras: dict[str, float] = {}
         if self.budget is not None:
             self.budget.add_round(blocked_secs)
@@ -566,6 +585,7 @@ class EvaluationCallback(Callback):
         for r in results:  # reduced metrics: the same on every rank, and so the best values
             r.metrics.update(self.best.update(r.dataset, r.metrics, step))
         publish_round(trainer, results, step)
+        check_after_round(trainer, trainer.lightning_module, self._adopted)
 
     def _watch_rewards(self, trainer: L.Trainer, results: list[SetResult], step: int) -> None:
         if self.reward_watch is not None:
@@ -581,17 +601,16 @@ class EvaluationCallback(Callback):
             self.trigger.mark_evaluated(step)
             self._skipped_step = step
             if trainer.is_global_zero:
-                assert self._history is not None
                 message = (
                     f"evaluation of step {step} skipped: the round of step {running.step} is still running "
                     "(on_busy='skip')"
                 )
                 log.warning(message)
-                self._history.append(
-                    event_record(
-                        "skipped", step, message=message, trigger=[str(c) for c in causes], running_step=running.step
+                if self._history is not None:
+                    trigger = [str(c) for c in causes]
+                    self._history.append(
+                        event_record("skipped", step, message=message, trigger=trigger, running_step=running.step)
                     )
-                )
             return
         if running is not None:
             self._finish_async(trainer, pl_module, wait=True)
@@ -633,9 +652,7 @@ class EvaluationCallback(Callback):
         try:
             results = [reduce_set(r, s, device=pl_module.device) for r, s in zip(local, self.eval_sets, strict=True)]
         except EvalRoundError as err:
-            if self.on_error is ErrorPolicy.RAISE:
-                raise
-            self._record_error(trainer, snapshot.step, err)
+            self._fail_round(trainer, snapshot.step, err)
             return
         fields = {
             "lag_steps": trainer.global_step - snapshot.step,
@@ -647,13 +664,15 @@ class EvaluationCallback(Callback):
         self._conclude(trainer, results, {}, snapshot.step, snapshot.epoch, causes, blocked_secs=blocked, fields=fields)
 
     def _record_interval_change(self, step: int, old: int, new: int, moved: bool) -> None:
-        assert self.adaptive is not None and self._history is not None
+        assert self.adaptive is not None
         how = "moved beyond" if moved else "stayed within"
         message = (
             f"{self.adaptive.metric} {how} its paired 95% interval: the next adaptive round comes "
             f"{new} steps after step {step} (was {old})"
         )
         log.info("adaptive evaluation: %s", message)
+        if self._history is None:
+            return
         self._history.append(
             event_record(
                 "adaptive",
@@ -678,7 +697,6 @@ class EvaluationCallback(Callback):
         fields: Mapping[str, Any] | None = None,
     ) -> None:
         cached, extras = cached or set(), extras or {}
-        assert self._history is not None
         records = []
         for r in results:
             record = eval_record(
@@ -702,7 +720,8 @@ class EvaluationCallback(Callback):
                 record["budget_share"] = extras["budget_share"]
                 record["deferred"] = self._deferred_since_round
             records.append(record)
-        self._history.append_many(records)
+        if self._history is not None:
+            self._history.append_many(records)
         log_eval_results(trainer.loggers, results, step)
         if extras:
             # Run-level numbers of the round, e.g. eval/budget_share, on the same eval x axis.
@@ -715,11 +734,27 @@ class EvaluationCallback(Callback):
         )
         log.info("evaluation at step %d (%s): %s", step, "+".join(causes), summary)
 
-    def _record_error(self, trainer: L.Trainer, step: int, err: Exception) -> None:
+    def _fail_round(self, trainer: L.Trainer, step: int, err: EvalRoundError) -> None:
+        """Records a failed round; raises (every rank alike) for the sanity round or ``on_error='raise'``.
+
+        The first round of a fit is a sanity round, as Lightning's sanity check is for validation:
+        its failure is most likely a bug in `evaluate_fn`, which would fail every later round too.
+        """
+        sanity = self._rounds_this_fit == 0
         if trainer.is_global_zero:
-            log.error("evaluation at step %d failed; training goes on (on_error='log'):\n%s", step, err)
-            assert self._history is not None
-            self._history.append(event_record("error", step, message=str(err), run_id=self.run_id))
+            if sanity or self.on_error is ErrorPolicy.RAISE:
+                log.error("evaluation at step %d failed; training stops:\n%s", step, err)
+            else:
+                log.error("evaluation at step %d failed; training goes on (on_error='log'):\n%s", step, err)
+            if self._history is not None:
+                self._history.append(event_record("error", step, message=str(err), run_id=self.run_id))
+        if sanity:
+            raise EvalRoundError(
+                f"{err}\n(This was the first evaluation round of this fit, a sanity round as Lightning's sanity check "
+                "is for validation: its failure stops training whatever on_error says; later rounds follow on_error.)"
+            ) from err
+        if self.on_error is ErrorPolicy.RAISE:
+            raise err
 
     def _check_thresholds(self, trainer: L.Trainer, results: list[SetResult], step: int) -> None:
         if not self.thresholds.thresholds:
