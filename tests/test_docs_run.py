@@ -241,7 +241,7 @@ def test_the_readme_example_is_complete_and_evaluates_under_lightnings_defaults(
     records = [json.loads(line) for line in (cwd / "eval_history.jsonl").read_text().splitlines()]
     assert [r for r in records if r.get("event") == "error"] == []
     rounds = [r for r in records if "metrics" in r]
-    assert {r["dataset"] for r in rounds} == {"one_digit", "two_digit"}
+    assert {r["dataset"] for r in rounds} == {"easy", "hard"}
     steps = sorted({r["step"] for r in rounds})
     assert steps[0] == 0 and len(steps) >= 3, steps
     assert all({"accuracy", "reward/mean"} <= set(r["metrics"]) for r in rounds)

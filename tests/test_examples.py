@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import subprocess
 import sys
@@ -92,6 +93,12 @@ def test_custom_evaluate_fn_example_logs_bleu_and_accuracy_of_a_users_module(tmp
     bleu = [r["metrics"]["bleu"] for r in rows]
     assert all(0 <= b <= 1 for b in bleu) and bleu[-1] > bleu[0]  # the translator learns, and BLEU shows it
     assert rows[-1]["metrics"]["accuracy"] >= rows[0]["metrics"]["accuracy"]
+    # What the docstring promises: eval/<set>/bleu reaches the Trainer's logger, at the rounds' steps.
+    with open(out / "csv" / "version_0" / "metrics.csv") as f:
+        logged = [row for row in csv.DictReader(f) if row.get("eval/dev/bleu")]
+    assert [int(r["step"]) for r in logged] == [r["step"] for r in rows]
+    assert [float(r["eval/dev/bleu"]) for r in logged] == pytest.approx(bleu, rel=1e-6)  # float32 in the logger
+    assert all(r["eval/dev/accuracy"] for r in logged)
 
 
 @pytest.mark.slow
