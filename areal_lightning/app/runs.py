@@ -94,6 +94,34 @@ def next_free_trial(cfg: Config, load: Callable[[list[str]], Config]) -> Config:
         k += 1
 
 
+def start_run(cfg: Config) -> Config:
+    """Gives a script that trains from a config (as `fit` does, e.g. ``examples/math/gsm8k_grpo.py``)
+    one run identity: a new ``cfg.run_id`` in the process the user started, handed to the
+    processes Lightning starts for the other devices (they run the script again) through the
+    environment. The builders then put it everywhere `fit` does: ``config.yaml`` (`save_config`),
+    the history, every checkpoint and the W&B run.
+
+    Raises:
+        RunDirError: the process the user started found a run in ``cfg.output_dir`` already.
+    """
+    import json
+    import os
+
+    from areal_lightning.app.fit import RUN_ENV
+    from areal_lightning.tracking.history import new_run_id
+
+    handed = json.loads(os.environ.get(RUN_ENV, "{}"))
+    if handed.get("run_id"):  # a per-device process: the launching process decided
+        cfg.run_id = handed["run_id"]
+        return cfg
+    found = run_files(cfg.output_dir)
+    if found:
+        raise RunDirError(used_dir_message(cfg.output_dir, found, cfg.trial_name))
+    cfg.run_id = new_run_id()
+    os.environ[RUN_ENV] = json.dumps({"run_id": cfg.run_id, "trial_name": cfg.trial_name})
+    return cfg
+
+
 def run_id_in_dir(output_dir: str | Path) -> str | None:
     """The run id that ``<output_dir>/config.yaml`` names, or None (no file, or written before run ids)."""
     path = Path(output_dir) / CONFIG_FILENAME
@@ -176,5 +204,6 @@ __all__ = [
     "next_free_trial",
     "run_files",
     "run_id_in_dir",
+    "start_run",
     "used_dir_message",
 ]
