@@ -214,6 +214,10 @@ class PolicyConfig:
     """hf: a system message before each chat prompt (task.prompt_style: chat only)."""
     stop_strings: list[str] = field(default_factory=list)
     """hf: a completion ends after the first of these strings (e.g. "\\nQuestion:" for base models)."""
+    disable_dropout: bool = True
+    """hf: set every dropout probability of the model to 0 (as RL trainers do, e.g. TRL's
+    disable_dropout), so a training forward computes the policy that sampled; false keeps the
+    model's own dropout, active in training steps. The whole model trains in training mode either way."""
     d_model: int = 64
     """Width of the tiny transformer."""
     n_layers: int = 2
