@@ -22,8 +22,8 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch import Tensor, nn
 from lightning.pytorch.loggers import CSVLogger
+from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from torchmetrics import MeanMetric
 from torchmetrics.text import BLEUScore

@@ -101,7 +101,9 @@ def blocks(path: Path) -> list[Block]:
             i += 1
         above = _MARK.match(lines[start - 1]) if start > 0 else None
         found.append(
-            Block(path, start + 1, fence[1].lower(), "\n".join(body) + "\n", above["why"] if above is not None else None)
+            Block(
+                path, start + 1, fence[1].lower(), "\n".join(body) + "\n", above["why"] if above is not None else None
+            )
         )
         i += 1  # the closing fence
     return found

@@ -44,7 +44,9 @@ def run_on_a_terminal(argv: list[str], timeout: float, cwd: Path) -> tuple[int, 
     """Runs `argv` with stdout and stderr on a pseudo-terminal (as a shell would), in its own process
     group that a timeout ends as a whole; returns (exit status, what the terminal showed)."""
     controller, terminal = pty.openpty()
-    proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, start_new_session=True)
+    proc = subprocess.Popen(
+        argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, start_new_session=True
+    )
     os.close(terminal)
     shown: list[bytes] = []
 

@@ -70,7 +70,9 @@ class ModesAtTraining(L.Callback):
                 "eval_mode": [name for name, m in pl_module.named_modules() if not m.training],
                 "dropout": {m.p for m in pl_module.modules() if isinstance(m, nn.Dropout)},
                 "attention_dropout": {
-                    m.attention_dropout for m in pl_module.modules() if isinstance(getattr(m, "attention_dropout", None), float)
+                    m.attention_dropout
+                    for m in pl_module.modules()
+                    if isinstance(getattr(m, "attention_dropout", None), float)
                 },
             }
         )

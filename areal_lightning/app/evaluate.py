@@ -235,9 +235,7 @@ def _record_failure(cfg: Config, args: argparse.Namespace, step: int, run_id: st
 
     history = _history(cfg, args)
     history.append(
-        event_record(
-            "error", step, run_id=run_id, message=str(err), trigger=[EVALUATE_TRIGGER], source="standalone"
-        )
+        event_record("error", step, run_id=run_id, message=str(err), trigger=[EVALUATE_TRIGGER], source="standalone")
     )
     return history.path
 
