@@ -63,6 +63,9 @@ if TYPE_CHECKING:
     from lightning.fabric.connector import _PRECISION_INPUT
 
 CONFIG_FILENAME = "config.yaml"
+RUN_ENV = "AREAL_LIGHTNING_RUN"
+"""How the process a user started hands its run decision (run id, trial name) to the processes
+Lightning starts for the other devices: they run the same command again and inherit its environment."""
 LIGHTNING_PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
 
 

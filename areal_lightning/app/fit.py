@@ -13,12 +13,16 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from areal_lightning.app.config import CONFIG_FILENAME, Config, ConfigError, load_config, save_config, to_yaml
+from areal_lightning.app.config import (
+    CONFIG_FILENAME,
+    RUN_ENV,
+    Config,
+    ConfigError,
+    load_config,
+    save_config,
+    to_yaml,
+)
 from areal_lightning.app.console import fail, log, quiet_lightning, report_rounds
-
-RUN_ENV = "AREAL_LIGHTNING_RUN"
-"""How the launching process hands its decision (run id, trial name) to the processes Lightning
-starts for the other devices: they re-run this command and inherit its environment."""
 
 
 @dataclass

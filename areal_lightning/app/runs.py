@@ -19,7 +19,7 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from areal_lightning.app.config import CONFIG_FILENAME, Config
+from areal_lightning.app.config import CONFIG_FILENAME, RUN_ENV, Config
 from areal_lightning.tracking.history import HISTORY_FILENAME, eval_rows, read_history, split_runs
 
 RUN_ID_KEY = "run_id"
@@ -107,7 +107,6 @@ def start_run(cfg: Config) -> Config:
     import json
     import os
 
-    from areal_lightning.app.fit import RUN_ENV
     from areal_lightning.tracking.history import new_run_id
 
     handed = json.loads(os.environ.get(RUN_ENV, "{}"))
