@@ -63,6 +63,7 @@ from areal_lightning.eval_round import (
 from areal_lightning.eval_round.cache import (
     CACHE_DIRNAME,
     ResultCache,
+    UncacheableError,
     function_identity,
     result_key,
     weights_digest,
@@ -239,6 +240,13 @@ class EvaluationCallback(Callback):
         if not isinstance(use_cache, bool):
             raise ArgumentError("EvaluationCallback", "use_cache", use_cache, "True or False")
         check_cache_mode(self.mode, use_cache)
+        if use_cache and evaluate_fn is not None:
+            try:
+                function_identity(evaluate_fn)
+            except UncacheableError as err:
+                raise ValueError(
+                    f"`EvaluationCallback(use_cache=True)` cannot key evaluate_fn: {err}; pass use_cache=False"
+                ) from None
         self.use_cache = use_cache
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.precision = EvalPrecision.parse(precision)
@@ -489,7 +497,10 @@ class EvaluationCallback(Callback):
         hits: dict[str, SetResult] = {}
         if trainer.is_global_zero:
             assert self.cache_dir is not None
-            keys = self._cache_keys(pl_module, evaluate_fn)
+            try:
+                keys = self._cache_keys(pl_module, evaluate_fn)
+            except UncacheableError as err:  # state changed since construction: evaluate, cache nothing
+                warnings.warn(f"result cache skipped this round: {err}", stacklevel=2)
             cache = ResultCache(self.cache_dir)
             hits = {name: r for name, key in keys.items() if (r := cache.get(key)) is not None}
         # Every rank must skip the same eval sets, or the ranks that evaluate wait for the others.

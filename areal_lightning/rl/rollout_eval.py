@@ -150,8 +150,10 @@ def metric_names(n_samples: int) -> list[str]:
     names = []
     for name, factory in default_metrics(n_samples).items():
         metric = factory()
-        # Computed on this process alone: config checks also run where a process group is up
-        # (a DDP rank re-checking its config), and a sync there would wait for the other ranks.
+        # Local names only: config checks run on one rank at times (a resumed run's copy of the config
+        # on rank 0, the watcher's W&B config on rank 0), where a synced compute() would wait in a
+        # collective the other ranks never join. `sync_on_compute = False` set after construction is
+        # not enough (torchmetrics reads it at construction); no process group means no sync at all.
         metric.distributed_available_fn = _never
         correct = torch.ones(1, n_samples)
         if isinstance(metric, MajAtK):
