@@ -267,3 +267,25 @@ def test_fast_keeps_the_command_and_shortens_it(tmp_path: Path) -> None:
     watch = ["areal-lightning", "evaluate", "-c", "a.yaml", "--watch", "d", "trainer.devices=4", "--idle-timeout", "9"]
     out = fast(watch, tmp_path)
     assert out[-2:] == ["--idle-timeout", "9"] and "trainer.devices=2" in out
+
+
+# Config fragments of the docs, merged over the main job's config as a reader would into theirs.
+# Not here: lightning_cli.md (a LightningCLI file, run by tests/test_lightning_cli.py) and
+# hf_models.md (its paths name a model and data files; its commands run above).
+CONFIG_PAGES = ("async_evaluation.md", "decisions.md", "sampling_and_scoring.md", "smart_evaluation.md")
+
+
+@pytest.mark.parametrize("name", CONFIG_PAGES)
+def test_the_config_fragments_of_the_page_load(name: str, tmp_path: Path) -> None:
+    import yaml
+    from omegaconf import OmegaConf
+
+    from areal_lightning.app.config import load_config
+
+    base = yaml.safe_load((ROOT / "areal_lightning" / "app" / "configs" / "arithmetic_grpo.yaml").read_text())
+    fragments = [b for b in blocks(ROOT / "docs" / name) if b.lang == "yaml"]
+    assert fragments, f"{name} has no yaml block"
+    for i, block in enumerate(fragments):
+        path = tmp_path / f"{i}.yaml"
+        path.write_text(yaml.safe_dump(OmegaConf.to_container(OmegaConf.merge(base, yaml.safe_load(block.text)))))
+        load_config(path)  # a ConfigError names the key, the value and what is accepted
