@@ -9,6 +9,7 @@ Rounds are made to fail where a user's code would fail: the evaluation raising a
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,25 @@ def test_fit_exits_1_with_one_line_when_rounds_failed(
     found = SUMMARY.findall(capsys.readouterr().err)
     assert found == [(str(len(errors)), "3", str(history))]  # rounds at steps 0, 2, 4: the last two failed
     assert len(errors) == 2
+
+
+def test_a_fit_whose_first_round_fails_stops_there_and_exits_1_without_a_traceback(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(GRPOModule, "evaluate", _fail_from(0, GRPOModule.evaluate))
+    with caplog.at_level(logging.ERROR, logger="areal_lightning"):
+        status = main(["fit", "-c", str(_config(tmp_path))])
+    history = tmp_path / "run" / "eval_history.jsonl"
+    assert status == 1  # an exit status, not an exception's traceback
+    assert SUMMARY.findall(capsys.readouterr().err) == [("1", "1", str(history))]  # step 0 stopped training
+    assert "evaluation at step 0 failed; training stops (the first evaluation round of a fit is a sanity round" in (
+        caplog.text
+    )
+    assert "BrokenScorer: the scorer broke at step 0" in caplog.text
+    assert [e["step"] for e in event_rows(read_history(history), "error")] == [0]
 
 
 def test_a_healthy_fit_exits_0(trained: Path) -> None:

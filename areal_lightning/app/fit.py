@@ -24,7 +24,7 @@ from areal_lightning.app.config import (
     save_config,
     to_yaml,
 )
-from areal_lightning.app.console import fail, log, quiet_lightning, report_rounds
+from areal_lightning.app.console import ROUNDS_FAILED, fail, log, quiet_lightning, report_rounds
 from areal_lightning.tracking.writable import option_problem
 
 if TYPE_CHECKING:
@@ -188,6 +188,7 @@ def fit_main(args: argparse.Namespace) -> int:
     from areal_lightning.app.builders import build_callback, build_trainer
     from areal_lightning.app.interrupt import StopOnSignal, signal_exit_status
     from areal_lightning.app.runs import CHECKPOINT_DIRNAME, LAST_CHECKPOINT, last_logged_eval_step, latest_csv_version
+    from areal_lightning.eval_round import EvalRoundError
     from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.tracking.wandb_logger import finish_wandb
 
@@ -215,6 +216,9 @@ def fit_main(args: argparse.Namespace) -> int:
     status = 0
     try:
         trainer.fit(module, ckpt_path=args.ckpt)
+    except EvalRoundError:
+        # The sanity round (or on_error: raise) stopped training; the error is logged and recorded.
+        status = ROUNDS_FAILED
     except BaseException:
         # Lightning ends a Ctrl-C with sys.exit(1) and re-raises SIGTERMException: `stop` saw which.
         if stop.stopped_by is None:
@@ -227,6 +231,11 @@ def fit_main(args: argparse.Namespace) -> int:
         else:
             os.environ[RUN_ENV] = saved_env
     finish_wandb(trainer.loggers, exit_code=status)  # Lightning leaves the W&B run open
+    if status == ROUNDS_FAILED:
+        if not trainer.is_global_zero:
+            return status
+        failed, total = _rounds_since(cfg.output_dir, records_before, cfg.run_id)
+        return report_rounds(max(failed, 1), max(total, 1), _history_file(cfg.output_dir))
     if status:
         if trainer.is_global_zero:
             _report_stop(args, cfg, stop, trainer.global_step)
