@@ -4,8 +4,9 @@ The module below is not ours: a word-by-word English-to-French "translator" (an 
 linear layer) trained with cross-entropy. `evaluate_translation` is the user's `evaluate_fn`: it
 translates each eval sentence and updates a BLEU score (`torchmetrics.text.BLEUScore`) and the
 exact-match accuracy. The callback evaluates on its triggers, reduces both metrics across ranks,
-logs ``eval/<set>/bleu`` and ``eval/<set>/accuracy`` and appends them to the eval history: the
-seed's "from accuracy to BLEU to reward".
+logs ``eval/<set>/bleu`` and ``eval/<set>/accuracy`` to the Trainer's logger (a CSV file,
+``<output-dir>/csv/version_0/metrics.csv``) and appends them to the eval history: the seed's "from
+accuracy to BLEU to reward". The Trainer keeps Lightning's defaults (progress bar, checkpoints).
 
 Run:
     python examples/custom_evaluate_fn.py --steps 300 --eval-every 100
@@ -21,6 +22,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.loggers import CSVLogger
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from torchmetrics import MeanMetric
@@ -129,14 +131,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     trainer = L.Trainer(
         max_steps=args.steps,
         accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
+        logger=CSVLogger(args.output_dir, name="csv"),
         callbacks=[callback],
         default_root_dir=args.output_dir,
     )
     trainer.fit(WordTranslator())
     print(f"eval history: {Path(args.output_dir) / 'eval_history.jsonl'}")
+    print(f"logged metrics: {Path(trainer.logger.log_dir) / 'metrics.csv'}")
     return 0
 
 

@@ -2,33 +2,34 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
+from procs import evaluate_command, run_in_group
 
 from areal_lightning.tracking.history import eval_rows, read_history
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-def _run(tmp_path: Path, script: str, *args: str) -> subprocess.CompletedProcess:
-    env = dict(
+def _env(wandb_mode: str = "disabled") -> dict[str, str]:
+    return dict(
         os.environ,
-        WANDB_MODE="disabled",
+        WANDB_MODE=wandb_mode,
         OMP_NUM_THREADS="1",
         PYTHONPATH=os.pathsep.join([str(EXAMPLES.parent), os.environ.get("PYTHONPATH", "")]),
     )
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / script), *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+
+
+def _run(tmp_path: Path, script: str, *args: str, wandb_mode: str = "disabled") -> subprocess.CompletedProcess:
+    env = _env(wandb_mode)
+    proc = run_in_group([sys.executable, str(EXAMPLES / script), *args], 400, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -92,6 +93,12 @@ def test_custom_evaluate_fn_example_logs_bleu_and_accuracy_of_a_users_module(tmp
     bleu = [r["metrics"]["bleu"] for r in rows]
     assert all(0 <= b <= 1 for b in bleu) and bleu[-1] > bleu[0]  # the translator learns, and BLEU shows it
     assert rows[-1]["metrics"]["accuracy"] >= rows[0]["metrics"]["accuracy"]
+    # What the docstring promises: eval/<set>/bleu reaches the Trainer's logger, at the rounds' steps.
+    with open(out / "csv" / "version_0" / "metrics.csv") as f:
+        logged = [row for row in csv.DictReader(f) if row.get("eval/dev/bleu")]
+    assert [int(r["step"]) for r in logged] == [r["step"] for r in rows]
+    assert [float(r["eval/dev/bleu"]) for r in logged] == pytest.approx(bleu, rel=1e-6)  # float32 in the logger
+    assert all(r["eval/dev/accuracy"] for r in logged)
 
 
 @pytest.mark.slow
@@ -112,7 +119,6 @@ def test_gsm8k_example_script_runs_its_own_evaluate_fn(tmp_path: Path) -> None:
         f"eval_sets.gsm8k.path={data}",
         "trainer.accelerator=cpu",
         "trainer.max_steps=2",
-        "trainer.enable_progress_bar=false",
         "grpo.group_size=2",
         "grpo.prompts_per_step=2",
         "grpo.max_new_tokens=4",
@@ -121,11 +127,24 @@ def test_gsm8k_example_script_runs_its_own_evaluate_fn(tmp_path: Path) -> None:
         "evaluator.freq_steps=2",
         "evaluator.freq_epochs=null",
         "evaluator.freq_secs=null",
-        "logger.wandb.mode=disabled",
+        "logger.wandb.mode=offline",
         f"output_dir={out}",
+        wandb_mode="offline",
     )
-    rows = eval_rows(read_history(out))
+    records = read_history(out)
+    rows = eval_rows(records)
     assert [(r["step"], r["num_prompts"], r["num_samples"]) for r in rows] == [(0, 4, 8), (2, 4, 8)]
     metrics = rows[-1]["metrics"]
     assert {"reward/mean", "accuracy", "completion_tokens", "no_answer_frac"} <= set(metrics)
     assert 0 < metrics["completion_tokens"] <= 4 and 0 <= metrics["no_answer_frac"] <= 1
+    # One run, one identity: config.yaml, every record, the checkpoint and the W&B run share the id.
+    run_id = yaml.safe_load((out / "config.yaml").read_text())["run_id"]
+    assert run_id and {r["run_id"] for r in records} == {run_id}
+    assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["run_id"] == run_id
+    assert [p.name.rsplit("-", 1)[-1] for p in (out / "wandb").glob("offline-run-*")] == [run_id]
+    # ... so `evaluate` knows the run of the checkpoint.
+    done = run_in_group(
+        evaluate_command(out / "config.yaml", out / "checkpoints" / "last.ckpt"), 300, cwd=tmp_path, env=_env()
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"(run {run_id}, step 2," in done.stdout

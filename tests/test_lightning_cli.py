@@ -103,3 +103,28 @@ def test_a_dotted_path_that_does_not_import_is_refused_before_training(tmp_path:
     ):
         LightningCLI(Regressor, args=["fit", "-c", str(_config(tmp_path, "user_evals.evaluat"))])
     assert not (tmp_path / "run").exists()
+
+
+def test_our_lightning_cli_reports_a_wrong_dotted_path_in_one_line(tmp_path: Path, user_module: None) -> None:
+    """As a user runs it: ``python train.py fit -c config.yaml``; usage and one error line, exit 2."""
+    import os
+    import sys
+
+    from procs import run_in_group
+
+    (tmp_path / "train.py").write_text(
+        "from areal_lightning.callbacks.lightning_cli import LightningCLI\n"
+        "from user_evals import Regressor\n\n"
+        "if __name__ == '__main__':\n"
+        "    LightningCLI(Regressor)\n"
+    )
+    config = _config(tmp_path, "user_evals.evaluat")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), OMP_NUM_THREADS="1")
+    done = run_in_group([sys.executable, "train.py", "fit", "-c", str(config)], 120, cwd=tmp_path, env=env)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: `EvaluationCallback(evaluate_fn='user_evals.evaluat')`: module 'user_evals' has no attribute 'evaluat'"
+    ]
+    assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) <= 6, done.stderr
+    assert not (tmp_path / "run").exists()

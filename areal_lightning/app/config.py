@@ -63,6 +63,9 @@ if TYPE_CHECKING:
     from lightning.fabric.connector import _PRECISION_INPUT
 
 CONFIG_FILENAME = "config.yaml"
+RUN_ENV = "AREAL_LIGHTNING_RUN"
+"""How the process a user started hands its run decision (run id, trial name) to the processes
+Lightning starts for the other devices: they run the same command again and inherit its environment."""
 LIGHTNING_PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
 
 
@@ -257,6 +260,10 @@ class PolicyConfig:
     """hf: a system message before each chat prompt (task.prompt_style: chat only)."""
     stop_strings: list[str] = field(default_factory=list)
     """hf: a completion ends after the first of these strings (e.g. "\\nQuestion:" for base models)."""
+    disable_dropout: bool = True
+    """hf: set every dropout probability of the model to 0 (as RL trainers do, e.g. TRL's
+    disable_dropout), so a training forward computes the policy that sampled; false keeps the
+    model's own dropout, active in training steps. The whole model trains in training mode either way."""
     d_model: int = 64
     """Width of the tiny transformer."""
     n_layers: int = 2

@@ -21,18 +21,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_lightning.app.config import Config, ConfigError, lightning_precision, load_config
-from areal_lightning.app.console import fail, quiet_lightning
+from areal_lightning.app.console import fail, quiet_lightning, report_rounds
 
 if TYPE_CHECKING:  # heavy imports stay out of `areal-lightning --help` and `plot`
     from lightning.fabric import Fabric
 
     from areal_lightning.eval_round import SetResult
     from areal_lightning.rl.grpo import GRPOModule
+    from areal_lightning.tracking.history import EvalHistory
 
 EVALUATE_TRIGGER = "evaluate"
 """The `trigger` of the command's eval-history records (training rounds say steps, epochs ...)."""
-EVAL_FAILED = 1
-"""Exit status when the evaluation itself failed (`evaluate_fn` raised on some rank)."""
 STATE_DICT_KEY = "state_dict"
 """Where a Lightning checkpoint keeps the module's weights."""
 # Keys shown when a file is not a checkpoint, and characters per line of torch's key-mismatch report.
@@ -224,6 +223,23 @@ def _evaluate_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule, step: int
     return results
 
 
+def _history(cfg: Config, args: argparse.Namespace) -> EvalHistory:
+    from areal_lightning.tracking.history import EvalHistory
+
+    return EvalHistory(args.history) if args.history else EvalHistory.in_run_dir(cfg.output_dir)
+
+
+def _record_failure(cfg: Config, args: argparse.Namespace, step: int, run_id: str | None, err: Exception) -> Path:
+    """One ``error`` event for the failed round (as training records one), so the history says it."""
+    from areal_lightning.tracking.history import event_record
+
+    history = _history(cfg, args)
+    history.append(
+        event_record("error", step, run_id=run_id, message=str(err), trigger=[EVALUATE_TRIGGER], source="standalone")
+    )
+    return history.path
+
+
 def history_problem(cfg: Config, history: str | None) -> str | None:
     """Why the eval history (``--history``, else ``<output_dir>/eval_history.jsonl``) cannot be
     appended to, or None; asked before any evaluation, so that no result is computed for nothing."""
@@ -247,9 +263,9 @@ def _record(
     results: Sequence[SetResult],
     world_size: int,
 ) -> Path:
-    from areal_lightning.tracking.history import EvalHistory, eval_record
+    from areal_lightning.tracking.history import eval_record
 
-    history = EvalHistory(args.history) if args.history else EvalHistory.in_run_dir(cfg.output_dir)
+    history = _history(cfg, args)
     history.append_many(
         eval_record(
             step,
@@ -318,7 +334,7 @@ def evaluate_main(args: argparse.Namespace) -> int:
     except EvalRoundError as err:
         if fabric.global_rank == 0:
             print(f"areal-lightning: evaluation failed: {err}", file=sys.stderr)
-            return EVAL_FAILED
+            return report_rounds(1, 1, _record_failure(cfg, args, step, run_id, err))
         return 0
     finally:
         if torch.distributed.is_available() and torch.distributed.is_initialized():

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from areal_lightning.app.config import (
     CONFIG_FILENAME,
+    RUN_ENV,
     Config,
     ConfigError,
     WandbMode,
@@ -23,15 +24,11 @@ from areal_lightning.app.config import (
     save_config,
     to_yaml,
 )
-from areal_lightning.app.console import fail, log, quiet_lightning
+from areal_lightning.app.console import ROUNDS_FAILED, fail, log, quiet_lightning, report_rounds
 from areal_lightning.tracking.writable import option_problem
 
 if TYPE_CHECKING:
     from areal_lightning.app.interrupt import StopOnSignal
-
-RUN_ENV = "AREAL_LIGHTNING_RUN"
-"""How the launching process hands its decision (run id, trial name) to the processes Lightning
-starts for the other devices: they re-run this command and inherit its environment."""
 
 
 @dataclass
@@ -191,6 +188,7 @@ def fit_main(args: argparse.Namespace) -> int:
     from areal_lightning.app.builders import build_callback, build_trainer
     from areal_lightning.app.interrupt import StopOnSignal, signal_exit_status
     from areal_lightning.app.runs import CHECKPOINT_DIRNAME, LAST_CHECKPOINT, last_logged_eval_step, latest_csv_version
+    from areal_lightning.eval_round import EvalRoundError
     from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.tracking.wandb_logger import finish_wandb
 
@@ -212,11 +210,15 @@ def fit_main(args: argparse.Namespace) -> int:
         log.info("run %s in %s; config saved to %s", cfg.run_id, cfg.output_dir, _save_config(run))
         if resumed:
             _record_resume(run, args.ckpt)
+    records_before = _count_records(cfg.output_dir) if trainer.is_global_zero else 0
     saved_env = os.environ.get(RUN_ENV)
     os.environ[RUN_ENV] = json.dumps({"run_id": cfg.run_id, "trial_name": cfg.trial_name})
     status = 0
     try:
         trainer.fit(module, ckpt_path=args.ckpt)
+    except EvalRoundError:
+        # The sanity round (or on_error: raise) stopped training; the error is logged and recorded.
+        status = ROUNDS_FAILED
     except BaseException:
         # Lightning ends a Ctrl-C with sys.exit(1) and re-raises SIGTERMException: `stop` saw which.
         if stop.stopped_by is None:
@@ -229,13 +231,47 @@ def fit_main(args: argparse.Namespace) -> int:
         else:
             os.environ[RUN_ENV] = saved_env
     finish_wandb(trainer.loggers, exit_code=status)  # Lightning leaves the W&B run open
+    if status == ROUNDS_FAILED:
+        if not trainer.is_global_zero:
+            return status
+        failed, total = _rounds_since(cfg.output_dir, records_before, cfg.run_id)
+        return report_rounds(max(failed, 1), max(total, 1), _history_file(cfg.output_dir))
     if status:
         if trainer.is_global_zero:
             _report_stop(args, cfg, stop, trainer.global_step)
         return status
-    if trainer.is_global_zero:
-        _plot_run(Path(cfg.output_dir))
-    return 0
+    if not trainer.is_global_zero:
+        return 0  # rank 0 reports for every rank: the rounds and their failures are the same on all
+    _plot_run(Path(cfg.output_dir))
+    failed, total = _rounds_since(cfg.output_dir, records_before, cfg.run_id)
+    return report_rounds(failed, total, _history_file(cfg.output_dir))
+
+
+def _history_file(output_dir: str) -> Path:
+    from areal_lightning.tracking.history import history_path
+
+    return history_path(Path(output_dir))
+
+
+def _count_records(output_dir: str) -> int:
+    from areal_lightning.tracking.history import read_history
+
+    path = _history_file(output_dir)
+    return len(read_history(path)) if path.is_file() else 0
+
+
+def _rounds_since(output_dir: str, records_before: int, run_id: str) -> tuple[int, int]:
+    """(failed, all) evaluation rounds this session recorded: records after the first
+    `records_before` of the run's history. A round is recorded as one eval record per eval set
+    (at one step) or, when it failed, as one ``error`` event."""
+    from areal_lightning.tracking.history import eval_rows, event_rows, read_history
+
+    path = _history_file(output_dir)
+    if not path.is_file():
+        return 0, 0
+    new = [r for r in read_history(path)[records_before:] if r.get("run_id") == run_id]
+    failed = len(event_rows(new, "error"))
+    return failed, failed + len({r["step"] for r in eval_rows(new)})
 
 
 def _report_stop(args: argparse.Namespace, cfg: Config, stop: StopOnSignal, step: int) -> None:

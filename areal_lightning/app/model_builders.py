@@ -58,6 +58,7 @@ def build_policy(cfg: Config, task: RLTask) -> Policy:
             chat_template=p.chat_template,
             system_prompt=p.system_prompt,
             stop_strings=list(p.stop_strings),
+            disable_dropout=p.disable_dropout,
         )
     from areal_lightning.rl.policy import TinyPolicy
 

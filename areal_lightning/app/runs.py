@@ -20,7 +20,7 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from areal_lightning.app.config import CONFIG_FILENAME, Config
+from areal_lightning.app.config import CONFIG_FILENAME, RUN_ENV, Config
 from areal_lightning.tracking.history import HISTORY_FILENAME, eval_rows, read_history, split_runs
 
 RUN_ID_KEY = "run_id"
@@ -97,6 +97,33 @@ def next_free_trial(cfg: Config, load: Callable[[list[str]], Config]) -> Config:
         if not run_files(candidate.output_dir):
             return candidate
         k += 1
+
+
+def start_run(cfg: Config) -> Config:
+    """Gives a script that trains from a config (as `fit` does, e.g. ``examples/math/gsm8k_grpo.py``)
+    one run identity: a new ``cfg.run_id`` in the process the user started, handed to the
+    processes Lightning starts for the other devices (they run the script again) through the
+    environment. The builders then put it everywhere `fit` does: ``config.yaml`` (`save_config`),
+    the history, every checkpoint and the W&B run.
+
+    Raises:
+        RunDirError: the process the user started found a run in ``cfg.output_dir`` already.
+    """
+    import json
+    import os
+
+    from areal_lightning.tracking.history import new_run_id
+
+    handed = json.loads(os.environ.get(RUN_ENV, "{}"))
+    if handed.get("run_id"):  # a per-device process: the launching process decided
+        cfg.run_id = handed["run_id"]
+        return cfg
+    found = run_files(cfg.output_dir)
+    if found:
+        raise RunDirError(used_dir_message(cfg.output_dir, found, cfg.trial_name))
+    cfg.run_id = new_run_id()
+    os.environ[RUN_ENV] = json.dumps({"run_id": cfg.run_id, "trial_name": cfg.trial_name})
+    return cfg
 
 
 def run_id_in_dir(output_dir: str | Path) -> str | None:
@@ -218,5 +245,6 @@ __all__ = [
     "resume_command",
     "run_files",
     "run_id_in_dir",
+    "start_run",
     "used_dir_message",
 ]

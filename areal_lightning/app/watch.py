@@ -314,8 +314,10 @@ def _watch_on_rank(fabric: Fabric, watch: _Watch) -> int:
     eval_sets = build_eval_sets(cfg, module.task)
     check_eval_sets_consistent(eval_sets)
     loggers: list[Logger] | None = None
+    from areal_lightning.app.console import report_rounds
+
     history = EvalHistory(watch.history_file)
-    evaluated = 0
+    evaluated = failed = 0
     with StopRequest() as stop:
         if fabric.global_rank == 0:  # after the handlers are in place: from here on Ctrl-C stops cleanly
             print(
@@ -329,9 +331,10 @@ def _watch_on_rank(fabric: Fabric, watch: _Watch) -> int:
                 decision = fabric.broadcast(mine, src=0)  # one decision for every rank
                 assert decision is not None  # rank 0 always decides
                 if decision.action == "stop":
-                    if fabric.global_rank == 0:
-                        print(f"watch stopped: {decision.reason}; {evaluated} checkpoint(s) evaluated", flush=True)
-                    return 0
+                    if fabric.global_rank != 0:
+                        return 0  # rank 0 reports: every rank saw the same rounds fail
+                    print(f"watch stopped: {decision.reason}; {evaluated} checkpoint(s) evaluated", flush=True)
+                    return report_rounds(failed, evaluated + failed, watch.history_file)
                 if decision.action == "wait":
                     if fabric.global_rank == 0:
                         time.sleep(watch.poll_secs)
@@ -353,6 +356,7 @@ def _watch_on_rank(fabric: Fabric, watch: _Watch) -> int:
                             epoch=decision.epoch,
                         )
                 except EvalRoundError as err:
+                    failed += 1
                     if fabric.global_rank == 0:  # recorded, so that a restart does not retry it forever
                         log.error("evaluation of %s failed: %s", decision.path, err)
                         history.append(
@@ -426,7 +430,8 @@ def evaluate_command(args: argparse.Namespace) -> int:
 
 
 def watch_main(args: argparse.Namespace) -> int:
-    """Runs the watcher on every rank; returns the exit status (0 after a clean stop, 2 for bad input)."""
+    """Runs the watcher on every rank; returns the exit status (0 after a clean stop, 1 when rounds
+    failed, 2 for bad input)."""
     from areal_lightning.app.config import ConfigError, WandbMode, load_config
     from areal_lightning.app.console import fail, quiet_lightning
     from areal_lightning.app.evaluate import _build_fabric, history_problem

@@ -82,6 +82,12 @@ from areal_lightning.tracking.loggers import log_eval_results
 log = logging.getLogger(__name__)
 
 
+SANITY_NOTE = (
+    "(the first evaluation round of a fit is a sanity round, as Lightning's sanity check is for validation: "
+    "its failure stops training whatever on_error says; later rounds follow on_error)"
+)
+
+
 def _fast_dev_run(trainer: L.Trainer) -> bool:
     """`Trainer(fast_dev_run=...)` is on (an attribute the Trainer sets but does not declare)."""
     return bool(getattr(trainer, "fast_dev_run", False))
@@ -755,17 +761,16 @@ class EvaluationCallback(Callback):
         """
         sanity = self._rounds_this_fit == 0
         if trainer.is_global_zero:
-            if sanity or self.on_error is ErrorPolicy.RAISE:
+            if sanity:
+                log.error("evaluation at step %d failed; training stops %s:\n%s", step, SANITY_NOTE, err)
+            elif self.on_error is ErrorPolicy.RAISE:
                 log.error("evaluation at step %d failed; training stops:\n%s", step, err)
             else:
                 log.error("evaluation at step %d failed; training goes on (on_error='log'):\n%s", step, err)
             if self._history is not None:
                 self._history.append(event_record("error", step, message=str(err), run_id=self.run_id))
         if sanity:
-            raise EvalRoundError(
-                f"{err}\n(This was the first evaluation round of this fit, a sanity round as Lightning's sanity check "
-                "is for validation: its failure stops training whatever on_error says; later rounds follow on_error.)"
-            ) from err
+            raise EvalRoundError(f"{err}\n{SANITY_NOTE}") from err
         if self.on_error is ErrorPolicy.RAISE:
             raise err
 

@@ -56,7 +56,7 @@ def sample_tokens(
     return (truncate_logits(logits.float() / temperature, top_k, top_p) - noise.log()).argmax(dim=-1)
 
 
-def disable_dropout(model: nn.Module) -> None:
+def zero_dropout(model: nn.Module) -> None:
     """Sets every dropout probability to 0, so that training mode computes the policy that sampled."""
     for module in model.modules():
         if isinstance(module, nn.Dropout):
@@ -79,8 +79,11 @@ class HFPolicy(nn.Module):
     EOS in the next slot (if there is one); that EOS was not sampled, and GRPO trains on it like
     on any other completion token.
 
-    Dropout is disabled at construction (RL needs training mode to compute the same policy that
-    sampled).
+    The whole model starts in training mode, as a freshly built module does (``from_pretrained``
+    leaves it in eval mode); the evaluation round switches it to eval mode and back. Dropout is
+    a stated choice: ``disable_dropout=True`` (the default, as RL trainers such as TRL's
+    ``disable_dropout``) sets every dropout probability of the model to 0, so that a training
+    forward computes the policy that sampled; False keeps the model's own dropout.
 
     Args:
         model: a `transformers` causal LM (`AutoModelForCausalLM`).
@@ -111,6 +114,7 @@ class HFPolicy(nn.Module):
         system_prompt: str | None = None,
         stop_strings: Sequence[str] = (),
         eos_id: int | None = None,
+        disable_dropout: bool = True,
     ) -> None:
         super().__init__()
         if isinstance(tokenizer, HFTokenizer):
@@ -126,7 +130,9 @@ class HFPolicy(nn.Module):
         self.model = model
         self.tokenizer = tokenizer
         self.eos_id, self.pad_id = tokenizer.eos_id, tokenizer.pad_id
-        disable_dropout(model)
+        if disable_dropout:
+            zero_dropout(model)
+        model.train()  # every module, whatever `from_pretrained` left: training mode is the module's own
         params = inspect.signature(model.forward).parameters
         # transformers 5 renamed `past_key_values` to `cache`; the output key follows the argument.
         self._cache_key = "cache" if "cache" in params else "past_key_values"
@@ -147,6 +153,7 @@ class HFPolicy(nn.Module):
         system_prompt: str | None = None,
         stop_strings: Sequence[str] = (),
         eos_id: int | None = None,
+        disable_dropout: bool = True,
         **model_kwargs: Any,
     ) -> HFPolicy:
         """Loads a model and its tokenizer from a LOCAL directory; nothing is ever downloaded.
@@ -158,6 +165,7 @@ class HFPolicy(nn.Module):
             device: where to put the model; None leaves it on the CPU.
             tokenizer_path: a directory holding the tokenizer, when it is not `path`.
             chat, system_prompt, stop_strings, eos_id: see `HFTokenizer`.
+            disable_dropout: every dropout probability of the model set to 0 (see the class).
             chat_template: a Jinja chat template replacing the tokenizer's own (or giving one to a
                 tokenizer that has none).
             **model_kwargs: passed to `AutoModelForCausalLM.from_pretrained`.
@@ -187,7 +195,13 @@ class HFPolicy(nn.Module):
         if chat_template is not None:
             tokenizer.chat_template = chat_template
         policy = cls(
-            model.eval(), tokenizer, chat=chat, system_prompt=system_prompt, stop_strings=stop_strings, eos_id=eos_id
+            model,
+            tokenizer,
+            chat=chat,
+            system_prompt=system_prompt,
+            stop_strings=stop_strings,
+            eos_id=eos_id,
+            disable_dropout=disable_dropout,
         )
         return policy if device is None else policy.to(device)
 

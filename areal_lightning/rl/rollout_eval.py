@@ -135,6 +135,10 @@ def default_metrics(n_samples: int) -> dict[str, Callable[[], Metric]]:
     return factories
 
 
+def _never() -> bool:
+    return False
+
+
 def metric_names(n_samples: int) -> list[str]:
     """Every name a round of the default evaluation logs for an eval set (``reward/mean``, ``pass@4`` ...),
     known before any round runs, so that a threshold on a metric it never logs is refused up front.
@@ -147,8 +151,10 @@ def metric_names(n_samples: int) -> list[str]:
     for name, factory in default_metrics(n_samples).items():
         metric = factory()
         # Local names only: config checks run on one rank at times (a resumed run's copy of the config
-        # on rank 0), where a synced compute() would wait in a collective the other ranks never join.
-        metric.sync_on_compute = False
+        # on rank 0, the watcher's W&B config on rank 0), where a synced compute() would wait in a
+        # collective the other ranks never join. `sync_on_compute = False` set after construction is
+        # not enough (torchmetrics reads it at construction); no process group means no sync at all.
+        metric.distributed_available_fn = _never
         correct = torch.ones(1, n_samples)
         if isinstance(metric, MajAtK):
             metric.update(torch.zeros(1, n_samples, dtype=torch.long), correct.bool())

@@ -134,7 +134,8 @@ def build_figure(runs: Mapping[str, Sequence[Mapping[str, Any]]], metric: str = 
         ``"run: dataset"`` (several) per series; a shaded band per series with a CI.
 
     Raises:
-        PlotError: no runs, a run without eval records, or no run has ``metric``.
+        PlotError: no runs, a run without eval records, no run has ``metric``, or it has no
+            finite value anywhere.
 
     Example:
         >>> recs = [{"step": s, "dataset": "easy", "metrics": {"accuracy": s / 10}} for s in (0, 5)]
@@ -157,6 +158,10 @@ def build_figure(runs: Mapping[str, Sequence[Mapping[str, Any]]], metric: str = 
     if not all_series:
         available = sorted({m for records in runs.values() for m in metric_names(records)})
         raise PlotError(f"no run has metric {metric!r}; metrics in the history: {', '.join(available) or '(none)'}")
+    if not any(np.isfinite(s.values).any() for s in all_series):
+        raise PlotError(
+            f"metric {metric!r} has no finite value in any eval record (every one is null: NaN); nothing to draw"
+        )
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

@@ -22,6 +22,7 @@ from torchmetrics import MeanMetric
 
 from areal_lightning.app.builders import build_callback, build_eval_sets, build_module, build_trainer
 from areal_lightning.app.config import load_config, save_config
+from areal_lightning.app.runs import RunDirError, start_run
 from areal_lightning.eval_round import EvalBatch, EvalContext
 from areal_lightning.metrics import AccuracyMetric, RewardMetric
 from areal_lightning.rl.grpo import GRPOModule
@@ -83,13 +84,18 @@ def evaluate_gsm8k(module: GRPOModule, batches: Sequence[EvalBatch], ctx: EvalCo
 
 def main(overrides: Sequence[str]) -> int:
     cfg = load_config(CONFIG, list(overrides))
+    try:
+        cfg = start_run(cfg)  # one run id: config.yaml, history, checkpoints, W&B (as `fit` does)
+    except RunDirError as err:
+        print(f"gsm8k_grpo.py: error: {err}", file=sys.stderr)
+        return 2
     module = build_module(cfg)
     callback = build_callback(cfg, build_eval_sets(cfg), evaluate_fn=evaluate_gsm8k)
     trainer = build_trainer(cfg, [callback])
     if trainer.is_global_zero:
         save_config(cfg, cfg.output_dir)
     trainer.fit(module)
-    print(f"eval history: {Path(cfg.output_dir) / 'eval_history.jsonl'}")
+    print(f"run {cfg.run_id}; eval history: {Path(cfg.output_dir) / 'eval_history.jsonl'}")
     return 0
 
 

@@ -32,6 +32,7 @@ from areal_lightning.callbacks import EvaluationCallback
 from areal_lightning.eval_round import EvalBatch, EvalContext
 from areal_lightning.metrics import AccuracyMetric, RewardMetric
 from areal_lightning.metrics.functional import group_advantages
+from areal_lightning.rl.hf_policy import zero_dropout
 from areal_lightning.tasks.math import final_answer, numeric_equal
 
 CORRECT = 0.8  # the seed counts a reward above 0.8 as correct
@@ -79,11 +80,15 @@ class VisionGRPOModule(L.LightningModule):
         lr: float = 1e-5,
         max_new_tokens: int = 64,
         temperature: float = 1.0,
+        disable_dropout: bool = True,
     ) -> None:
         super().__init__()
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
         self.model = AutoModelForImageTextToText.from_pretrained(model_dir, local_files_only=True)
+        if disable_dropout:  # as HFPolicy: a training forward computes the policy that sampled
+            zero_dropout(self.model)
+        self.model.train()  # from_pretrained leaves the model in eval mode; the whole module trains
         self.processor = AutoProcessor.from_pretrained(model_dir, local_files_only=True)
         self.processor.tokenizer.padding_side = "left"  # generation continues every row at the right edge
         self.train_rows = train_rows
@@ -215,6 +220,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--accelerator", default="auto")
     parser.add_argument("--devices", type=int, default=1)
     parser.add_argument("--output-dir", default="runs/geometry3k-grpo")
+    parser.add_argument(
+        "--keep-dropout",
+        action="store_true",
+        help="keep the model's dropout in training steps (default: every dropout probability set to 0)",
+    )
     args = parser.parse_args(argv)
 
     L.seed_everything(0, verbose=False)
@@ -225,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prompts_per_step=args.prompts_per_step,
         lr=args.lr,
         max_new_tokens=args.max_new_tokens,
+        disable_dropout=not args.keep_dropout,
     )
     evaluation = EvaluationCallback(
         {"geometry3k": load_problems(args.eval_data or args.data)},
@@ -240,7 +251,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         devices=args.devices,
         logger=False,
         enable_checkpointing=False,
-        enable_progress_bar=False,
         callbacks=[evaluation],
         default_root_dir=args.output_dir,
     )

@@ -1,0 +1,291 @@
+"""Documentation that runs: every Python block and every shell command of README.md and docs/*.md.
+
+Each page is followed as a reader would: its blocks run in page order, in a fresh current
+directory (where ``areal_lightning/`` and ``examples/`` of this checkout are linked, so the
+documented relative paths resolve and every run lands in the test's directory). Python blocks of a
+page share one namespace; a docs page starts from the names of the README's first example block
+(``Adder``, ``evaluate_fn``, ``eval_sets``, ``L``, ``torch``), which its text refers to. Shell
+commands run unchanged except for small overrides that make them short (fewer steps, smaller eval
+sets, no W&B), listed in `FAST`; a block that cannot run here is marked in the markdown (see
+`doc_blocks`), and `test_the_docs_skip_only_these_blocks` keeps those marks few and known.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from doc_blocks import ROOT, Block, DocMarkError, blocks, doc_pages, runnable
+from procs import run_in_group
+
+README = ROOT / "README.md"
+COMMAND_TIMEOUT_S = 300
+ARITHMETIC = "arithmetic"
+GSM8K = "gsm8k"
+# Per config kind, per command: the overrides that make a documented command short. A key the
+# command already sets gets this value instead; the others are added beside its own overrides.
+FAST: dict[str, dict[str, list[str]]] = {
+    ARITHMETIC: {
+        "fit": [
+            "trainer.max_steps=4",
+            "grpo.warmup_steps=2",
+            "evaluator.freq_steps=2",
+            "eval_sets.easy.size=16",
+            "eval_sets.hard.size=16",
+            "logger.wandb.mode=disabled",
+        ],
+        "evaluate": ["eval_sets.easy.size=16", "eval_sets.hard.size=16", "logger.wandb.mode=disabled"],
+    },
+    GSM8K: {
+        "fit": [
+            "trainer.accelerator=cpu",
+            "trainer.max_steps=2",
+            "grpo.group_size=2",
+            "grpo.prompts_per_step=2",
+            "grpo.max_new_tokens=4",
+            "eval_sets.gsm8k.max_new_tokens=4",
+            "eval_sets.gsm8k.n_samples=2",
+            "evaluator.freq_steps=2",
+            "logger.wandb.mode=disabled",
+        ],
+        "evaluate": ["trainer.accelerator=cpu", "logger.wandb.mode=disabled"],
+    },
+}
+# Several processes where a page asks for more: 2 gloo ranks on a CPU show the same behaviour.
+MAX_DEVICES = 2
+
+
+def _config_kind(argv: list[str], cwd: Path) -> str | None:
+    if "-c" not in argv:
+        return None
+    config = cwd / argv[argv.index("-c") + 1]
+    return GSM8K if "gsm8k" in config.read_text() else ARITHMETIC
+
+
+def fast(argv: list[str], cwd: Path) -> list[str]:
+    """The documented command with the overrides of `FAST` (and at most `MAX_DEVICES` devices)."""
+    if argv[0] != "areal-lightning" or len(argv) < 2:
+        return argv
+    kind = _config_kind(argv, cwd)
+    wanted = dict(o.split("=", 1) for o in (FAST.get(kind, {}).get(argv[1], []) if kind else []))
+    out: list[str] = []
+    for word in argv:
+        key, eq, value = word.partition("=")
+        if eq and not word.startswith("-"):
+            if key == "trainer.devices" and int(value) > MAX_DEVICES:
+                value = str(MAX_DEVICES)
+            out.append(f"{key}={wanted.pop(key, value)}")
+        else:
+            out.append(word)
+    if wanted:
+        # Beside the command's own overrides (argparse takes the overrides as one run of words),
+        # or after `-c CONFIG` when it has none.
+        overrides = [i for i, w in enumerate(out) if "=" in w and not w.startswith("-")]
+        at = overrides[0] if overrides else out.index("-c") + 2
+        out[at:at] = [f"{k}={v}" for k, v in wanted.items()]
+    return out
+
+
+def _env() -> dict[str, str]:
+    bin_dir = str(Path(sys.executable).parent)
+    return dict(
+        os.environ,
+        PATH=os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
+        OMP_NUM_THREADS="1",
+        WANDB_SILENT="true",
+    )
+
+
+def run_command(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    argv = fast(shlex.split(command), cwd)
+    assert argv[0] in ("areal-lightning", "python"), f"a documented command this test cannot run: {command}"
+    if argv[0] == "python":
+        argv[0] = sys.executable
+    done = run_in_group(argv, COMMAND_TIMEOUT_S, cwd=cwd, env=_env())
+    assert done.returncode == 0, f"`{shlex.join(argv)}` exited {done.returncode}:\n{done.stderr[-4000:]}"
+    return done
+
+
+def run_python(block: Block, namespace: dict[str, Any]) -> None:
+    exec(compile(block.text, block.where, "exec"), namespace)
+
+
+def _reader_dir(tmp_path: Path) -> Path:
+    cwd = tmp_path / "reader"
+    cwd.mkdir()
+    for name in ("areal_lightning", "examples"):
+        (cwd / name).symlink_to(ROOT / name)
+    return cwd
+
+
+def _demo_run(cwd: Path) -> None:
+    """What `make demo` leaves in runs/arith-grpo/trial0 (tests/test_demo.py runs it in full)."""
+    run_command("areal-lightning fit -c areal_lightning/app/configs/arithmetic_grpo.yaml", cwd)
+
+
+def _local_model_and_data(cwd: Path) -> None:
+    """The local model and GSM8K files that docs/hf_models.md's first step downloads, at its paths."""
+    from hf_models import save_tiny_llama, write_gsm8k
+
+    save_tiny_llama(cwd / "models" / "Qwen2.5-0.5B-Instruct", digit_bias=2.0)
+    (cwd / "data" / "gsm8k").mkdir(parents=True)
+    write_gsm8k(cwd / "data" / "gsm8k" / "train.jsonl", 4)
+    write_gsm8k(cwd / "data" / "gsm8k" / "test.jsonl", 4, offset=4)
+
+
+# What a page expects to be there before its first block (what an earlier, skipped step makes).
+SETUP: dict[str, Callable[[Path], None]] = {
+    "README.md": _demo_run,
+    "eval_history.md": _demo_run,
+    "hf_models.md": _local_model_and_data,
+}
+NEEDS = {"hf_models.md": ("transformers",), "eval_history.md": ("pandas",)}
+SLOW = {"README.md", "evaluate_watch.md", "hf_models.md", "eval_history.md"}
+# Every block the docs mark as not runnable here: a new mark is a decision, taken here too.
+SKIPPED = {
+    "README.md": ["pip install areal-lightning", "make demo"],
+    "development.md": ["make lint", ".venv/bin/pre-commit install", "make wheel"],
+    "hf_models.md": ["huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir models/Qwen2.5-0.5B-Instruct"],
+}
+
+
+def readme_names() -> dict[str, Any]:
+    """The names of the README's first Python block, where every docs page starts."""
+    namespace: dict[str, Any] = {"__name__": "__docs__"}
+    run_python(next(b for b in blocks(README) if b.is_python), namespace)
+    return namespace
+
+
+def _history_problems(cwd: Path) -> list[str]:
+    problems = []
+    for path in cwd.rglob("eval_history.jsonl"):
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        problems += [f"{path}: {r['message']}" for r in records if r.get("event") == "error"]
+        if not any("metrics" in r for r in records):
+            problems.append(f"{path}: no eval record")
+    return problems
+
+
+def follow(page: Path, cwd: Path) -> list[Block]:
+    """Runs the page's blocks in order in `cwd`; returns those it ran."""
+    ran = runnable(page)
+    namespace = readme_names() if page != README else {"__name__": "__docs__"}
+    previous = Path.cwd()
+    os.chdir(cwd)
+    try:
+        for block in ran:
+            if block.is_python:
+                run_python(block, namespace)
+            else:
+                for command in block.commands():
+                    if "--watch" in command:  # the page's way to stop it once training has ended
+                        watched = Path(shlex.split(command)[shlex.split(command).index("--watch") + 1])
+                        (cwd / watched).mkdir(parents=True, exist_ok=True)
+                        (cwd / watched / "STOP_WATCH").touch()
+                    run_command(command, cwd)
+    finally:
+        os.chdir(previous)
+    return ran
+
+
+def _page_params() -> list[Any]:
+    params = []
+    for page in doc_pages():
+        if not runnable(page):
+            continue
+        marks = [pytest.mark.slow] if page.name in SLOW else []
+        params.append(pytest.param(page, id=page.name, marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("page", _page_params())
+def test_every_python_block_and_shell_command_of_the_page_runs(page: Path, tmp_path: Path) -> None:
+    for module in NEEDS.get(page.name, ()):
+        pytest.importorskip(module)
+    cwd = _reader_dir(tmp_path)
+    if page.name in SETUP:
+        SETUP[page.name](cwd)
+    ran = follow(page, cwd)
+    assert ran, f"{page.name}: nothing ran"
+    assert _history_problems(cwd) == []
+
+
+def test_the_docs_skip_only_these_blocks() -> None:
+    found: dict[str, list[str]] = {}
+    for page in doc_pages():
+        for block in blocks(page):
+            if block.skip is not None:
+                found.setdefault(page.name, []).append(block.commands()[0] if block.is_shell else block.text)
+    assert found == SKIPPED
+
+
+def test_the_readme_example_is_complete_and_evaluates_under_lightnings_defaults(tmp_path: Path) -> None:
+    """Both README blocks as written (progress bar, default logger and checkpointing on): every
+    round of both eval sets has metrics, and no round failed."""
+    cwd = _reader_dir(tmp_path)
+    namespace: dict[str, Any] = {"__name__": "__docs__"}
+    previous = Path.cwd()
+    os.chdir(cwd)
+    try:
+        for block in [b for b in blocks(README) if b.is_python]:
+            run_python(block, namespace)
+    finally:
+        os.chdir(previous)
+    records = [json.loads(line) for line in (cwd / "eval_history.jsonl").read_text().splitlines()]
+    assert [r for r in records if r.get("event") == "error"] == []
+    rounds = [r for r in records if "metrics" in r]
+    assert {r["dataset"] for r in rounds} == {"easy", "hard"}
+    steps = sorted({r["step"] for r in rounds})
+    assert steps[0] == 0 and len(steps) >= 3, steps
+    assert all({"accuracy", "reward/mean"} <= set(r["metrics"]) for r in rounds)
+    assert (cwd / "lightning_logs").is_dir()  # Lightning's default logger and checkpoints
+
+
+def test_a_mark_that_is_not_a_skip_with_a_reason_is_refused(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("<!-- docs-run: skp: typo -->\n```bash\nmake demo\n```\n")
+    with pytest.raises(DocMarkError, match="expected `<!-- docs-run: skip: <reason> -->`"):
+        blocks(page)
+    page.write_text("<!-- docs-run: skip: why -->\n\n```bash\nmake demo\n```\n")
+    with pytest.raises(DocMarkError, match="right above"):
+        blocks(page)
+
+
+def test_fast_keeps_the_command_and_shortens_it(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("task: {name: arithmetic}\n")
+    argv = ["areal-lightning", "fit", "-c", "a.yaml", "trainer.max_steps=200", "trial_name=short"]
+    out = fast(argv, tmp_path)
+    assert out[:4] == argv[:4] and "trainer.max_steps=4" in out and "trial_name=short" in out
+    assert "trainer.max_steps=200" not in out
+    watch = ["areal-lightning", "evaluate", "-c", "a.yaml", "--watch", "d", "trainer.devices=4", "--idle-timeout", "9"]
+    out = fast(watch, tmp_path)
+    assert out[-2:] == ["--idle-timeout", "9"] and "trainer.devices=2" in out
+
+
+# Config fragments of the docs, merged over the main job's config as a reader would into theirs.
+# Not here: lightning_cli.md (a LightningCLI file, run by tests/test_lightning_cli.py) and
+# hf_models.md (its paths name a model and data files; its commands run above).
+CONFIG_PAGES = ("async_evaluation.md", "decisions.md", "sampling_and_scoring.md", "smart_evaluation.md")
+
+
+@pytest.mark.parametrize("name", CONFIG_PAGES)
+def test_the_config_fragments_of_the_page_load(name: str, tmp_path: Path) -> None:
+    import yaml
+    from omegaconf import OmegaConf
+
+    from areal_lightning.app.config import load_config
+
+    base = yaml.safe_load((ROOT / "areal_lightning" / "app" / "configs" / "arithmetic_grpo.yaml").read_text())
+    fragments = [b for b in blocks(ROOT / "docs" / name) if b.lang == "yaml"]
+    assert fragments, f"{name} has no yaml block"
+    for i, block in enumerate(fragments):
+        path = tmp_path / f"{i}.yaml"
+        path.write_text(yaml.safe_dump(OmegaConf.to_container(OmegaConf.merge(base, yaml.safe_load(block.text)))))
+        load_config(path)  # a ConfigError names the key, the value and what is accepted
