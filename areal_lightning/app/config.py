@@ -230,7 +230,7 @@ class VLLMConfig:
 
     def build(self) -> Any:
         """The `VLLMOptions` of this section."""
-        from areal_lightning.rl.vllm_policy import VLLMOptions
+        from areal_lightning.rl.vllm_options import VLLMOptions
 
         return VLLMOptions(
             in_process=self.in_process,

@@ -122,11 +122,3 @@ def test_wandb_online_without_a_server_leaves_training_and_the_history_complete(
     assert output.count(WANDB_WARNING) == 1, output
     _assert_every_round_recorded(out)
     assert (out / "checkpoints" / "last.ckpt").is_file()
-
-
-def test_wandb_save_dir_that_cannot_be_created_leaves_training_and_the_history_complete(tmp_path: Path) -> None:
-    blocker = tmp_path / "a_file"
-    blocker.write_text("not a directory")
-    out, output = _fit(tmp_path, ["logger.wandb.mode=offline", f"logger.wandb.save_dir={blocker / 'wandb'}"])
-    assert output.count(WANDB_WARNING) == 1 and "cannot be created" in output, output
-    _assert_every_round_recorded(out)
