@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from areal_lightning.callbacks import EvaluationCallback
 from areal_lightning.callbacks.adaptive import AdaptiveSchedule, next_interval
+from areal_lightning.callbacks.runners import AsyncRunner
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round import EvalBatch, EvalContext
 from areal_lightning.tracking.history import event_rows, read_history
@@ -83,8 +84,9 @@ class KeepPace(Callback):
         self.callback = callback
 
     def on_train_batch_end(self, *args: Any) -> None:
-        evaluator, deadline = self.callback._async, time.monotonic() + 60
-        assert evaluator is not None
+        runner, deadline = self.callback.runner, time.monotonic() + 60
+        assert isinstance(runner, AsyncRunner)
+        evaluator = runner.evaluator
         while evaluator.in_flight is not None and not evaluator.ready():
             assert time.monotonic() < deadline, "the async round never finished"
             time.sleep(0.002)

@@ -26,6 +26,7 @@ from procs import run_in_group
 from areal_lightning.app.builders import build_eval_sets
 from areal_lightning.app.config import ConfigError, load_config
 from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
+from areal_lightning.callbacks.runners import AsyncRunner
 from areal_lightning.eval_round import EvalRoundError, EvalSet
 from areal_lightning.rl.grpo import GRPOModule
 from areal_lightning.rl.rollout_eval import rollout_evaluate
@@ -76,7 +77,6 @@ def _gated_set(gate: Path, gate_step: int, open_at: int) -> list[EvalSet]:
 
 
 def _no_worker_left(callback: EvaluationCallback) -> None:
-    assert callback._async is not None and callback._async.worker_pid is None
     assert [p for p in multiprocessing.active_children() if p.name == "areal-lightning-async-eval"] == []
 
 
@@ -276,14 +276,16 @@ def test_async_config_builds_an_async_callback() -> None:
     )
     callback = build_callback(cfg)
     assert (callback.mode.value, callback.on_busy.value) == ("async", "wait")
-    assert callback._async is not None and (callback._async.device, callback._async.max_snapshot_mb) == ("cpu", 16.0)
-    assert torch.device(callback._async.device).type == "cpu"
+    runner = callback.runner
+    assert isinstance(runner, AsyncRunner)
+    assert (runner.evaluator.device, runner.evaluator.max_snapshot_mb) == ("cpu", 16.0)
+    assert torch.device(runner.evaluator.device).type == "cpu"
 
 
 def test_sharded_strategies_are_refused_with_a_clear_message() -> None:
     from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
 
-    from areal_lightning.callbacks.async_evaluator import refuse_sharded
+    from areal_lightning.callbacks.parallelism import refuse_for_async
 
     for strategy in (FSDPStrategy(), ModelParallelStrategy()):
         with pytest.raises(
@@ -291,8 +293,8 @@ def test_sharded_strategies_are_refused_with_a_clear_message() -> None:
             match=rf"mode='async'\)` does not support {type(strategy).__name__}: its "
             "parameters are sharded",
         ):
-            refuse_sharded(strategy)
-    refuse_sharded(DDPStrategy())  # whole weights on every rank: accepted
+            refuse_for_async(strategy)
+    refuse_for_async(DDPStrategy())  # whole weights on every rank: accepted
 
 
 UNGUARDED_SCRIPT = """
@@ -355,8 +357,9 @@ class WaitForWorkerStart(Callback):
         self.callback = callback
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
-        evaluator, deadline = self.callback._async, time.monotonic() + GATE_TIMEOUT_S
-        assert evaluator is not None
+        runner, deadline = self.callback.runner, time.monotonic() + GATE_TIMEOUT_S
+        assert isinstance(runner, AsyncRunner)
+        evaluator = runner.evaluator
         while trainer.global_step == 1 and evaluator._starting:
             assert time.monotonic() < deadline, "the worker never started"
             evaluator.poll_start()

@@ -1,10 +1,13 @@
-"""`EvaluationCallback`: evaluate while training, when any configured trigger fires."""
+"""`EvaluationCallback`: evaluate while training, when any configured trigger fires.
+
+The hooks are guards: they ask the trigger whether a round is due, hand it to the runner
+(`runners`: sync or async), and conclude every round the runner returns through the follow-ups
+(`follow_ups`) and the recorder (`tracking.recorder`), in one fixed order (`_conclude`).
+"""
 
 from __future__ import annotations
 
-import logging
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,20 +17,11 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from areal_lightning.callbacks.adaptive import AdaptiveSchedule
-from areal_lightning.callbacks.async_evaluator import (
-    AsyncEvaluator,
-    Snapshot,
-    module_evaluate,
-    refuse_sharded,
-)
+from areal_lightning.callbacks.async_evaluator import AsyncEvaluator
 from areal_lightning.callbacks.best import DEFAULT_BEST_METRICS, BestValues
 from areal_lightning.callbacks.budget import EvalBudget
-from areal_lightning.callbacks.decisions import (
-    publish_round,
-    report_alert,
-    warn_early_stopping_order,
-    watch_round,
-)
+from areal_lightning.callbacks.decisions import publish_round, warn_early_stopping_order
+from areal_lightning.callbacks.follow_ups import AdaptiveInterval, BudgetShare, FollowUp, build_follow_ups
 from areal_lightning.callbacks.imports import import_object
 from areal_lightning.callbacks.options import (
     DEFAULT_ASYNC_THREADS,
@@ -43,39 +37,15 @@ from areal_lightning.callbacks.options import (
 )
 from areal_lightning.callbacks.parallelism import forwards_in_lockstep
 from areal_lightning.callbacks.reward_watch import RewardWatch, as_reward_watch
-from areal_lightning.callbacks.thresholds import Alert, ThresholdMonitor
+from areal_lightning.callbacks.runners import AsyncRunner, Finished, Outcome, RoundSpec, Runner, Skipped, SyncRunner
+from areal_lightning.callbacks.thresholds import ThresholdMonitor
 from areal_lightning.callbacks.trigger import Cause, HybridTrigger
 from areal_lightning.errors import ArgumentError
-from areal_lightning.eval_round import (
-    EvalRoundError,
-    EvalSet,
-    EvaluateFn,
-    LocalSetResult,
-    SetResult,
-    as_eval_sets,
-    check_eval_sets_consistent,
-    reduce_set,
-    run_round,
-)
-from areal_lightning.eval_round.cache import (
-    CACHE_DIRNAME,
-    ResultCache,
-    function_identity,
-    result_key,
-    weights_digest,
-)
-from areal_lightning.eval_round.drift import DriftMonitor
-from areal_lightning.eval_round.precision import EvalPrecision, eval_precision
-from areal_lightning.metrics.paired import PairedRounds
-from areal_lightning.tracking.history import (
-    EvalHistory,
-    eval_record,
-    event_record,
-    new_run_id,
-)
-from areal_lightning.tracking.loggers import log_eval_results
-
-log = logging.getLogger(__name__)
+from areal_lightning.eval_round import EvalSet, EvaluateFn, as_eval_sets, check_eval_sets_consistent
+from areal_lightning.eval_round.cache import CACHE_DIRNAME
+from areal_lightning.eval_round.precision import EvalPrecision
+from areal_lightning.tracking.history import new_run_id
+from areal_lightning.tracking.recorder import EvalRecorder
 
 
 def _epoch_ran_to_end(trainer: L.Trainer) -> bool:
@@ -193,13 +163,14 @@ class EvaluationCallback(Callback):
             evaluate_fn = import_object(evaluate_fn, "EvaluationCallback", "evaluate_fn")
         if evaluate_fn is not None and not callable(evaluate_fn):
             raise ValueError(f"`EvaluationCallback(evaluate_fn=...)` must be callable or None, got {evaluate_fn!r}")
-        self.threshold_action = choice("threshold_action", threshold_action, ThresholdAction)
         self.on_error = choice("on_error", on_error, ErrorPolicy)
         self.mode = choice("mode", mode, EvalMode)
         self.on_busy = choice("on_busy", on_busy, OnBusy)
         # Checked in either mode, so that a config error shows before the mode is switched.
-        async_evaluator = AsyncEvaluator(async_device, async_threads, max_snapshot_mb)
-        self._async = async_evaluator if self.mode is EvalMode.ASYNC else None
+        evaluator = AsyncEvaluator(async_device, async_threads, max_snapshot_mb)
+        self.runner: Runner = (
+            AsyncRunner(evaluator, self.on_busy, clock) if self.mode is EvalMode.ASYNC else SyncRunner(clock)
+        )
         # Checked here, not at the first round: a negative count would silently keep no table rows.
         if isinstance(max_table_rows, bool) or not isinstance(max_table_rows, int) or max_table_rows < 0:
             raise ArgumentError("EvaluationCallback", "max_table_rows", max_table_rows, "a non-negative integer")
@@ -211,43 +182,39 @@ class EvaluationCallback(Callback):
             eval_at_end=eval_at_end,
             clock=clock,
         )
-        self.thresholds = ThresholdMonitor(metric_thresholds)
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise ArgumentError("EvaluationCallback", "run_id", run_id, "a non-empty string or None")
-        self.run_id = run_id or new_run_id()
-        # ---- smarter evaluation (issue 13): each piece lives in its own module
         if adaptive is not None and not isinstance(adaptive, AdaptiveSchedule):
             if not isinstance(adaptive, Mapping):
                 raise ArgumentError(
                     "EvaluationCallback", "adaptive", adaptive, "an AdaptiveSchedule, a mapping or None"
                 )
             adaptive = AdaptiveSchedule(**adaptive)
-        self.adaptive = adaptive
-        self.budget = EvalBudget(budget, clock) if budget is not None else None
         if not isinstance(use_cache, bool):
             raise ArgumentError("EvaluationCallback", "use_cache", use_cache, "True or False")
         check_cache_mode(self.mode, use_cache)
         self.use_cache = use_cache
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.precision = EvalPrecision.parse(precision)
-        self.pairs = PairedRounds()
-        self.drift = DriftMonitor()
-        # ---- decisions (issue 16): best values and the reward-hacking watch, in their own modules
+        self.adaptive = adaptive
         self.best = BestValues(DEFAULT_BEST_METRICS if best_metrics is None else best_metrics)
         self.reward_watch = as_reward_watch(reward_watch)
-        self.deferred_steps: list[int] = []
-        self._deferred_since_round = 0
-        self._clock = clock
+        self.follow_ups: list[FollowUp] = build_follow_ups(
+            thresholds=ThresholdMonitor(metric_thresholds),
+            threshold_action=choice("threshold_action", threshold_action, ThresholdAction),
+            best=self.best,
+            adaptive=adaptive,
+            budget=EvalBudget(budget, clock) if budget is not None else None,
+            reward_watch=self.reward_watch,
+        )
+        self.recorder = EvalRecorder(run_id or new_run_id(), self.mode.value)
         self.output_dir = Path(output_dir) if output_dir is not None else None
         self.seed = seed
         self.max_table_rows = max_table_rows
         self._evaluate_fn = evaluate_fn
-        self._history: EvalHistory | None = None
         self._checked_eval_sets = False
         self._last_seen_step = -1
-        self._lockstep = False  # decided from the strategy once the model is sharded (on_train_start)
-        self._skipped_step: int | None = None  # async: the latest step whose round was skipped
-        self._blocked_secs = 0.0  # async: training time the round in flight has taken so far (its copy)
+        self._skipped_step: int | None = None  # the latest step whose round was skipped while busy
         self.evaluated_steps: list[int] = []
         # Lightning reads `state_key` around every hook call of every step (profiler labels), and
         # the arguments it depends on never change: build the string once.
@@ -263,6 +230,20 @@ class EvaluationCallback(Callback):
     def state_key(self) -> str:
         return self._state_key
 
+    @property
+    def run_id(self) -> str:
+        """The run's id in every history record; a resumed run keeps its checkpoint's."""
+        return self.recorder.run_id
+
+    @property
+    def deferred_steps(self) -> list[int]:
+        """The steps whose rounds the eval-time budget deferred."""
+        budget = self._follow_up(BudgetShare)
+        return budget.deferred_steps if budget is not None else []
+
+    def _follow_up(self, kind: type[FollowUp]) -> Any:
+        return next((f for f in self.follow_ups if isinstance(f, kind)), None)
+
     # ---- hooks: short guards around one private method each -------------------------------------
 
     @override
@@ -276,13 +257,11 @@ class EvaluationCallback(Callback):
             self.output_dir = Path(trainer.default_root_dir)
         if self.seed is None:
             self.seed = int(getattr(pl_module, "seed", 0))
-        if trainer.is_global_zero:
-            # A resumed run evaluates again the steps between its checkpoint and the crash: one record each.
-            self._history = EvalHistory.in_run_dir(self.output_dir, once_per_step=[c.value for c in Cause])
+        # A resumed run evaluates again the steps between its checkpoint and the crash: one record each.
+        self.recorder.open(trainer, self.output_dir, once_per_step=[c.value for c in Cause])
         if self.use_cache and self.cache_dir is None:
             self.cache_dir = self.output_dir / CACHE_DIRNAME
-        if self._async is not None:
-            refuse_sharded(trainer.strategy)
+        self.runner.setup(trainer)
         # `Trainer.callbacks` is public, set by its callback connector rather than declared on the class.
         warn_early_stopping_order(trainer.callbacks, self)  # type: ignore[attr-defined]
 
@@ -291,23 +270,20 @@ class EvaluationCallback(Callback):
         if not self._checked_eval_sets:
             check_eval_sets_consistent(self.eval_sets)  # every rank: a mismatch fails everywhere at once
             self._checked_eval_sets = True
-        self._lockstep = forwards_in_lockstep(trainer.strategy, pl_module)  # raises for tensor parallelism
-        self._check_drift(trainer)
+        spec = RoundSpec(
+            self.eval_sets,
+            self._evaluate_fn,
+            seed=int(self.seed or 0),
+            max_table_rows=self.max_table_rows,
+            precision=self.precision,
+            lockstep=forwards_in_lockstep(trainer.strategy, pl_module),  # raises for tensor parallelism
+            cache_dir=self.cache_dir if self.use_cache else None,
+        )
+        for follow_up in self.follow_ups:
+            follow_up.start(trainer, self.eval_sets, self.recorder)
         self.trigger.start()
-        if self.budget is not None:
-            self.budget.start()
         self._last_seen_step = trainer.global_step
-        if self._async is not None:
-            self._async.start(
-                pl_module,
-                self.eval_sets,
-                self._evaluate_fn or module_evaluate,
-                seed=int(self.seed or 0),
-                rank=trainer.global_rank,
-                world_size=trainer.world_size,
-                max_table_rows=self.max_table_rows,
-                precision=self.precision,
-            )
+        self.runner.start(trainer, pl_module, spec)
         causes = self.trigger.before_train(trainer.global_step)
         if causes:
             self._evaluate(trainer, pl_module, causes)
@@ -320,11 +296,7 @@ class EvaluationCallback(Callback):
         if step == self._last_seen_step:
             return  # gradient accumulation: no optimizer step since the last call
         self._last_seen_step = step
-        if self._async is not None:
-            if self._async.in_flight is not None:
-                self._finish_async(trainer, pl_module, wait=False)
-            else:
-                self._async.poll_start()
+        self._conclude(trainer, self.runner.poll(trainer, pl_module))
         last_batch = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
         causes = self.trigger.after_step(step, trainer.current_epoch, last_batch)
         if self._adaptive_due(step):
@@ -348,75 +320,57 @@ class EvaluationCallback(Callback):
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._finish_async(trainer, pl_module, wait=True)  # eval_at_end waits for rounds in flight
+        self._conclude(trainer, self.runner.finish(trainer, pl_module))  # eval_at_end waits for rounds in flight
         causes = self.trigger.at_end(trainer.global_step)
         if not causes and self.trigger.eval_at_end and self._skipped_step == trainer.global_step:
             causes = [Cause.END]  # the last step's round was skipped while busy: the end still evaluates it
         if causes:
             self._evaluate(trainer, pl_module, causes)  # never deferred by the budget
-            self._finish_async(trainer, pl_module, wait=True)
+            self._conclude(trainer, self.runner.finish(trainer, pl_module))
         self.trigger.stop()
-        if self.budget is not None:
-            self.budget.stop()
-        if self._async is not None:
-            self._async.close()
+        for follow_up in self.follow_ups:
+            follow_up.stop()
+        self.runner.close()
 
     @override
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
-        if self._async is not None:
-            self._async.close(cancel=True)  # a crash or Ctrl-C leaves no worker behind
+        self.runner.close(cancel=True)  # a crash or Ctrl-C leaves no worker behind
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if self._async is not None:
-            self._async.close(cancel=True)
+        self.runner.close(cancel=True)
 
     @override
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        if self._async is None or self._async.in_flight is None:
+        if not self.runner.busy:
             return
         # A round in flight is finished and recorded before the checkpoint is written, so a resume
         # neither loses nor repeats it. Every rank saves (Lightning dumps the checkpoint on all),
         # and every rank has the same round in flight: the reduction's collectives match.
-        self._finish_async(trainer, pl_module, wait=True)
+        self._conclude(trainer, self.runner.finish(trainer, pl_module))
         if "callbacks" in checkpoint:  # Lightning took our state before this hook: take it again
             checkpoint["callbacks"][self.state_key] = self.state_dict()
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        state = {
-            "run_id": self.run_id,
-            "trigger": self.trigger.state_dict(),
-            "thresholds": self.thresholds.state_dict(),
-            "drift": self.drift.state_dict(),
-            "best": self.best.state_dict(),
-        }
-        if self.reward_watch is not None:
-            state["reward_watch"] = self.reward_watch.state_dict()
-        if self.adaptive is not None:
-            state["adaptive"] = self.adaptive.state_dict()
-        if self.budget is not None:
-            state["budget"] = self.budget.state_dict()
+        state: dict[str, Any] = {"run_id": self.run_id, "trigger": self.trigger.state_dict()}
+        for follow_up in self.follow_ups:
+            if follow_up.state_key is not None:
+                state[follow_up.state_key] = follow_up.state_dict()
         return state
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.run_id = state_dict.get("run_id", self.run_id)  # a resumed run goes on as the same run
+        self.recorder.run_id = state_dict.get("run_id", self.run_id)  # a resumed run goes on as the same run
         self.trigger.load_state_dict(state_dict.get("trigger", {}))
-        self.thresholds.load_state_dict(state_dict.get("thresholds", {}))
-        self.drift.load_state_dict(state_dict.get("drift", {}))
-        self.best.load_state_dict(state_dict.get("best", {}))
-        if self.reward_watch is not None:
-            self.reward_watch.load_state_dict(state_dict.get("reward_watch", {}))
-        if self.adaptive is not None:
-            self.adaptive.load_state_dict(state_dict.get("adaptive", {}))
-        if self.budget is not None:
-            self.budget.load_state_dict(state_dict.get("budget", {}))
+        for follow_up in self.follow_ups:
+            if follow_up.state_key is not None:
+                follow_up.load_state_dict(state_dict.get(follow_up.state_key, {}))
 
     # ---- the decision and the round ------------------------------------------------------------
 
     def _agree(self, trainer: L.Trainer, causes: list[Cause]) -> list[Cause]:
-        if self.trigger.freq_secs is None and self.budget is None:
+        if self.trigger.freq_secs is None and self._follow_up(BudgetShare) is None:
             return causes  # steps, epochs and the adaptive schedule are the same numbers on every rank
         # Each rank reads its own clock, so the time trigger or the budget can decide one way on one
         # rank and the other way on another; acting on that would leave ranks waiting in different
@@ -424,326 +378,67 @@ class EvaluationCallback(Callback):
         return trainer.strategy.broadcast(causes, src=0)
 
     def _adaptive_due(self, step: int) -> bool:
-        """The adaptive schedule asks for a round; while an async round is in flight, its verdict
-        (did the metric move?) is not in yet, and the next interval waits for it."""
-        if self.adaptive is None or step == self.trigger.last_evaluated_step:
-            return False
-        if self._async is not None and self._async.in_flight is not None:
+        """The adaptive schedule asks for a round; while a round is in flight, its verdict (did the
+        metric move?) is not in yet, and the next interval waits for it."""
+        adaptive: AdaptiveInterval | None = self._follow_up(AdaptiveInterval)
+        if adaptive is None or step == self.trigger.last_evaluated_step or self.runner.busy:
             return False  # the same on every rank: rounds start and finish at agreed steps
-        return self.adaptive.due(step)
+        return adaptive.schedule.due(step)
 
     def _within_budget(self, step: int, causes: list[Cause]) -> list[Cause]:
         """`causes`, or none when the budget defers the round (the trigger keeps it due)."""
-        if not causes or self.budget is None or self.budget.allows():
+        budget: BudgetShare | None = self._follow_up(BudgetShare)
+        if not causes or budget is None or budget.allows(step):
             return causes
-        self.deferred_steps.append(step)
-        self._deferred_since_round += 1
         return []
 
-    def _check_drift(self, trainer: L.Trainer) -> None:
-        for name, message in self.drift.check(self.eval_sets).items():
-            self.pairs.reset(name)  # the new content has nothing to pair with
-            if trainer.is_global_zero:
-                warnings.warn(message, stacklevel=2)
-                assert self._history is not None
-                self._history.append(event_record("drift", trainer.global_step, dataset=name, message=message))
-
-    def _cache_keys(self, pl_module: L.LightningModule, evaluate_fn: EvaluateFn) -> dict[str, str]:
-        weights = weights_digest(pl_module)
-        settings = {
-            "seed": int(self.seed or 0),
-            "precision": str(self.precision.value),
-            "evaluate_fn": function_identity(evaluate_fn),
-            "max_table_rows": self.max_table_rows,
-        }
-        return {s.name: result_key(weights, s, **settings) for s in self.eval_sets}
-
-    def _cached_results(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, evaluate_fn: EvaluateFn
-    ) -> tuple[dict[str, SetResult], dict[str, str]]:
-        """The eval sets answered from the cache (rank 0 looks, every rank gets its answer) and,
-        on rank 0, every set's key."""
-        if not self.use_cache:
-            return {}, {}
-        keys: dict[str, str] = {}
-        hits: dict[str, SetResult] = {}
-        if trainer.is_global_zero:
-            assert self.cache_dir is not None
-            keys = self._cache_keys(pl_module, evaluate_fn)
-            cache = ResultCache(self.cache_dir)
-            hits = {name: r for name, key in keys.items() if (r := cache.get(key)) is not None}
-        # Every rank must skip the same eval sets, or the ranks that evaluate wait for the others.
-        return trainer.strategy.broadcast(hits, src=0), keys
-
     def _evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule, causes: list[Cause]) -> None:
-        if self._async is not None:
-            self._submit(trainer, pl_module, causes)
-            return
-        step, epoch = trainer.global_step, trainer.current_epoch
-        started = self._clock()
-        # The module's own method as a plain function: its qualified name and code key the cache.
-        evaluate_fn = (
-            self._evaluate_fn
-            or getattr(type(pl_module), "evaluate", None)
-            or (lambda module, batches, ctx: module.evaluate(batches, ctx))
-        )
-        cached, keys = self._cached_results(trainer, pl_module, evaluate_fn)
-        try:
-            with eval_precision(pl_module, self.precision):
-                fresh = run_round(
-                    pl_module,
-                    [s for s in self.eval_sets if s.name not in cached],
-                    evaluate_fn,
-                    seed=int(self.seed or 0),
-                    global_step=step,
-                    epoch=epoch,
-                    max_table_rows=self.max_table_rows,
-                    show_progress=trainer.progress_bar_callback is not None,
-                    lockstep=self._lockstep,
-                )
-        except EvalRoundError as err:
-            self.trigger.mark_evaluated(step)
-            if self.on_error is ErrorPolicy.RAISE:
-                raise
-            self._record_error(trainer, step, err)
-            return
-        if keys:
-            assert self.cache_dir is not None  # keys exist only with the cache on, and then it has a directory
-            for r in fresh:
-                ResultCache(self.cache_dir).put(keys[r.dataset], r)  # rank 0 only: `keys` is empty elsewhere
-        self.trigger.mark_evaluated(step)
-        self._conclude(trainer, fresh, cached, step, epoch, causes, blocked_secs=self._clock() - started)
-
-    def _conclude(
-        self,
-        trainer: L.Trainer,
-        fresh: list[SetResult],
-        cached: Mapping[str, SetResult],
-        step: int,
-        epoch: int,
-        causes: Sequence[Cause],
-        *,
-        blocked_secs: float,
-        fields: Mapping[str, Any] | None = None,
-    ) -> None:
-        """What every reduced round goes through, sync or async, at the step of its weights: the paired
-        deltas, the budget (`blocked_secs`: how long the round held training up), the adaptive schedule,
-        the best values, the record, the thresholds and the reward watch. Every rank, the same results."""
-        for r in fresh:  # every rank, the same sets: one reduction per metric and reference
-            r.metrics.update(
-                self.pairs.update(r.dataset, r.outcomes, r.outcome_names, r.metrics, trainer.strategy.root_device)
-            )
-        by_name = {r.dataset: r for r in fresh} | dict(cached)
-        results = [by_name[s.name] for s in self.eval_sets]
-        self.evaluated_steps.append(step)
-        extras: dict[str, float] = {}
-        if self.budget is not None:
-            self.budget.add_round(blocked_secs)
-            extras["budget_share"] = self.budget.spent_share()
-        if self.adaptive is not None:
-            change = self.adaptive.observe(
-                step,
-                {
-                    r.dataset: {m: (c.low, c.high) for m, c in self.pairs.last_changes.get(r.dataset, {}).items()}
-                    for r in fresh
-                },
-            )
-            extras["adaptive_interval"] = float(self.adaptive.interval)
-            if change.old != change.new and trainer.is_global_zero:
-                self._record_interval_change(step, change.old, change.new, change.moved)
-        self._decide(trainer, results, step)  # issue 16: every rank, before the record
-        if trainer.is_global_zero:
-            self._record(trainer, results, step, epoch, list(causes), set(cached), extras, fields)
-        self._deferred_since_round = 0
-        self._check_thresholds(trainer, results, step)
-        self._watch_rewards(trainer, results, step)  # issue 16
-
-    # ---- decisions (issue 16): an async round's results must pass here too, at the snapshot's step
-
-    def _decide(self, trainer: L.Trainer, results: list[SetResult], step: int) -> None:
-        """Best values join the round's metrics (so history and loggers get them), then every metric
-        goes to ``trainer.callback_metrics`` for ModelCheckpoint and EarlyStopping."""
-        for r in results:  # reduced metrics: the same on every rank, and so the best values
-            r.metrics.update(self.best.update(r.dataset, r.metrics, step))
-        publish_round(trainer, results, step)
-
-    def _watch_rewards(self, trainer: L.Trainer, results: list[SetResult], step: int) -> None:
-        if self.reward_watch is not None:
-            watch_round(trainer, self.reward_watch, results, step, self._history, self.run_id)
-
-    def _submit(self, trainer: L.Trainer, pl_module: L.LightningModule, causes: list[Cause]) -> None:
-        assert self._async is not None
         step = trainer.global_step
-        running = self._async.in_flight
-        if running is not None and self.on_busy is OnBusy.SKIP:
-            # Whether a round is in flight is the same on every rank (rounds start and finish at
-            # agreed steps), so every rank skips alike.
-            self.trigger.mark_evaluated(step)
-            self._skipped_step = step
-            if trainer.is_global_zero:
-                assert self._history is not None
+        outcomes = self.runner.submit(trainer, pl_module, causes)
+        self.trigger.mark_evaluated(step)  # sync: the round ended; async: training goes on from the snapshot
+        self._conclude(trainer, outcomes)
+
+    def _conclude(self, trainer: L.Trainer, outcomes: Sequence[Outcome]) -> None:
+        """Every round the runner returns, at the step of its weights, on every rank alike: errors go
+        by `on_error`; a finished round goes through the follow-ups, the callback metrics (for
+        ModelCheckpoint and EarlyStopping), the record, then the follow-ups that read the record."""
+        for done in outcomes:
+            if isinstance(done, Skipped):
+                self._skipped_step = done.step
                 message = (
-                    f"evaluation of step {step} skipped: the round of step {running.step} is still running "
-                    "(on_busy='skip')"
+                    f"evaluation of step {done.step} skipped: the round of step {done.running_step} is still "
+                    "running (on_busy='skip')"
                 )
-                log.warning(message)
-                self._history.append(
-                    event_record(
-                        "skipped", step, message=message, trigger=[str(c) for c in causes], running_step=running.step
-                    )
+                trigger = [str(c) for c in done.causes]
+                self.recorder.event(
+                    trainer, "skipped", done.step, message, trigger=trigger, running_step=done.running_step
                 )
-            return
-        if running is not None:
-            self._finish_async(trainer, pl_module, wait=True)
-        copy_started = self._clock()
-        snapshot = self._async.submit(pl_module, step, trainer.current_epoch, causes)
-        self._blocked_secs += self._clock() - copy_started
-        self.trigger.mark_evaluated(step)  # training time counts from the snapshot: training goes on
-        log.info(
-            "async evaluation of step %d started: %.2f MiB snapshot copied in %.4f s",
-            step,
-            snapshot.mb,
-            snapshot.copy_secs,
+                continue
+            if done.error is not None:
+                if self.on_error is ErrorPolicy.RAISE:
+                    raise done.error
+                self.recorder.error(trainer, done.step, done.error)
+                continue
+            self._conclude_round(trainer, done)
+
+    def _conclude_round(self, trainer: L.Trainer, done: Finished) -> None:
+        self.evaluated_steps.append(done.step)
+        for follow_up in self.follow_ups:
+            if not follow_up.after_record:
+                follow_up.observe(trainer, done, self.recorder)
+        results = done.all_results
+        publish_round(trainer, results, done.step)
+        causes = [str(c) for c in done.causes]
+        self.recorder.round(
+            trainer,
+            results,
+            done.step,
+            done.epoch,
+            causes,
+            cached=set(done.cached),
+            fields=done.fields,
+            extras=done.extras,
         )
-
-    def _finish_async(self, trainer: L.Trainer, pl_module: L.LightningModule, wait: bool) -> None:
-        if self._async is None or self._async.in_flight is None:
-            return
-        if not wait:
-            # Each rank's worker finishes on its own clock, and the reduction is collective: a
-            # rank that merged alone would wait for the others. Merge when every rank is ready.
-            ready = trainer.strategy.reduce_boolean_decision(self._async.ready(), all=True)
-            if not ready:
-                return
-        started = self._clock()
-        snapshot, local = self._async.collect(self.eval_sets)
-        self._merge(trainer, pl_module, snapshot, local, started)
-
-    def _merge(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        snapshot: Snapshot,
-        local: list[LocalSetResult],
-        started: float,
-    ) -> None:
-        """Reduces an async round on every rank and concludes it at its snapshot's step; the budget is
-        charged what held training up: the snapshot's copy, the wait for the worker, the reduction."""
-        blocked, self._blocked_secs = self._blocked_secs, 0.0
-        try:
-            results = [reduce_set(r, s, device=pl_module.device) for r, s in zip(local, self.eval_sets, strict=True)]
-        except EvalRoundError as err:
-            if self.on_error is ErrorPolicy.RAISE:
-                raise
-            self._record_error(trainer, snapshot.step, err)
-            return
-        fields = {
-            "lag_steps": trainer.global_step - snapshot.step,
-            "snapshot_mb": snapshot.mb,
-            "snapshot_secs": snapshot.copy_secs,
-        }
-        causes = [Cause(c) for c in snapshot.causes]
-        blocked += self._clock() - started
-        self._conclude(trainer, results, {}, snapshot.step, snapshot.epoch, causes, blocked_secs=blocked, fields=fields)
-
-    def _record_interval_change(self, step: int, old: int, new: int, moved: bool) -> None:
-        assert self.adaptive is not None and self._history is not None
-        how = "moved beyond" if moved else "stayed within"
-        message = (
-            f"{self.adaptive.metric} {how} its paired 95% interval: the next adaptive round comes "
-            f"{new} steps after step {step} (was {old})"
-        )
-        log.info("adaptive evaluation: %s", message)
-        self._history.append(
-            event_record(
-                "adaptive",
-                step,
-                message=message,
-                metric=self.adaptive.metric,
-                old_interval=old,
-                new_interval=new,
-                moved=moved,
-            )
-        )
-
-    def _record(
-        self,
-        trainer: L.Trainer,
-        results: list[SetResult],
-        step: int,
-        epoch: int,
-        causes: list[Cause],
-        cached: set[str] | None = None,
-        extras: Mapping[str, float] | None = None,
-        fields: Mapping[str, Any] | None = None,
-    ) -> None:
-        cached, extras = cached or set(), extras or {}
-        assert self._history is not None
-        records = []
-        for r in results:
-            record = eval_record(
-                step,
-                epoch,
-                r.dataset,
-                r.metrics,
-                trigger=causes,
-                num_samples=r.num_samples,
-                num_prompts=r.num_prompts,
-                eval_secs=r.eval_secs,
-                mode=self.mode.value,
-                world_size=trainer.world_size,
-                sampling=r.sampling,
-                run_id=self.run_id,
-            )
-            record.update(fields or {})  # async: lag_steps, snapshot_mb, snapshot_secs
-            if r.dataset in cached:
-                record["cached"] = True
-            if self.budget is not None:
-                record["budget_share"] = extras["budget_share"]
-                record["deferred"] = self._deferred_since_round
-            records.append(record)
-        self._history.append_many(records)
-        log_eval_results(trainer.loggers, results, step)
-        if extras:
-            # Run-level numbers of the round, e.g. eval/budget_share, on the same eval x axis.
-            for logger in trainer.loggers:
-                logger.log_metrics({**{f"eval/{k}": v for k, v in extras.items()}, "eval/step": step}, step=step)
-        summary = ", ".join(
-            f"{r.dataset}: "
-            + " ".join(f"{k}={v:.3f}" for k, v in r.metrics.items() if k in ("accuracy", "reward/mean"))
-            for r in results
-        )
-        log.info("evaluation at step %d (%s): %s", step, "+".join(causes), summary)
-
-    def _record_error(self, trainer: L.Trainer, step: int, err: Exception) -> None:
-        if trainer.is_global_zero:
-            log.error("evaluation at step %d failed; training goes on (on_error='log'):\n%s", step, err)
-            assert self._history is not None
-            self._history.append(event_record("error", step, message=str(err), run_id=self.run_id))
-
-    def _check_thresholds(self, trainer: L.Trainer, results: list[SetResult], step: int) -> None:
-        if not self.thresholds.thresholds:
-            return
-        if not self.thresholds.resolved:
-            self.thresholds.resolve({name for r in results for name in r.metrics})
-        alerts: list[Alert] = [a for r in results for a in self.thresholds.check(r.dataset, r.metrics, step)]
-        for alert in alerts:
-            report_alert(
-                trainer,
-                self._history,
-                step,
-                dataset=alert.dataset,
-                message=alert.message,
-                title=f"areal-lightning: {alert.dataset}/{alert.metric} below threshold",
-                run_id=self.run_id,
-                source="threshold alert",
-                metric=alert.metric,
-                value=alert.value,
-                threshold=alert.threshold,
-            )
-        if self.threshold_action is ThresholdAction.STOP:
-            # Reduced metrics are identical on every rank, but a stop decided alone would leave
-            # the other ranks in the next step's collectives: agree explicitly.
-            stop = trainer.strategy.reduce_boolean_decision(bool(alerts), all=False)
-            if stop:
-                trainer.should_stop = True
+        for follow_up in self.follow_ups:
+            if follow_up.after_record:
+                follow_up.observe(trainer, done, self.recorder)
