@@ -10,7 +10,8 @@ launcher's environment and joins the existing process group instead of re-runnin
 * an `evaluate_fn` that fails on rank 1 only: both ranks record the error and train on;
 * an eval set too small to reach rank 1, with metrics created inside the batch loop (so rank 1
   never creates them): the round still reduces (rank 1 gets fresh copies), or, for a metric that
-  cannot be copied, fails on both ranks with an error record instead of hanging.
+  cannot be copied, fails on both ranks with an error record instead of hanging (the first round,
+  a sanity round: training stops on both ranks with the error).
 
 A rank that decided alone would wait forever in a collective; `run_ddp`'s timeout turns that
 into a test failure.
@@ -37,6 +38,7 @@ from callback_helpers import (
 from ddp_utils import run_ddp
 
 from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
+from areal_lightning.eval_round import EvalRoundError
 from areal_lightning.metrics import RewardMetric
 from areal_lightning.tracking.history import event_rows, read_history
 
@@ -86,6 +88,15 @@ def _metrics_in_the_loop(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
     return {}
 
 
+def _uncopyable_in_the_loop(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
+    class LocalReward(RewardMetric):  # a class local to a function cannot be pickled to another rank
+        pass
+
+    for batch in batches:
+        ctx.metric("reward", LocalReward).update(torch.tensor(batch.samples, dtype=torch.float64))
+    return {}
+
+
 def _fits(rank: int, world_size: int, root: str) -> dict[str, Any]:
     quiet()
     out: dict[str, Any] = {}
@@ -118,6 +129,14 @@ def _fits(rank: int, world_size: int, root: str) -> dict[str, Any]:
     trainer = _ddp_trainer(Path(root) / "in_loop", [callback], 6)
     trainer.fit(CountingModule(epoch_len=SAMPLES_PER_EPOCH))
     out["in_loop"] = (callback.evaluated_steps, trainer.global_step)
+
+    callback = EvaluationCallback(TINY_SET, _uncopyable_in_the_loop, freq_steps=3)
+    trainer = _ddp_trainer(Path(root) / "uncopyable", [callback], 6)
+    try:
+        trainer.fit(CountingModule(epoch_len=SAMPLES_PER_EPOCH))
+        out["uncopyable"] = None
+    except EvalRoundError as err:
+        out["uncopyable"] = (str(err), trainer.global_step)
     return out
 
 
@@ -180,15 +199,30 @@ def test_metrics_declared_before_the_loop_reduce_when_a_rank_gets_no_batch(
         assert record["num_prompts"] == len(rewards)
 
 
-def test_a_metric_first_created_in_the_batch_loop_is_a_clear_error_on_every_rank(
+def test_a_metric_first_created_in_the_batch_loop_reaches_the_rank_that_never_created_it(
     ddp_run: tuple[Path, list[dict[str, Any]]],
 ) -> None:
     root, results = ddp_run
     for rank in range(WORLD_SIZE):
-        assert results[rank]["in_loop"] == ([], 6), f"rank {rank}"  # no round counted, training went on
+        assert results[rank]["in_loop"] == ([3, 6], 6), f"rank {rank}"
     records = read_history(root / "in_loop")
-    assert [r for r in records if "event" not in r] == []
-    errors = event_rows(records, "error")
-    assert [e["step"] for e in errors] == [3, 6]
-    assert "metric 'reward' of eval set 'tiny' was first created inside the batch loop" in errors[0]["message"]
-    assert "create every metric with ctx.metric(...) before the loop" in errors[0]["message"]
+    assert event_rows(records, "error") == []
+    rewards = TINY_SET["tiny"]
+    for record in (r for r in records if "event" not in r):
+        assert record["metrics"]["reward/mean"] == pytest.approx(sum(rewards) / len(rewards))
+        assert record["num_prompts"] == len(rewards)
+
+
+def test_a_metric_that_cannot_be_copied_fails_the_sanity_round_on_every_rank(
+    ddp_run: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    root, results = ddp_run
+    for rank in range(WORLD_SIZE):
+        assert results[rank]["uncopyable"] is not None, f"rank {rank} trained on"
+        message, step = results[rank]["uncopyable"]
+        assert step == 3, f"rank {rank}"  # stopped at the first round
+        assert "metric 'reward' exists only on some ranks (ranks [1] never created it" in message
+        assert "create it with ctx.metric(...) before the batch loop" in message
+        assert "sanity round" in message
+    errors = event_rows(read_history(root / "uncopyable"), "error")
+    assert [e["step"] for e in errors] == [3]

@@ -100,10 +100,30 @@ def test_early_stopping_on_an_eval_metric_stops_after_patience(tmp_path: Path) -
     assert float(stop.best_score) == pytest.approx(ACCURACY[BEST_STEP])
 
 
-def test_early_stopping_listed_before_the_callback_is_warned_about(tmp_path: Path) -> None:
-    stop = EarlyStopping(monitor=MONITOR, mode="max", patience=2, check_on_train_epoch_end=True, strict=False)
-    with pytest.warns(UserWarning, match="comes before EvaluationCallback"):
-        make_trainer(tmp_path, [stop, _callback(freq_epochs=1)], max_steps=2).fit(CountingModule(epoch_len=2))
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_early_stopping_decides_on_the_round_whatever_its_place_in_the_list(tmp_path: Path, order: str) -> None:
+    cb = _callback(freq_epochs=1)
+    stop = EarlyStopping(monitor=MONITOR, mode="max", patience=2, check_on_train_epoch_end=True)
+    callbacks = [stop, cb] if order == "before" else [cb, stop]
+    trainer = make_trainer(tmp_path, callbacks, max_steps=12)
+    trainer.fit(CountingModule(epoch_len=2))
+    # The check runs right after each round: listed first, it still sees the round of its epoch.
+    assert trainer.global_step == 10 and cb.evaluated_steps == [2, 4, 6, 8, 10]
+    assert float(stop.best_score) == pytest.approx(ACCURACY[BEST_STEP])
+
+
+@pytest.mark.parametrize("check_on_train_epoch_end", [True, False, None])
+def test_early_stopping_patience_counts_step_based_rounds_not_epoch_ends(
+    tmp_path: Path, check_on_train_epoch_end: bool | None
+) -> None:
+    # Rounds every 2 steps, epochs of 3 steps: Lightning's own check at epoch ends would see a
+    # round's value twice or not at all. strict=True (the default) never meets a missing value.
+    cb = _callback(freq_steps=2)
+    stop = EarlyStopping(monitor=MONITOR, mode="max", patience=2, check_on_train_epoch_end=check_on_train_epoch_end)
+    trainer = make_trainer(tmp_path, [cb, stop], max_steps=12)
+    trainer.fit(CountingModule(epoch_len=3))
+    assert trainer.global_step == 10 and cb.evaluated_steps == [2, 4, 6, 8, 10]
+    assert float(stop.best_score) == pytest.approx(ACCURACY[BEST_STEP])
 
 
 def _early_stop_on_two_ranks(rank: int, world_size: int, root: str) -> tuple[int, list[int], float, float]:

@@ -520,7 +520,8 @@ class EvaluatorConfig:
     threshold_action: ThresholdAction = ThresholdAction.ALERT
     """alert: log, record and alert; stop: also stop training cleanly."""
     on_error: ErrorPolicy = ErrorPolicy.LOG
-    """log: an exception in an evaluation is recorded and training goes on; raise: fail fast."""
+    """log: a failed round is recorded and training goes on; raise: fail fast. The first round of a
+    fit is a sanity round: its failure stops training either way."""
     max_table_rows: int = DEFAULT_TABLE_ROWS
     """Sample generations per eval set kept for the W&B table."""
     adaptive: Optional[AdaptiveConfig] = None

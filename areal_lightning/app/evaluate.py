@@ -198,6 +198,7 @@ def _evaluate_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule, step: int
     """Every rank: check the eval sets agree, run the round on the unwrapped module."""
     from areal_lightning.app.builders import build_eval_sets
     from areal_lightning.eval_round import check_eval_sets_consistent, run_round
+    from areal_lightning.eval_round.progress import TerminalProgress
     from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.rl.rollout_eval import rollout_evaluate
 
@@ -208,6 +209,7 @@ def _evaluate_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule, step: int
     module = converted.to(fabric.device)
     eval_sets = build_eval_sets(cfg, module.task)
     check_eval_sets_consistent(eval_sets)  # every rank raises together on a mismatch
+    show_progress = cfg.trainer.enable_progress_bar and fabric.global_rank == 0 and sys.stderr.isatty()
     with fabric.autocast():
         results = run_round(
             module,
@@ -216,7 +218,7 @@ def _evaluate_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule, step: int
             seed=cfg.seed,
             global_step=step,
             epoch=epoch,
-            show_progress=cfg.trainer.enable_progress_bar and sys.stderr.isatty(),
+            progress=TerminalProgress() if show_progress else None,
         )
     fabric.barrier()  # every rank reaches this (run_round returns or raises on all ranks alike)
     return results

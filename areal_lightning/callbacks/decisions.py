@@ -5,21 +5,26 @@ A round's metrics are written there under their logged names (``eval/<set>/<metr
 rank (the reduced values are the same everywhere, so every rank's `EarlyStopping` sees the same
 number and none finds its monitor missing), as float tensors, as ``self.log`` would leave them.
 
-Order matters: Lightning runs `ModelCheckpoint` after every other callback, so a checkpoint saved
-at the step of a round sees that round. `EarlyStopping` runs in list order: it must come after
-`EvaluationCallback` in ``callbacks=[...]`` (`early_stopping_before` finds the ones that do not).
+A round is to eval metrics what a validation is to ``val/`` metrics, and the two Lightning
+callbacks are built around validation. So, for a monitor on an ``eval/`` metric:
+
+* `EarlyStopping` checks right after each round (its own epoch-end and validation-end checks are
+  switched off): patience counts rounds, whether rounds are step-, epoch- or time-based, and
+  ``strict=True`` never meets a missing value, whatever the callbacks' order;
+* `ModelCheckpoint` keeps its own schedule; until the first round its monitor holds NaN, which it
+  scores as the worst value (instead of refusing to save after a validation loop has run).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import warnings
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, EarlyStopping
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 from areal_lightning.eval_round import SetResult
 from areal_lightning.tracking.loggers import EVAL_PREFIX, eval_metric_dict
@@ -52,33 +57,48 @@ def publish_round(trainer: L.Trainer, results: Sequence[SetResult], step: int) -
     trainer.callback_metrics.update(round_callback_metrics(results, step))
 
 
-def early_stopping_before(callbacks: Sequence[Callback], evaluation: Callback) -> list[EarlyStopping]:
-    """The `EarlyStopping` callbacks on an ``eval/`` metric that run before `evaluation`: at an
-    epoch end they would decide on the previous round's value.
+def _checked_after_rounds(*args: Any, **kwargs: Any) -> None:
+    """Stands in for an adopted `EarlyStopping`'s epoch-end and validation-end hooks."""
+
+
+def adopt_eval_monitors(trainer: L.Trainer) -> list[EarlyStopping]:
+    """The `EarlyStopping` callbacks that monitor an ``eval/`` metric, whose checks now run after
+    each round (`check_after_round`); their own hooks no longer check. Call it from `setup`.
 
     Example:
         >>> es = EarlyStopping(monitor="eval/easy/accuracy", mode="max")
-        >>> cb = Callback()
-        >>> early_stopping_before([es, cb], cb) == [es], early_stopping_before([cb, es], cb)
-        (True, [])
+        >>> [cb is es for cb in adopt_eval_monitors(L.Trainer(callbacks=[es], logger=False))]
+        [True]
     """
-    found = []
-    for callback in callbacks:
-        if callback is evaluation:
-            break
-        if isinstance(callback, EarlyStopping) and callback.monitor.startswith(f"{EVAL_PREFIX}/"):
-            found.append(callback)
-    return found
+    adopted = []
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]
+        if isinstance(callback, EarlyStopping) and _monitors_eval(callback):
+            # Instance attributes shadow the class's hooks: Lightning calls them by name.
+            callback.on_train_epoch_end = _checked_after_rounds  # type: ignore[method-assign]
+            callback.on_validation_end = _checked_after_rounds  # type: ignore[method-assign]
+            adopted.append(callback)
+    return adopted
 
 
-def warn_early_stopping_order(callbacks: Sequence[Callback], evaluation: Callback) -> None:
-    """A warning per `early_stopping_before`; call it from `setup`."""
-    for es in early_stopping_before(callbacks, evaluation):
-        warnings.warn(
-            f"EarlyStopping(monitor={es.monitor!r}) comes before EvaluationCallback in the Trainer's "
-            "callbacks, so at an epoch end it decides on the previous round; list it after",
-            stacklevel=3,
-        )
+def hold_monitor_places(trainer: L.Trainer) -> None:
+    """NaN under each eval metric a `ModelCheckpoint` monitors, until a round gives it a value: a
+    save before the first round is then scored worst instead of failing. Call it on every rank."""
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback.monitor is not None and _monitors_eval(callback):
+            trainer.callback_metrics.setdefault(callback.monitor, torch.tensor(math.nan))
+
+
+def check_after_round(trainer: L.Trainer, pl_module: L.LightningModule, adopted: Sequence[EarlyStopping]) -> None:
+    """Runs each adopted `EarlyStopping`'s check as its own class would after a validation (or an
+    epoch end, as it was configured); every rank, right after a round's metrics are published."""
+    for es in adopted:
+        # Exactly one of the two runs the check, depending on `check_on_train_epoch_end`.
+        type(es).on_train_epoch_end(es, trainer, pl_module)
+        type(es).on_validation_end(es, trainer, pl_module)
+
+
+def _monitors_eval(callback: EarlyStopping | ModelCheckpoint) -> bool:
+    return isinstance(callback.monitor, str) and callback.monitor.startswith(f"{EVAL_PREFIX}/")
 
 
 def read_train_metric(trainer: L.Trainer, name: str) -> float | None:

@@ -7,20 +7,26 @@ The hooks are guards: they ask the trigger whether a round is due, hand it to th
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, EarlyStopping
 from typing_extensions import override
 
 from areal_lightning.callbacks.adaptive import AdaptiveSchedule
 from areal_lightning.callbacks.async_evaluator import AsyncEvaluator
 from areal_lightning.callbacks.best import DEFAULT_BEST_METRICS, BestValues
 from areal_lightning.callbacks.budget import EvalBudget
-from areal_lightning.callbacks.decisions import publish_round, warn_early_stopping_order
+from areal_lightning.callbacks.decisions import (
+    adopt_eval_monitors,
+    check_after_round,
+    hold_monitor_places,
+    publish_round,
+)
 from areal_lightning.callbacks.follow_ups import AdaptiveInterval, BudgetShare, FollowUp, build_follow_ups
 from areal_lightning.callbacks.imports import import_object
 from areal_lightning.callbacks.options import (
@@ -41,11 +47,18 @@ from areal_lightning.callbacks.runners import AsyncRunner, Finished, Outcome, Ro
 from areal_lightning.callbacks.thresholds import ThresholdMonitor
 from areal_lightning.callbacks.trigger import Cause, HybridTrigger
 from areal_lightning.errors import ArgumentError
-from areal_lightning.eval_round import EvalSet, EvaluateFn, as_eval_sets, check_eval_sets_consistent
+from areal_lightning.eval_round import EvalRoundError, EvalSet, EvaluateFn, as_eval_sets, check_eval_sets_consistent
 from areal_lightning.eval_round.cache import CACHE_DIRNAME
 from areal_lightning.eval_round.precision import EvalPrecision
 from areal_lightning.tracking.history import new_run_id
 from areal_lightning.tracking.recorder import EvalRecorder
+
+log = logging.getLogger(__name__)
+
+
+def _fast_dev_run(trainer: L.Trainer) -> bool:
+    """`Trainer(fast_dev_run=...)` is on (an attribute the Trainer sets but does not declare)."""
+    return bool(getattr(trainer, "fast_dev_run", False))
 
 
 def _epoch_ran_to_end(trainer: L.Trainer) -> bool:
@@ -75,7 +88,8 @@ class EvaluationCallback(Callback):
         metric_thresholds: `{metric: minimum}`; a metric that reached its minimum and falls below
             it raises one alert per crossing.
         threshold_action: ``alert`` (log, history record, W&B alert) or ``stop`` (also stop training).
-        on_error: ``log`` (record the exception and keep training) or ``raise``.
+        on_error: ``log`` (record the exception and keep training) or ``raise``. The first round
+            of a fit is a sanity round: when it fails, training stops whatever `on_error` says.
         output_dir: where the eval history goes; None: the Trainer's `default_root_dir`.
         seed: run seed from which each sample's seed derives; None: the module's `seed` or 0.
         max_table_rows: sample generations per eval set kept for W&B tables.
@@ -106,7 +120,10 @@ class EvaluationCallback(Callback):
 
     Every round's metrics also reach ``trainer.callback_metrics`` under their logged names, on
     every rank, so ``ModelCheckpoint(monitor="eval/easy/accuracy", mode="max")`` and
-    ``EarlyStopping(monitor=...)`` (listed after this callback) decide on them.
+    ``EarlyStopping(monitor=...)`` decide on them; an `EarlyStopping` on an ``eval/`` metric
+    checks right after each round (``docs/decisions.md``). Under the Trainer's progress bar each
+    round shows its batches as validation does; under ``fast_dev_run`` a round evaluates each eval
+    set's first batch and records nothing.
 
     Every round also logs, per eval set and per metric whose per-prompt outcomes `evaluate_fn`
     recorded (``ctx.record_outcomes``), the paired change since the previous round and since the
@@ -212,6 +229,8 @@ class EvaluationCallback(Callback):
         self.seed = seed
         self.max_table_rows = max_table_rows
         self._evaluate_fn = evaluate_fn
+        self._adopted: list[EarlyStopping] = []  # EarlyStopping on eval metrics: checked after each round
+        self._rounds_this_fit = 0  # the first round of a fit is a sanity round: its failure stops training
         self._checked_eval_sets = False
         self._last_seen_step = -1
         self._skipped_step: int | None = None  # the latest step whose round was skipped while busy
@@ -257,19 +276,25 @@ class EvaluationCallback(Callback):
             self.output_dir = Path(trainer.default_root_dir)
         if self.seed is None:
             self.seed = int(getattr(pl_module, "seed", 0))
-        # A resumed run evaluates again the steps between its checkpoint and the crash: one record each.
-        self.recorder.open(trainer, self.output_dir, once_per_step=[c.value for c in Cause])
+        if not _fast_dev_run(trainer):  # fast_dev_run writes nothing, as Lightning's own callbacks do not
+            # A resumed run evaluates again the steps between its checkpoint and the crash: one record each.
+            self.recorder.open(trainer, self.output_dir, once_per_step=[c.value for c in Cause])
         if self.use_cache and self.cache_dir is None:
             self.cache_dir = self.output_dir / CACHE_DIRNAME
         self.runner.setup(trainer)
-        # `Trainer.callbacks` is public, set by its callback connector rather than declared on the class.
-        warn_early_stopping_order(trainer.callbacks, self)  # type: ignore[attr-defined]
+        self._adopted = adopt_eval_monitors(trainer)
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._checked_eval_sets:
             check_eval_sets_consistent(self.eval_sets)  # every rank: a mismatch fails everywhere at once
             self._checked_eval_sets = True
+        self._rounds_this_fit = 0
+        hold_monitor_places(trainer)
+        if _fast_dev_run(trainer):
+            # As Lightning's fast_dev_run runs one validation batch: each eval set's first batch, unrecorded.
+            self.eval_sets = [s.first_batch() for s in self.eval_sets]
+            log.info("fast_dev_run: rounds evaluate the first batch of each eval set and record nothing")
         spec = RoundSpec(
             self.eval_sets,
             self._evaluate_fn,
@@ -415,19 +440,35 @@ class EvaluationCallback(Callback):
                 )
                 continue
             if done.error is not None:
-                if self.on_error is ErrorPolicy.RAISE:
-                    raise done.error
-                self.recorder.error(trainer, done.step, done.error)
+                self._fail_round(trainer, done.step, done.error)
                 continue
             self._conclude_round(trainer, done)
 
+    def _fail_round(self, trainer: L.Trainer, step: int, err: EvalRoundError) -> None:
+        """Records a failed round; raises (every rank alike) for the sanity round or ``on_error='raise'``.
+
+        The first round of a fit is a sanity round, as Lightning's sanity check is for validation:
+        its failure is most likely a bug in `evaluate_fn`, which would fail every later round too.
+        """
+        sanity = self._rounds_this_fit == 0
+        self.recorder.error(trainer, step, err, stops=sanity or self.on_error is ErrorPolicy.RAISE)
+        if sanity:
+            raise EvalRoundError(
+                f"{err}\n(This was the first evaluation round of this fit, a sanity round as Lightning's sanity check "
+                "is for validation: its failure stops training whatever on_error says; later rounds follow on_error.)"
+            ) from err
+        if self.on_error is ErrorPolicy.RAISE:
+            raise err
+
     def _conclude_round(self, trainer: L.Trainer, done: Finished) -> None:
         self.evaluated_steps.append(done.step)
+        self._rounds_this_fit += 1
         for follow_up in self.follow_ups:
             if not follow_up.after_record:
                 follow_up.observe(trainer, done, self.recorder)
         results = done.all_results
         publish_round(trainer, results, done.step)
+        check_after_round(trainer, trainer.lightning_module, self._adopted)
         causes = [str(c) for c in done.causes]
         self.recorder.round(
             trainer,

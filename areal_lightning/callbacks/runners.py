@@ -21,6 +21,7 @@ import lightning as L
 from areal_lightning.callbacks.async_evaluator import AsyncEvaluator, module_evaluate
 from areal_lightning.callbacks.options import EvalMode, OnBusy
 from areal_lightning.callbacks.parallelism import refuse_for_async
+from areal_lightning.callbacks.progress import trainer_progress
 from areal_lightning.callbacks.trigger import Cause
 from areal_lightning.eval_round import EvalRoundError, EvalSet, EvaluateFn, SetResult, reduce_set, run_round
 from areal_lightning.eval_round.cache import ResultCache, function_identity, result_key, weights_digest
@@ -154,7 +155,7 @@ class SyncRunner:
                     global_step=step,
                     epoch=epoch,
                     max_table_rows=spec.max_table_rows,
-                    show_progress=trainer.progress_bar_callback is not None,
+                    progress=trainer_progress(trainer),
                     lockstep=spec.lockstep,
                 )
         except EvalRoundError as err:

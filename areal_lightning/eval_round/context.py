@@ -9,6 +9,7 @@ from typing import Any, Protocol, overload
 import torch
 from torchmetrics import Metric
 
+from areal_lightning.eval_round.progress import RoundProgress
 from areal_lightning.eval_round.sampling import SamplingParams
 
 
@@ -29,9 +30,10 @@ class EvalRoundError(RuntimeError):
 class EvalContext:
     """What `evaluate_fn` knows about the round besides the module and its batches.
 
-    Create every metric with `metric(...)` before the batch loop: a rank dealt no batch never
-    runs the loop, and its metrics must still join the reduction. Call `record_sample` for
-    generations worth showing; those with `index < max_table_rows` are kept.
+    Create metrics with `metric(...)`, before or inside the batch loop: a rank dealt no batch
+    never reaches the loop, and the round gives it a fresh copy of every metric another rank
+    created, so that all ranks join the same reduction. Call `record_sample` for generations
+    worth showing; those with `index < max_table_rows` are kept.
 
     `lockstep` is True when the module's forward runs collectives (sharded parameters: FSDP2,
     FSDP): every rank must then run the same number of forward passes for a batch of the same
@@ -53,23 +55,13 @@ class EvalContext:
     num_samples: int = 0
     max_table_rows: int = 0
     table_rows: list[dict[str, Any]] = field(default_factory=list)
-    loop_started: bool = False
     lockstep: bool = False
     padding: bool = False
     outcomes: dict[str, dict[int, float]] = field(default_factory=dict)
 
     def metric(self, name: str, factory: Callable[[], Metric]) -> Metric:
-        """The metric called `name`, created on this round's device on first use.
-
-        Raises:
-            EvalRoundError: when first asked for after the batch loop started.
-        """
+        """The metric called `name`, created on this round's device on first use."""
         if name not in self.metrics:
-            if self.loop_started:
-                raise EvalRoundError(
-                    f"metric {name!r} of eval set {self.dataset!r} was first created inside the batch loop; create "
-                    "every metric with ctx.metric(...) before the loop (a rank dealt no batch never reaches it)"
-                )
             metric = factory()
             dtype = metric.dtype
             metric = metric.to(self.device)
@@ -105,10 +97,12 @@ class EvalContext:
 
 
 class BatchList(Sequence[EvalBatch]):
-    """This rank's batches; the first access marks the context's batch loop as started."""
+    """This rank's batches, as `evaluate_fn` receives them: a plain sequence that reports each
+    batch done to the round's progress display while it is iterated (wrapping it in a progress
+    iterator of one's own works too)."""
 
-    def __init__(self, batches: list[EvalBatch], ctx: EvalContext) -> None:
-        self._batches, self._ctx = batches, ctx
+    def __init__(self, batches: list[EvalBatch], progress: RoundProgress | None = None) -> None:
+        self._batches, self._progress = batches, progress
 
     def __len__(self) -> int:
         return len(self._batches)
@@ -118,12 +112,17 @@ class BatchList(Sequence[EvalBatch]):
     @overload
     def __getitem__(self, index: slice) -> Sequence[EvalBatch]: ...
     def __getitem__(self, index: int | slice) -> EvalBatch | Sequence[EvalBatch]:
-        self._ctx.loop_started = True
         return self._batches[index]
 
     def __iter__(self) -> Iterator[EvalBatch]:
-        self._ctx.loop_started = True
-        return iter(self._batches)
+        if self._progress is None:
+            return iter(self._batches)
+        return self._reporting(self._progress)
+
+    def _reporting(self, progress: RoundProgress) -> Iterator[EvalBatch]:
+        for batch in self._batches:
+            yield batch
+            progress.advance()  # the caller asked for the next batch: this one is done
 
 
 class EvaluateFn(Protocol):

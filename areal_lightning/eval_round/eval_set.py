@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -82,6 +83,15 @@ class EvalSet:
     @property
     def keys(self) -> list[str]:
         return [self.key_fn(s) for s in self.samples]
+
+    def first_batch(self) -> EvalSet:
+        """The same set cut to its first `batch_size` samples (what ``fast_dev_run`` evaluates).
+
+        Example:
+            >>> len(EvalSet("easy", list(range(10)), batch_size=4).first_batch().samples)
+            4
+        """
+        return dataclasses.replace(self, samples=list(self.samples[: self.batch_size]))
 
 
 def as_eval_sets(eval_sets: Mapping[str, Sequence[Any]] | Sequence[EvalSet]) -> list[EvalSet]:

@@ -19,6 +19,7 @@ first half beside training and the training thread runs the second at a step eve
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import time
 import traceback
 import warnings
@@ -33,6 +34,7 @@ from torchmetrics import Metric
 from areal_lightning.eval_round.context import BatchList, EvalBatch, EvalContext, EvalRoundError, EvaluateFn, SetResult
 from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.eval_round.isolation import evaluation_mode, module_device
+from areal_lightning.eval_round.progress import GuardedProgress, RoundProgress
 from areal_lightning.eval_round.ranks import all_gather_object, dist_info
 from areal_lightning.eval_round.sharding import sample_seeds, shard_all_ranks, shard_for_rank
 from areal_lightning.metrics.mean import ExactMean
@@ -110,14 +112,6 @@ def _extra_updates(out: Mapping[str, Any], num_prompts: int) -> dict[str, Tensor
     return updates
 
 
-def _with_progress(batches: Sequence[EvalBatch], name: str, show: bool) -> Sequence[EvalBatch]:
-    if not show or len(batches) < 2:
-        return batches
-    from tqdm.auto import tqdm  # Lightning's own progress-bar dependency
-
-    return tqdm(batches, desc=f"eval {name}", unit="batch", leave=False, dynamic_ncols=True)  # type: ignore[return-value]
-
-
 def _compute_all(metrics: Mapping[str, Metric], dataset: str) -> dict[str, float]:
     out: dict[str, float] = {}
     name = ""
@@ -136,15 +130,50 @@ def _compute_all(metrics: Mapping[str, Metric], dataset: str) -> dict[str, float
     return out
 
 
-def _check_same_metrics(gathered: Sequence[_RankReport], dataset: str) -> None:
+def _fill_missing_metrics(
+    gathered: Sequence[_RankReport], metrics: dict[str, Metric], dataset: str, device: torch.device | None
+) -> dict[str, Metric]:
+    """This rank's metrics plus a fresh (reset) copy of every metric another rank created and this
+    one did not, so that every rank joins the same metric syncs.
+
+    A rank dealt no batch (or whose batches never reached a metric's first use) has not created
+    it. Every rank sees the same gathered names, so they all take part in the one extra object
+    gather this costs, and only when some rank lacks a metric. A metric that cannot be pickled
+    fails the round on every rank with a message saying how to avoid it.
+    """
     union = sorted(set().union(*(g.metric_names for g in gathered)))
-    lacking = {rank: sorted(set(union) - set(g.metric_names)) for rank, g in enumerate(gathered)}
-    lacking = {rank: names for rank, names in lacking.items() if names}
-    if lacking:
+    if all(len(g.metric_names) == len(union) for g in gathered):
+        return metrics
+    rank, _ = dist_info()
+    lacking = sorted({name for g in gathered for name in union if name not in g.metric_names})
+    donors = {name: next(r for r, g in enumerate(gathered) if name in g.metric_names) for name in lacking}
+    offer: dict[str, bytes | str] = {}
+    for name in lacking:
+        if donors[name] != rank:
+            continue
+        try:
+            blank = metrics[name].clone()
+            blank.reset()
+            offer[name] = pickle.dumps(_moved(blank, torch.device("cpu")))
+        except Exception as err:  # noqa: BLE001 - turned into an error every rank raises, so none waits
+            offer[name] = f"{type(err).__name__}: {err}"
+    offers: list[dict[str, bytes | str]] = all_gather_object(offer)
+    copies = {name: offers[donors[name]][name] for name in lacking}
+    for name, why in copies.items():
+        if not isinstance(why, str):
+            continue
+        without = [r for r, g in enumerate(gathered) if name not in g.metric_names]
         raise EvalRoundError(
-            f"evaluation of eval set {dataset!r} failed: ranks created different metrics ({lacking} missing); "
-            "create every metric with ctx.metric(...) before the batch loop"
+            f"evaluation of eval set {dataset!r} failed: metric {name!r} exists only on some ranks (ranks {without} "
+            f"never created it: no batch of theirs reached it), and it cannot be copied to them ({why}); create it "
+            "with ctx.metric(...) before the batch loop, so that every rank has it"
         )
+    filled = dict(metrics)
+    for name, blob in copies.items():
+        if name not in metrics and isinstance(blob, bytes):
+            copy = pickle.loads(blob)  # bytes another rank of this job has just pickled
+            filled[name] = _moved(copy, device) if device is not None else copy
+    return filled
 
 
 @dataclass
@@ -164,6 +193,8 @@ class LocalSetResult:
     eval_secs: float = 0.0
     sampling: dict[str, Any] | None = None
     outcomes: dict[str, dict[int, float]] = field(default_factory=dict)
+    device: torch.device | None = None
+    """Where this rank's metrics live (copies of metrics other ranks created are moved here)."""
 
     @classmethod
     def failed(cls, dataset: str, message: str) -> LocalSetResult:
@@ -183,7 +214,7 @@ def evaluate_local(
     world_size: int,
     batches: list[EvalBatch] | None = None,
     max_table_rows: int = 0,
-    show_progress: bool = False,
+    progress: RoundProgress | None = None,
     lockstep: bool = False,
 ) -> LocalSetResult:
     """Runs `evaluate_fn` on rank `rank`'s deal of one eval set; no collective of its own (under
@@ -192,6 +223,7 @@ def evaluate_local(
     Args:
         batches: this rank's deal when computed already (`local_batches` with `resolved_seed`);
             None deals it here.
+        progress: shows the batches as `evaluate_fn` iterates them; None shows nothing.
 
     An exception of `evaluate_fn` is caught into the report (with its traceback), so that
     `reduce_set` raises it on every rank instead of leaving the others waiting.
@@ -217,19 +249,22 @@ def evaluate_local(
         lockstep=lockstep and world_size > 1,
     )
     error, updates = None, {}
+    shown = GuardedProgress(progress)
+    shown.start(eval_set.name, len(batches))
     with evaluation_mode(module):
         try:  # inside the block: `evaluation_mode` restores the RNG states only on a normal exit
-            shown = _with_progress(BatchList(batches, ctx), eval_set.name, show_progress and rank == 0)
-            updates = _extra_updates(evaluate_fn(module, shown, ctx) or {}, num_prompts)
+            updates = _extra_updates(evaluate_fn(module, BatchList(batches, shown), ctx) or {}, num_prompts)
             if padding:
                 # Forwards that pair with the busier ranks' last forwards (their parameter
                 # all-gathers); a fresh context takes the results, and nothing reads it.
                 scratch = dataclasses.replace(
-                    ctx, metrics={}, num_samples=0, max_table_rows=0, table_rows=[], loop_started=False, padding=True
+                    ctx, metrics={}, num_samples=0, max_table_rows=0, table_rows=[], padding=True
                 )
-                evaluate_fn(module, BatchList(padding, scratch), scratch)
+                evaluate_fn(module, BatchList(padding), scratch)
         except Exception as err:  # noqa: BLE001 - reported on every rank by reduce_set, so no rank waits forever
             error = f"rank {rank}: {type(err).__name__}: {err}\n{traceback.format_exc()}"
+        finally:
+            shown.close()
     report = _RankReport(
         error,
         num_prompts,
@@ -248,6 +283,7 @@ def evaluate_local(
         time.perf_counter() - start,
         sampling=sampling.as_record(seed) if sampling is not None else None,
         outcomes=ctx.outcomes,
+        device=ctx.device,
     )
 
 
@@ -267,8 +303,9 @@ def reduce_set(local: LocalSetResult, eval_set: EvalSet, device: torch.device | 
     errors = [g.error for g in gathered if g.error]
     if errors:
         raise EvalRoundError(f"evaluation of eval set {eval_set.name!r} failed: " + "\n".join(errors))
-    _check_same_metrics(gathered, eval_set.name)
-    metrics_in = local.metrics if device is None else {k: _moved(m, device) for k, m in local.metrics.items()}
+    metrics_in = _fill_missing_metrics(gathered, local.metrics, eval_set.name, device or local.device)
+    if device is not None:
+        metrics_in = {k: _moved(m, device) for k, m in metrics_in.items()}
     # Returned values reduce through torchmetrics too: one exact mean per name any rank returned,
     # so the value does not depend on the number of ranks (a float sum's last bits would).
     extras: dict[str, Metric] = {}
@@ -318,13 +355,12 @@ def evaluate_set(
     global_step: int,
     epoch: int,
     max_table_rows: int = 0,
-    show_progress: bool = False,
+    progress: RoundProgress | None = None,
     lockstep: bool = False,
 ) -> SetResult:
     """Runs one eval set on this rank's deal and reduces it over all ranks.
 
-    `show_progress` draws a progress bar over this rank's batches on rank 0. `lockstep`: see
-    `run_round`.
+    `progress` shows this rank's batches (pass one on rank 0 only). `lockstep`: see `run_round`.
     """
     rank, world = dist_info()
     local = evaluate_local(
@@ -337,7 +373,7 @@ def evaluate_set(
         rank=rank,
         world_size=world,
         max_table_rows=max_table_rows,
-        show_progress=show_progress,
+        progress=progress,
         lockstep=lockstep,
     )
     return reduce_set(local, eval_set)
@@ -352,7 +388,7 @@ def run_round(
     global_step: int,
     epoch: int,
     max_table_rows: int = 0,
-    show_progress: bool = False,
+    progress: RoundProgress | None = None,
     lockstep: bool = False,
 ) -> list[SetResult]:
     """Evaluates every eval set, in order, on the module replica; returns the reduced results.
@@ -364,7 +400,8 @@ def run_round(
         seed: the run seed each sample's own seed derives from.
         global_step, epoch: what the results are recorded under (also in ``ctx``).
         max_table_rows: samples per eval set whose `ctx.record_sample` rows are kept.
-        show_progress: a progress bar over rank 0's batches.
+        progress: shows the batches as they finish (a Trainer's progress bar, a terminal bar);
+            pass it on rank 0 only. A display that raises is switched off, never the round.
         lockstep: the module's forward runs collectives (sharded parameters, see
             `callbacks.parallelism.forwards_in_lockstep`): every rank runs as many batches as the
             busiest rank (the others add padding batches whose results are dropped, in a second
@@ -392,7 +429,7 @@ def run_round(
             global_step=global_step,
             epoch=epoch,
             max_table_rows=max_table_rows,
-            show_progress=show_progress,
+            progress=progress,
             lockstep=lockstep,
         )
         for s in eval_sets

@@ -40,7 +40,8 @@ class EvalRecorder:
         self.history: EvalHistory | None = None
 
     def open(self, trainer: L.Trainer, output_dir: Path, once_per_step: Collection[str]) -> None:
-        """Rank 0 opens ``<output_dir>/eval_history.jsonl`` for appending."""
+        """Rank 0 opens ``<output_dir>/eval_history.jsonl`` for appending; until then (or never,
+        under ``fast_dev_run``) nothing is written, and the loggers and the log still get everything."""
         if trainer.is_global_zero:
             self.history = EvalHistory.in_run_dir(output_dir, once_per_step=once_per_step)
 
@@ -60,7 +61,6 @@ class EvalRecorder:
         the metrics to every logger, run-level `extras` as ``eval/<name>``, a summary line in the log."""
         if not trainer.is_global_zero:
             return
-        assert self.history is not None, "open() comes first"
         records = []
         for r in results:
             record = eval_record(
@@ -81,7 +81,8 @@ class EvalRecorder:
             if r.dataset in cached:
                 record["cached"] = True
             records.append(record)
-        self.history.append_many(records)
+        if self.history is not None:
+            self.history.append_many(records)
         log_eval_results(trainer.loggers, results, step)
         if extras:
             # Run-level numbers of the round, e.g. eval/budget_share, on the same eval x axis.
@@ -111,11 +112,14 @@ class EvalRecorder:
         warnings.warn(message, stacklevel=3)
         self._append(event_record("drift", step, dataset=dataset, message=message))
 
-    def error(self, trainer: L.Trainer, step: int, err: Exception) -> None:
-        """A failed round that training survives (``on_error="log"``)."""
+    def error(self, trainer: L.Trainer, step: int, err: Exception, *, stops: bool = False) -> None:
+        """A failed round; `stops`: training stops with it (else it goes on, ``on_error="log"``)."""
         if not trainer.is_global_zero:
             return
-        log.error("evaluation at step %d failed; training goes on (on_error='log'):\n%s", step, err)
+        if stops:
+            log.error("evaluation at step %d failed; training stops:\n%s", step, err)
+        else:
+            log.error("evaluation at step %d failed; training goes on (on_error='log'):\n%s", step, err)
         self._append(event_record("error", step, message=str(err), run_id=self.run_id))
 
     def alert(

@@ -38,7 +38,7 @@ def evaluate_gsm8k(module: GRPOModule, batches: Sequence[EvalBatch], ctx: EvalCo
     the module in eval mode under `torch.no_grad()`, and reduces the metrics across ranks)."""
     sampling = sampling_of(ctx)  # the eval set's n_samples, temperature, top_p, top_k, max_new_tokens
     n = sampling.n_samples
-    reward = ctx.metric("reward", RewardMetric)  # every metric before the loop: a rank may get no batch
+    reward = ctx.metric("reward", RewardMetric)  # reduced exactly across ranks
     accuracy = ctx.metric("accuracy", AccuracyMetric)
     tokens = ctx.metric("completion_tokens", MeanMetric)
     no_answer = ctx.metric("no_answer_frac", MeanMetric)
