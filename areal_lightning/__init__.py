@@ -18,6 +18,14 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
         HybridTrigger as HybridTrigger,
         ThresholdMonitor as ThresholdMonitor,
     )
+    from areal_lightning.callbacks.settings import (
+        AdaptiveSettings as AdaptiveSettings,
+        Decisions as Decisions,
+        Execution as Execution,
+        RewardWatchSettings as RewardWatchSettings,
+        RoundSettings as RoundSettings,
+        Schedule as Schedule,
+    )
     from areal_lightning.eval_round import (
         EvalBatch as EvalBatch,
         EvalContext as EvalContext,
@@ -50,6 +58,12 @@ _EXPORTS = {
     "EvaluationCallback": "areal_lightning.callbacks",
     "HybridTrigger": "areal_lightning.callbacks",
     "ThresholdMonitor": "areal_lightning.callbacks",
+    "Schedule": "areal_lightning.callbacks.settings",
+    "Execution": "areal_lightning.callbacks.settings",
+    "RoundSettings": "areal_lightning.callbacks.settings",
+    "Decisions": "areal_lightning.callbacks.settings",
+    "AdaptiveSettings": "areal_lightning.callbacks.settings",
+    "RewardWatchSettings": "areal_lightning.callbacks.settings",
     "EvalBatch": "areal_lightning.eval_round",
     "EvalContext": "areal_lightning.eval_round",
     "EvalRoundError": "areal_lightning.eval_round",

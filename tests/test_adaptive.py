@@ -70,8 +70,10 @@ def _callback(mode: str = "sync") -> EvaluationCallback:
     return EvaluationCallback(
         {"easy": list(range(PROMPTS))},
         _scripted,
-        adaptive={"metric": "accuracy", "min_steps": MIN_STEPS, "max_steps": MAX_STEPS, "start_steps": START},
-        mode=mode,
+        schedule={
+            "adaptive": {"metric": "accuracy", "min_steps": MIN_STEPS, "max_steps": MAX_STEPS, "start_steps": START}
+        },
+        execution={"mode": mode},
     )
 
 
@@ -117,9 +119,11 @@ def test_adaptive_composes_with_freq_steps(tmp_path: Path) -> None:
     cb = EvaluationCallback(
         {"easy": list(range(PROMPTS))},
         _scripted,
-        freq_steps=5,
-        eval_at_end=False,
-        adaptive={"metric": "accuracy", "min_steps": 3, "max_steps": 3},
+        schedule={
+            "freq_steps": 5,
+            "eval_at_end": False,
+            "adaptive": {"metric": "accuracy", "min_steps": 3, "max_steps": 3},
+        },
     )
     make_trainer(tmp_path, [cb], 12).fit(CountingModule(epoch_len=100))
     # Either fires (OR); the adaptive interval counts from the last round of any cause: 3, then

@@ -104,10 +104,8 @@ def _grpo_fit(run_dir: Path, mode: str) -> None:
     callback = EvaluationCallback(
         build_eval_sets(cfg, module.task),
         rollouts_and_weights,
-        freq_steps=2,
-        eval_before_train=True,
-        mode=mode,
-        on_busy="wait",
+        schedule={"freq_steps": 2, "eval_before_train": True},
+        execution={"mode": mode, "on_busy": "wait"},
         seed=cfg.seed,
     )
     make_trainer(run_dir, [callback], 5).fit(module)
@@ -129,7 +127,9 @@ def test_async_and_sync_record_identical_metrics_at_identical_steps(tmp_path: Pa
 
 def test_training_advances_while_a_round_is_in_flight_and_a_busy_round_is_skipped(tmp_path: Path) -> None:
     gate = tmp_path / "gate"
-    callback = EvaluationCallback(_gated_set(gate, gate_step=4, open_at=9), gated_probe, freq_steps=4, mode="async")
+    callback = EvaluationCallback(
+        _gated_set(gate, gate_step=4, open_at=9), gated_probe, schedule={"freq_steps": 4}, execution={"mode": "async"}
+    )
     make_trainer(tmp_path, [GateWriter(gate), callback], 10).fit(CountingModule(epoch_len=5))
     rows = eval_rows(read_history(tmp_path))
     assert [(r["step"], r["trigger"]) for r in rows] == [(4, ["steps"]), (10, ["end"])]
@@ -146,10 +146,8 @@ def test_on_busy_wait_evaluates_every_due_step(tmp_path: Path) -> None:
     callback = EvaluationCallback(
         _gated_set(gate, gate_step=2, open_at=3),
         gated_probe,
-        freq_steps=2,
-        mode="async",
-        on_busy="wait",
-        eval_at_end=False,
+        schedule={"freq_steps": 2, "eval_at_end": False},
+        execution={"mode": "async", "on_busy": "wait"},
     )
     make_trainer(tmp_path, [GateWriter(gate), callback], 8).fit(CountingModule(epoch_len=5))
     assert metric_by_step(tmp_path, "w") == [(2, 2.0), (4, 4.0), (6, 6.0), (8, 8.0)]
@@ -158,7 +156,11 @@ def test_on_busy_wait_evaluates_every_due_step(tmp_path: Path) -> None:
 
 def test_a_failing_evaluate_fn_surfaces_with_its_worker_traceback(tmp_path: Path) -> None:
     callback = EvaluationCallback(
-        {"probe": PROBES}, fails_at_step_4, freq_steps=2, mode="async", on_busy="wait", on_error="raise"
+        {"probe": PROBES},
+        fails_at_step_4,
+        schedule={"freq_steps": 2},
+        execution={"mode": "async", "on_busy": "wait"},
+        rounds={"on_error": "raise"},
     )
     with pytest.raises(EvalRoundError) as info:
         make_trainer(tmp_path, [callback], 10).fit(CountingModule(epoch_len=5))
@@ -169,7 +171,12 @@ def test_a_failing_evaluate_fn_surfaces_with_its_worker_traceback(tmp_path: Path
 
 
 def test_a_dead_worker_is_an_error_record_and_the_next_round_gets_a_new_worker(tmp_path: Path) -> None:
-    callback = EvaluationCallback({"probe": PROBES}, worker_dies_at_step_4, freq_steps=2, mode="async", on_busy="wait")
+    callback = EvaluationCallback(
+        {"probe": PROBES},
+        worker_dies_at_step_4,
+        schedule={"freq_steps": 2},
+        execution={"mode": "async", "on_busy": "wait"},
+    )
     make_trainer(tmp_path, [callback], 8).fit(CountingModule(epoch_len=5))
     errors = event_rows(read_history(tmp_path), "error")
     assert [e["step"] for e in errors] == [4]
@@ -196,7 +203,12 @@ def test_a_checkpoint_taken_with_a_round_in_flight_resumes_without_losing_or_rep
 
     def fit(kill_after: int | None, ckpt: Path | None) -> EvaluationCallback:
         # The round of step 4 is still running at step 5, when the checkpoint is taken.
-        callback = EvaluationCallback(_gated_set(gate, gate_step=4, open_at=5), gated_probe, freq_steps=4, mode="async")
+        callback = EvaluationCallback(
+            _gated_set(gate, gate_step=4, open_at=5),
+            gated_probe,
+            schedule={"freq_steps": 4},
+            execution={"mode": "async"},
+        )
         callbacks: list[Callback] = [
             GateWriter(gate),
             callback,
@@ -224,7 +236,12 @@ def test_a_checkpoint_taken_with_a_round_in_flight_resumes_without_losing_or_rep
 
 
 def test_a_snapshot_over_the_memory_bound_is_refused_before_training(tmp_path: Path) -> None:
-    callback = EvaluationCallback({"probe": PROBES}, probe_weights, freq_steps=2, mode="async", max_snapshot_mb=1e-6)
+    callback = EvaluationCallback(
+        {"probe": PROBES},
+        probe_weights,
+        schedule={"freq_steps": 2},
+        execution={"mode": "async", "max_snapshot_mb": 1e-6},
+    )
     module = CountingModule(epoch_len=5)
     with pytest.raises(
         ValueError,
@@ -236,7 +253,9 @@ def test_a_snapshot_over_the_memory_bound_is_refused_before_training(tmp_path: P
 
 
 def test_a_lambda_evaluate_fn_is_a_clear_error_in_async_mode(tmp_path: Path) -> None:
-    callback = EvaluationCallback({"probe": PROBES}, lambda m, b, c: {}, freq_steps=2, mode="async")
+    callback = EvaluationCallback(
+        {"probe": PROBES}, lambda m, b, c: {}, schedule={"freq_steps": 2}, execution={"mode": "async"}
+    )
     with pytest.raises(ValueError, match="mode='async' evaluates in a worker process, so the module, evaluate_fn"):
         make_trainer(tmp_path, [callback], 4).fit(CountingModule(epoch_len=5))
 
@@ -327,15 +346,19 @@ def matmul_dtype(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("precision", [32, "bf16"])
 def test_the_worker_evaluates_at_the_eval_precision(tmp_path: Path, precision: Any) -> None:
     callback = EvaluationCallback(
-        {"probe": PROBES}, matmul_dtype, freq_steps=2, mode="async", on_busy="wait", precision=precision
+        {"probe": PROBES},
+        matmul_dtype,
+        schedule={"freq_steps": 2},
+        execution={"mode": "async", "on_busy": "wait"},
+        rounds={"precision": precision},
     )
     make_trainer(tmp_path, [callback], 2).fit(CountingModule(epoch_len=5))
     assert metric_by_step(tmp_path, "bf16") == [(2, 1.0 if precision == "bf16" else 0.0)]
 
 
 def test_the_result_cache_with_async_is_refused_naming_both() -> None:
-    with pytest.raises(ValueError, match=r"`EvaluationCallback\(use_cache=True\)` does not work with mode='async'"):
-        EvaluationCallback({"probe": PROBES}, probe_weights, mode="async", use_cache=True)
+    with pytest.raises(ValueError, match="cache=True does not work with execution mode='async'"):
+        EvaluationCallback({"probe": PROBES}, probe_weights, execution={"mode": "async"}, rounds={"cache": True})
     with pytest.raises(ConfigError, match="evaluator cannot use cache: true with mode: async"):
         load_config(None, ["eval_sets.easy.size=4", "evaluator.mode=async", "evaluator.cache=true"])
 
@@ -368,7 +391,9 @@ class WaitForWorkerStart(Callback):
 
 def test_training_lends_the_worker_its_threads_while_it_starts_and_evaluates(tmp_path: Path) -> None:
     gate, log = tmp_path / "gate", ThreadLog()
-    callback = EvaluationCallback(_gated_set(gate, gate_step=4, open_at=6), gated_probe, freq_steps=4, mode="async")
+    callback = EvaluationCallback(
+        _gated_set(gate, gate_step=4, open_at=6), gated_probe, schedule={"freq_steps": 4}, execution={"mode": "async"}
+    )
     before = torch.get_num_threads()
     torch.set_num_threads(3)
     try:

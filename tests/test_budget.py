@@ -32,7 +32,7 @@ def _slow(clock: FakeClock) -> Any:
 
 def _fit(root: Path, budget: float | None) -> tuple[EvaluationCallback, list[dict[str, Any]]]:
     clock = FakeClock()
-    cb = EvaluationCallback({"easy": [0, 1]}, _slow(clock), freq_steps=1, budget=budget, clock=clock)
+    cb = EvaluationCallback({"easy": [0, 1]}, _slow(clock), schedule={"freq_steps": 1, "budget": budget}, clock=clock)
     make_trainer(root, [cb], MAX_STEPS).fit(CountingModule(epoch_len=1000, clock=clock, step_secs=STEP_SECS))
     return cb, eval_rows(read_history(root))
 
@@ -65,7 +65,7 @@ def test_without_budget_every_step_is_evaluated(tmp_path: Path) -> None:
 @pytest.mark.parametrize("bad", [0, 1.5, -0.1, True])
 def test_bad_budget_is_refused(bad: Any) -> None:
     with pytest.raises(ArgumentError, match=r"budget=...\)` must be a share of wall time in \(0, 1\] or None"):
-        EvaluationCallback({"easy": [0]}, lambda m, b, c: {}, budget=bad)
+        EvaluationCallback({"easy": [0]}, lambda m, b, c: {}, schedule={"budget": bad})
 
 
 ASYNC_ROUND_SECS = 0.2
@@ -81,7 +81,10 @@ def test_async_rounds_are_charged_what_training_waited_for(tmp_path: Path) -> No
     # on_busy="wait" and a round due every step: each step waits for the previous round, so
     # evaluation holds training up most of the time, and the budget must defer rounds.
     cb = EvaluationCallback(
-        {"easy": [0, 1]}, sleepy_round, freq_steps=1, mode="async", on_busy="wait", budget=BUDGET, eval_at_end=False
+        {"easy": [0, 1]},
+        sleepy_round,
+        schedule={"freq_steps": 1, "budget": BUDGET, "eval_at_end": False},
+        execution={"mode": "async", "on_busy": "wait"},
     )
     make_trainer(tmp_path, [cb], 40).fit(CountingModule(epoch_len=1000))
     rows = eval_rows(read_history(tmp_path))

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from callback_helpers import CountingModule, make_trainer
+from callback_helpers import CountingModule, grouped, make_trainer
 
 from areal_lightning.callbacks import EvaluationCallback
 from areal_lightning.eval_round import EvalBatch, EvalContext, EvalSet
@@ -29,7 +29,7 @@ class CountingEvaluate:
 
 def _fit(root: Path, fn: CountingEvaluate, eval_set: EvalSet, **kwargs: Any) -> list[dict[str, Any]]:
     torch.manual_seed(0)  # the same initial Linear weights in every fit
-    cb = EvaluationCallback([eval_set], fn, freq_steps=2, eval_before_train=True, use_cache=True, **kwargs)
+    cb = EvaluationCallback([eval_set], fn, **grouped(freq_steps=2, eval_before_train=True, cache=True, **kwargs))
     make_trainer(root, [cb], MAX_STEPS).fit(CountingModule())
     return eval_rows(read_history(root))
 
@@ -63,6 +63,6 @@ def test_cache_off_evaluates_every_time(tmp_path: Path) -> None:
     fn = CountingEvaluate()
     for _ in range(2):
         torch.manual_seed(0)
-        cb = EvaluationCallback([EvalSet("easy", [0])], fn, freq_steps=2, eval_before_train=True)
+        cb = EvaluationCallback([EvalSet("easy", [0])], fn, schedule={"freq_steps": 2, "eval_before_train": True})
         make_trainer(tmp_path, [cb], MAX_STEPS).fit(CountingModule())
     assert fn.calls == 6 and not (tmp_path / "eval_cache").exists()

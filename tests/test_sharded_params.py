@@ -98,7 +98,11 @@ def _fit_sharded(rank: int, world_size: int, tensor_parallel: bool = False) -> A
     sizes = (1, world_size) if tensor_parallel else (world_size, 1)
     with tempfile.TemporaryDirectory() as run_dir:
         callback = EvaluationCallback(
-            eval_sets, eval_before_train=True, eval_at_end=False, output_dir=run_dir, seed=cfg.seed, on_error="raise"
+            eval_sets,
+            schedule={"eval_before_train": True, "eval_at_end": False},
+            rounds={"on_error": "raise"},
+            output_dir=run_dir,
+            seed=cfg.seed,
         )
         strategy = ModelParallelStrategy(data_parallel_size=sizes[0], tensor_parallel_size=sizes[1])
         trainer = make_trainer(run_dir, [callback], max_steps=1, strategy=strategy, devices=world_size)

@@ -17,10 +17,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, EarlyStopping
 from typing_extensions import override
 
-from areal_lightning.callbacks.adaptive import AdaptiveSchedule
 from areal_lightning.callbacks.async_evaluator import AsyncEvaluator
-from areal_lightning.callbacks.best import DEFAULT_BEST_METRICS, BestValues
-from areal_lightning.callbacks.budget import EvalBudget
 from areal_lightning.callbacks.decisions import (
     adopt_eval_monitors,
     check_after_round,
@@ -30,30 +27,34 @@ from areal_lightning.callbacks.decisions import (
 from areal_lightning.callbacks.follow_ups import AdaptiveInterval, BudgetShare, FollowUp, build_follow_ups
 from areal_lightning.callbacks.imports import import_object
 from areal_lightning.callbacks.options import (
-    DEFAULT_ASYNC_THREADS,
-    DEFAULT_MAX_SNAPSHOT_MB,
-    DEFAULT_TABLE_ROWS,
-    Direction,
     ErrorPolicy,
     EvalMode,
-    OnBusy,
-    ThresholdAction,
-    check_cache_mode,
-    choice,
 )
 from areal_lightning.callbacks.parallelism import forwards_in_lockstep
-from areal_lightning.callbacks.reward_watch import RewardWatch, as_reward_watch
 from areal_lightning.callbacks.runners import AsyncRunner, Finished, Outcome, RoundSpec, Runner, Skipped, SyncRunner
-from areal_lightning.callbacks.thresholds import ThresholdMonitor
-from areal_lightning.callbacks.trigger import Cause, HybridTrigger
+from areal_lightning.callbacks.settings import (
+    Decisions,
+    Execution,
+    RoundSettings,
+    Schedule,
+    as_settings,
+    validate_together,
+)
+from areal_lightning.callbacks.trigger import Cause
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round import EvalRoundError, EvalSet, EvaluateFn, as_eval_sets, check_eval_sets_consistent
 from areal_lightning.eval_round.cache import CACHE_DIRNAME
-from areal_lightning.eval_round.precision import EvalPrecision
 from areal_lightning.tracking.history import new_run_id
 from areal_lightning.tracking.recorder import EvalRecorder
 
 log = logging.getLogger(__name__)
+
+
+def _eval_sets(value: Mapping[str, Sequence[Any]] | Sequence[EvalSet] | str) -> list[EvalSet]:
+    if isinstance(value, str):  # a factory (or a value) named in a YAML file
+        found = import_object(value, "EvaluationCallback", "eval_sets")
+        return as_eval_sets(found() if callable(found) else found)
+    return as_eval_sets(value)
 
 
 def _fast_dev_run(trainer: L.Trainer) -> bool:
@@ -84,39 +85,20 @@ class EvaluationCallback(Callback):
         evaluate_fn: ``evaluate_fn(module, batches, ctx) -> {name: value}``, or its dotted path
             (``my_project.evals.evaluate``, as a LightningCLI YAML file gives it); None uses the
             module's own ``evaluate(batches, ctx)`` (as `GRPOModule` has).
-        freq_epochs, freq_steps, freq_secs, eval_before_train, eval_at_end: see `HybridTrigger`.
-        metric_thresholds: `{metric: minimum}`; a metric that reached its minimum and falls below
-            it raises one alert per crossing.
-        threshold_action: ``alert`` (log, history record, W&B alert) or ``stop`` (also stop training).
-        on_error: ``log`` (record the exception and keep training) or ``raise``. The first round
-            of a fit is a sanity round: when it fails, training stops whatever `on_error` says.
+        schedule: when rounds run: `Schedule` (triggers, adaptive frequency, eval-time budget).
+        execution: where they run: `Execution` (``sync``, or ``async`` in a worker process; see
+            ``docs/async_evaluation.md``).
+        rounds: what each round does: `RoundSettings` (precision, result cache, table rows, on_error).
+        decisions: what follows a round: `Decisions` (thresholds, best values, reward watch).
         output_dir: where the eval history goes; None: the Trainer's `default_root_dir`.
         seed: run seed from which each sample's seed derives; None: the module's `seed` or 0.
-        max_table_rows: sample generations per eval set kept for W&B tables.
-        mode: ``sync`` (training waits for the round) or ``async`` (a worker process evaluates a
-            snapshot of the weights while training goes on; see ``docs/async_evaluation.md``).
-        on_busy: async only: a round that falls due while the previous one still runs is
-            ``skip``-ped (recorded as a ``skipped`` event) or ``wait``-s for it.
-        async_device: async only: where the worker evaluates; None: the training device.
-        async_threads: async only: torch threads of the worker process.
-        max_snapshot_mb: async only: the most MiB the weight snapshot may take; None: no bound.
         run_id: the run's id, written in every history record; None: a new id. A run resumed
             from a checkpoint passes its first session's id, so that its records continue that run.
-        adaptive: an `AdaptiveSchedule` (or its arguments as a mapping): one more trigger (OR) whose
-            interval shrinks while the watched metric moves by more than its paired interval and
-            grows while it does not; each change is logged and recorded (``"event": "adaptive"``).
-        budget: the largest share of training wall time spent evaluating, in (0, 1]; rounds are
-            deferred to keep it (never the final one). None: no budget.
-        use_cache: answer an eval set from ``cache_dir`` when the same weights were evaluated with
-            the same eval set and settings (history ``"cached": true``, `evaluate_fn` not called).
-        cache_dir: where the cache lives; None: ``<output_dir>/eval_cache``.
-        precision: ``32``, ``bf16`` or ``16``: autocast during evaluation only.
-        best_metrics: ``{metric: "max" | "min"}`` whose best value and step are kept (in the
-            checkpoint) and logged as ``eval/<set>/<metric>/best`` and ``.../best_step``; None:
-            ``accuracy`` and ``reward/mean``, higher is better.
-        reward_watch: a `RewardWatch` (or its arguments as a mapping): alert when the training
-            reward rises while an eval metric falls beyond its noise (``docs/decisions.md``).
         clock: seconds source of the time trigger and the budget (tests inject one).
+
+    Each group is its dataclass, a mapping of its fields, or None for its defaults; the fields
+    and their defaults are documented in `areal_lightning.callbacks.settings`, and the YAML
+    ``evaluator`` block holds the same fields under the same names.
 
     Every round's metrics also reach ``trainer.callback_metrics`` under their logged names, on
     every rank, so ``ModelCheckpoint(monitor="eval/easy/accuracy", mode="max")`` and
@@ -135,7 +117,7 @@ class EvaluationCallback(Callback):
             path that does not import.
 
     Example:
-        >>> cb = EvaluationCallback({"easy": [1, 2, 3]}, evaluate_fn=lambda m, b, ctx: {}, freq_steps=100)
+        >>> cb = EvaluationCallback({"easy": [1, 2, 3]}, lambda m, b, ctx: {}, schedule={"freq_steps": 100})
         >>> cb.trigger.describe()
         'evaluate every 100 steps, at the end'
     """
@@ -145,89 +127,50 @@ class EvaluationCallback(Callback):
         eval_sets: Mapping[str, Sequence[Any]] | Sequence[EvalSet] | str,
         evaluate_fn: EvaluateFn | str | None = None,
         *,
-        freq_epochs: int | None = None,
-        freq_steps: int | None = None,
-        freq_secs: float | None = None,
-        eval_before_train: bool = False,
-        eval_at_end: bool = True,
-        metric_thresholds: Mapping[str, float] | None = None,
-        threshold_action: ThresholdAction | str = ThresholdAction.ALERT,
-        on_error: ErrorPolicy | str = ErrorPolicy.LOG,
+        schedule: Schedule | Mapping[str, Any] | None = None,
+        execution: Execution | Mapping[str, Any] | None = None,
+        rounds: RoundSettings | Mapping[str, Any] | None = None,
+        decisions: Decisions | Mapping[str, Any] | None = None,
         output_dir: str | Path | None = None,
         seed: int | None = None,
-        max_table_rows: int = DEFAULT_TABLE_ROWS,
-        mode: EvalMode | str = EvalMode.SYNC,
-        on_busy: OnBusy | str = OnBusy.SKIP,
-        async_device: str | None = None,
-        async_threads: int = DEFAULT_ASYNC_THREADS,
-        max_snapshot_mb: float | None = DEFAULT_MAX_SNAPSHOT_MB,
         run_id: str | None = None,
-        adaptive: AdaptiveSchedule | Mapping[str, Any] | None = None,
-        budget: float | None = None,
-        use_cache: bool = False,
-        cache_dir: str | Path | None = None,
-        precision: EvalPrecision | int | str = EvalPrecision.FP32,
-        best_metrics: Mapping[str, Direction | str] | None = None,
-        reward_watch: RewardWatch | Mapping[str, Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if isinstance(eval_sets, str):  # a factory (or a value) named in a YAML file
-            found = import_object(eval_sets, "EvaluationCallback", "eval_sets")
-            self.eval_sets = as_eval_sets(found() if callable(found) else found)
-        else:
-            self.eval_sets = as_eval_sets(eval_sets)
+        self.eval_sets = _eval_sets(eval_sets)
         if isinstance(evaluate_fn, str):  # e.g. LightningCLI's init_args: evaluate_fn: my_project.evals.evaluate
             evaluate_fn = import_object(evaluate_fn, "EvaluationCallback", "evaluate_fn")
         if evaluate_fn is not None and not callable(evaluate_fn):
             raise ValueError(f"`EvaluationCallback(evaluate_fn=...)` must be callable or None, got {evaluate_fn!r}")
-        self.on_error = choice("on_error", on_error, ErrorPolicy)
-        self.mode = choice("mode", mode, EvalMode)
-        self.on_busy = choice("on_busy", on_busy, OnBusy)
-        # Checked in either mode, so that a config error shows before the mode is switched.
-        evaluator = AsyncEvaluator(async_device, async_threads, max_snapshot_mb)
+        self.schedule = as_settings(Schedule, schedule, "schedule")
+        self.execution = as_settings(Execution, execution, "execution")
+        self.rounds = as_settings(RoundSettings, rounds, "rounds")
+        self.decisions = as_settings(Decisions, decisions, "decisions")
+        self.execution.validate()  # checked in either mode: a config error shows before the mode is switched
+        self.rounds.validate()
+        validate_together(self.execution, self.rounds)
+        self.trigger = self.schedule.trigger(clock)
         self.runner: Runner = (
-            AsyncRunner(evaluator, self.on_busy, clock) if self.mode is EvalMode.ASYNC else SyncRunner(clock)
-        )
-        # Checked here, not at the first round: a negative count would silently keep no table rows.
-        if isinstance(max_table_rows, bool) or not isinstance(max_table_rows, int) or max_table_rows < 0:
-            raise ArgumentError("EvaluationCallback", "max_table_rows", max_table_rows, "a non-negative integer")
-        self.trigger = HybridTrigger(
-            freq_epochs=freq_epochs,
-            freq_steps=freq_steps,
-            freq_secs=freq_secs,
-            eval_before_train=eval_before_train,
-            eval_at_end=eval_at_end,
-            clock=clock,
+            AsyncRunner(AsyncEvaluator.of(self.execution), self.execution.on_busy, clock)
+            if self.execution.mode is EvalMode.ASYNC
+            else SyncRunner(clock)
         )
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise ArgumentError("EvaluationCallback", "run_id", run_id, "a non-empty string or None")
-        if adaptive is not None and not isinstance(adaptive, AdaptiveSchedule):
-            if not isinstance(adaptive, Mapping):
-                raise ArgumentError(
-                    "EvaluationCallback", "adaptive", adaptive, "an AdaptiveSchedule, a mapping or None"
-                )
-            adaptive = AdaptiveSchedule(**adaptive)
-        if not isinstance(use_cache, bool):
-            raise ArgumentError("EvaluationCallback", "use_cache", use_cache, "True or False")
-        check_cache_mode(self.mode, use_cache)
-        self.use_cache = use_cache
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
-        self.precision = EvalPrecision.parse(precision)
+        adaptive = self.schedule.adaptive.build() if self.schedule.adaptive is not None else None
         self.adaptive = adaptive
-        self.best = BestValues(DEFAULT_BEST_METRICS if best_metrics is None else best_metrics)
-        self.reward_watch = as_reward_watch(reward_watch)
+        self.best = self.decisions.best()
+        self.reward_watch = self.decisions.reward_watch.build() if self.decisions.reward_watch is not None else None
         self.follow_ups: list[FollowUp] = build_follow_ups(
-            thresholds=ThresholdMonitor(metric_thresholds),
-            threshold_action=choice("threshold_action", threshold_action, ThresholdAction),
+            thresholds=self.decisions.thresholds(),
+            threshold_action=self.decisions.threshold_action,
             best=self.best,
             adaptive=adaptive,
-            budget=EvalBudget(budget, clock) if budget is not None else None,
+            budget=self.schedule.eval_budget(clock),
             reward_watch=self.reward_watch,
         )
-        self.recorder = EvalRecorder(run_id or new_run_id(), self.mode.value)
+        self.recorder = EvalRecorder(run_id or new_run_id(), self.execution.mode.value)
         self.output_dir = Path(output_dir) if output_dir is not None else None
         self.seed = seed
-        self.max_table_rows = max_table_rows
         self._evaluate_fn = evaluate_fn
         self._adopted: list[EarlyStopping] = []  # EarlyStopping on eval metrics: checked after each round
         self._rounds_this_fit = 0  # the first round of a fit is a sanity round: its failure stops training
@@ -260,6 +203,12 @@ class EvaluationCallback(Callback):
         budget = self._follow_up(BudgetShare)
         return budget.deferred_steps if budget is not None else []
 
+    def _cache_dir(self) -> Path | None:
+        if not self.rounds.cache:
+            return None
+        assert self.output_dir is not None, "setup() comes first"
+        return Path(self.rounds.cache_dir) if self.rounds.cache_dir is not None else self.output_dir / CACHE_DIRNAME
+
     def _follow_up(self, kind: type[FollowUp]) -> Any:
         return next((f for f in self.follow_ups if isinstance(f, kind)), None)
 
@@ -279,8 +228,6 @@ class EvaluationCallback(Callback):
         if not _fast_dev_run(trainer):  # fast_dev_run writes nothing, as Lightning's own callbacks do not
             # A resumed run evaluates again the steps between its checkpoint and the crash: one record each.
             self.recorder.open(trainer, self.output_dir, once_per_step=[c.value for c in Cause])
-        if self.use_cache and self.cache_dir is None:
-            self.cache_dir = self.output_dir / CACHE_DIRNAME
         self.runner.setup(trainer)
         self._adopted = adopt_eval_monitors(trainer)
 
@@ -299,10 +246,10 @@ class EvaluationCallback(Callback):
             self.eval_sets,
             self._evaluate_fn,
             seed=int(self.seed or 0),
-            max_table_rows=self.max_table_rows,
-            precision=self.precision,
+            max_table_rows=self.rounds.max_table_rows,
+            precision=self.rounds.precision,
             lockstep=forwards_in_lockstep(trainer.strategy, pl_module),  # raises for tensor parallelism
-            cache_dir=self.cache_dir if self.use_cache else None,
+            cache_dir=self._cache_dir(),
         )
         for follow_up in self.follow_ups:
             follow_up.start(trainer, self.eval_sets, self.recorder)
@@ -451,13 +398,13 @@ class EvaluationCallback(Callback):
         its failure is most likely a bug in `evaluate_fn`, which would fail every later round too.
         """
         sanity = self._rounds_this_fit == 0
-        self.recorder.error(trainer, step, err, stops=sanity or self.on_error is ErrorPolicy.RAISE)
+        self.recorder.error(trainer, step, err, stops=sanity or self.rounds.on_error is ErrorPolicy.RAISE)
         if sanity:
             raise EvalRoundError(
                 f"{err}\n(This was the first evaluation round of this fit, a sanity round as Lightning's sanity check "
                 "is for validation: its failure stops training whatever on_error says; later rounds follow on_error.)"
             ) from err
-        if self.on_error is ErrorPolicy.RAISE:
+        if self.rounds.on_error is ErrorPolicy.RAISE:
             raise err
 
     def _conclude_round(self, trainer: L.Trainer, done: Finished) -> None:
