@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.multiprocessing as tmp
@@ -35,9 +35,6 @@ from areal_lightning.callbacks.options import DEFAULT_ASYNC_THREADS, DEFAULT_MAX
 from areal_lightning.eval_round import EvalBatch, EvalSet, EvaluateFn, LocalSetResult, evaluate_local, local_batches
 from areal_lightning.eval_round.precision import EvalPrecision, eval_precision
 from areal_lightning.eval_round.round import resolved_seed
-
-if TYPE_CHECKING:
-    from areal_lightning.callbacks.settings import Execution
 
 log = logging.getLogger(__name__)
 
@@ -161,11 +158,6 @@ class AsyncEvaluator:
         self._lent_threads: int | None = None  # training's torch threads before the worker took some
         self._starting = False  # the worker was spawned and has not said it started
         self.snapshot_mb = 0.0
-
-    @classmethod
-    def of(cls, execution: Execution) -> AsyncEvaluator:
-        """The evaluator of an `Execution`'s async options."""
-        return cls(execution.async_device, execution.async_threads, execution.max_snapshot_mb)
 
     # ---- lifetime ------------------------------------------------------------------------------
 

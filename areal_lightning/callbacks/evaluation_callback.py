@@ -1,8 +1,8 @@
 """`EvaluationCallback`: evaluate while training, when any configured trigger fires.
 
 The hooks are guards: they ask the trigger whether a round is due, hand it to the runner
-(`runners`: sync or async), and conclude every round the runner returns through the follow-ups
-(`follow_ups`) and the recorder (`tracking.recorder`), in one fixed order (`_conclude`).
+(`runners`: sync or async), and conclude every round the runner returns (`conclusion`: the
+follow-ups of `follow_ups` and the recorder of `tracking.recorder`, in one fixed order).
 """
 
 from __future__ import annotations
@@ -14,47 +14,28 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback, EarlyStopping
+from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from areal_lightning.callbacks.async_evaluator import AsyncEvaluator
-from areal_lightning.callbacks.decisions import (
-    adopt_eval_monitors,
-    check_after_round,
-    hold_monitor_places,
-    publish_round,
+from areal_lightning.callbacks.conclusion import Conclusion
+from areal_lightning.callbacks.decisions import adopt_eval_monitors, hold_monitor_places
+from areal_lightning.callbacks.follow_ups import (
+    AdaptiveInterval,
+    BestMetrics,
+    BudgetShare,
+    FollowUp,
+    RewardHackingWatch,
+    build_follow_ups,
 )
-from areal_lightning.callbacks.follow_ups import AdaptiveInterval, BudgetShare, FollowUp, build_follow_ups
-from areal_lightning.callbacks.imports import import_object
-from areal_lightning.callbacks.options import (
-    ErrorPolicy,
-    EvalMode,
-)
+from areal_lightning.callbacks.imports import named
 from areal_lightning.callbacks.parallelism import forwards_in_lockstep
-from areal_lightning.callbacks.runners import AsyncRunner, Finished, Outcome, RoundSpec, Runner, Skipped, SyncRunner
-from areal_lightning.callbacks.settings import (
-    Decisions,
-    Execution,
-    RoundSettings,
-    Schedule,
-    as_settings,
-    validate_together,
-)
+from areal_lightning.callbacks.runners import RoundSpec, Runner, make_runner
+from areal_lightning.callbacks.settings import Decisions, Execution, RoundSettings, Schedule, resolve_settings
 from areal_lightning.callbacks.trigger import Cause
-from areal_lightning.errors import ArgumentError
-from areal_lightning.eval_round import EvalRoundError, EvalSet, EvaluateFn, as_eval_sets, check_eval_sets_consistent
-from areal_lightning.eval_round.cache import CACHE_DIRNAME
-from areal_lightning.tracking.history import new_run_id
+from areal_lightning.eval_round import EvalSet, EvaluateFn, as_eval_sets, check_eval_sets_consistent
 from areal_lightning.tracking.recorder import EvalRecorder
 
 log = logging.getLogger(__name__)
-
-
-def _eval_sets(value: Mapping[str, Sequence[Any]] | Sequence[EvalSet] | str) -> list[EvalSet]:
-    if isinstance(value, str):  # a factory (or a value) named in a YAML file
-        found = import_object(value, "EvaluationCallback", "eval_sets")
-        return as_eval_sets(found() if callable(found) else found)
-    return as_eval_sets(value)
 
 
 def _fast_dev_run(trainer: L.Trainer) -> bool:
@@ -71,13 +52,10 @@ def _epoch_ran_to_end(trainer: L.Trainer) -> bool:
 class EvaluationCallback(Callback):
     """Evaluates the module on named eval sets whenever any trigger fires.
 
-    Triggers (any of them fires): every `freq_steps` global steps, at the end of every
-    `freq_epochs`-th epoch, after `freq_secs` seconds of training since the last evaluation;
-    plus `eval_before_train` (step 0) and `eval_at_end` (unless the last step was just evaluated).
     The decision is the same on every rank. Each round runs `evaluate_fn` on this rank's deal of
-    every eval set (`eval_round.run_round`), logs ``eval/<set>/<metric>`` to every Trainer logger
-    at the evaluated global step, appends to ``<output_dir>/eval_history.jsonl`` and checks
-    `metric_thresholds`.
+    every eval set (`eval_round.run_round`), logs ``eval/<set>/<metric>`` (with the paired change
+    since the previous and the best round where `evaluate_fn` records per-prompt outcomes) to
+    every Trainer logger at the evaluated global step, and appends to ``<output_dir>/eval_history.jsonl``.
 
     Args:
         eval_sets: `{name: samples}` or a list of `EvalSet`; or a dotted path
@@ -96,21 +74,12 @@ class EvaluationCallback(Callback):
             from a checkpoint passes its first session's id, so that its records continue that run.
         clock: seconds source of the time trigger and the budget (tests inject one).
 
-    Each group is its dataclass, a mapping of its fields, or None for its defaults; the fields
-    and their defaults are documented in `areal_lightning.callbacks.settings`, and the YAML
-    ``evaluator`` block holds the same fields under the same names.
+    Each group is its dataclass, a mapping of its fields, or None for its defaults (the fields:
+    `areal_lightning.callbacks.settings`; the YAML ``evaluator`` block holds them by the same names).
 
-    Every round's metrics also reach ``trainer.callback_metrics`` under their logged names, on
-    every rank, so ``ModelCheckpoint(monitor="eval/easy/accuracy", mode="max")`` and
-    ``EarlyStopping(monitor=...)`` decide on them; an `EarlyStopping` on an ``eval/`` metric
-    checks right after each round (``docs/decisions.md``). Under the Trainer's progress bar each
-    round shows its batches as validation does; under ``fast_dev_run`` a round evaluates each eval
-    set's first batch and records nothing.
-
-    Every round also logs, per eval set and per metric whose per-prompt outcomes `evaluate_fn`
-    recorded (``ctx.record_outcomes``), the paired change since the previous round and since the
-    best round with its 95% interval: ``eval/<set>/<metric>/delta``, ``.../delta_ci_low``,
-    ``.../delta_ci_high``, ``.../delta_best`` (and its ``_ci_low`` / ``_ci_high``).
+    Every round's metrics reach ``trainer.callback_metrics`` on every rank, for `ModelCheckpoint`
+    and `EarlyStopping` (which checks right after each round; ``docs/decisions.md``). Under
+    ``fast_dev_run`` a round evaluates each eval set's first batch and records nothing.
 
     Raises:
         ValueError: for an unsupported argument value, naming it and the choices, or a dotted
@@ -136,56 +105,29 @@ class EvaluationCallback(Callback):
         run_id: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.eval_sets = _eval_sets(eval_sets)
-        if isinstance(evaluate_fn, str):  # e.g. LightningCLI's init_args: evaluate_fn: my_project.evals.evaluate
-            evaluate_fn = import_object(evaluate_fn, "EvaluationCallback", "evaluate_fn")
+        self.eval_sets = as_eval_sets(named(eval_sets, "eval_sets", call=True))
+        evaluate_fn = named(evaluate_fn, "evaluate_fn")
         if evaluate_fn is not None and not callable(evaluate_fn):
             raise ValueError(f"`EvaluationCallback(evaluate_fn=...)` must be callable or None, got {evaluate_fn!r}")
-        self.schedule = as_settings(Schedule, schedule, "schedule")
-        self.execution = as_settings(Execution, execution, "execution")
-        self.rounds = as_settings(RoundSettings, rounds, "rounds")
-        self.decisions = as_settings(Decisions, decisions, "decisions")
-        self.execution.validate()  # checked in either mode: a config error shows before the mode is switched
-        self.rounds.validate()
-        validate_together(self.execution, self.rounds)
+        self.schedule, self.execution, self.rounds, self.decisions = resolve_settings(
+            schedule, execution, rounds, decisions
+        )
         self.trigger = self.schedule.trigger(clock)
-        self.runner: Runner = (
-            AsyncRunner(AsyncEvaluator.of(self.execution), self.execution.on_busy, clock)
-            if self.execution.mode is EvalMode.ASYNC
-            else SyncRunner(clock)
-        )
-        if run_id is not None and (not isinstance(run_id, str) or not run_id):
-            raise ArgumentError("EvaluationCallback", "run_id", run_id, "a non-empty string or None")
-        adaptive = self.schedule.adaptive.build() if self.schedule.adaptive is not None else None
-        self.adaptive = adaptive
-        self.best = self.decisions.best()
-        self.reward_watch = self.decisions.reward_watch.build() if self.decisions.reward_watch is not None else None
-        self.follow_ups: list[FollowUp] = build_follow_ups(
-            thresholds=self.decisions.thresholds(),
-            threshold_action=self.decisions.threshold_action,
-            best=self.best,
-            adaptive=adaptive,
-            budget=self.schedule.eval_budget(clock),
-            reward_watch=self.reward_watch,
-        )
-        self.recorder = EvalRecorder(run_id or new_run_id(), self.execution.mode.value)
+        self.runner: Runner = make_runner(self.execution, clock)
+        self.follow_ups: list[FollowUp] = build_follow_ups(self.schedule, self.decisions, clock)
+        self.adaptive = self.schedule.adaptive and self._follow_up(AdaptiveInterval).schedule
+        self.best = self._follow_up(BestMetrics).best
+        self.reward_watch = self.decisions.reward_watch and self._follow_up(RewardHackingWatch).watch
+        self.recorder = EvalRecorder(run_id, self.execution.mode.value)
         self.output_dir = Path(output_dir) if output_dir is not None else None
         self.seed = seed
         self._evaluate_fn = evaluate_fn
-        self._adopted: list[EarlyStopping] = []  # EarlyStopping on eval metrics: checked after each round
-        self._rounds_this_fit = 0  # the first round of a fit is a sanity round: its failure stops training
         self._checked_eval_sets = False
         self._last_seen_step = -1
-        self._skipped_step: int | None = None  # the latest step whose round was skipped while busy
-        self.evaluated_steps: list[int] = []
-        # Lightning reads `state_key` around every hook call of every step (profiler labels), and
-        # the arguments it depends on never change: build the string once.
-        self._state_key = self._generate_state_key(
-            freq_epochs=self.trigger.freq_epochs,
-            freq_steps=self.trigger.freq_steps,
-            freq_secs=self.trigger.freq_secs,
-            eval_sets=[s.name for s in self.eval_sets],
-        )
+        self.conclusion = Conclusion(self.follow_ups, self.recorder, self.rounds.on_error)
+        # Lightning reads `state_key` around every hook call of every step: built once.
+        freqs = {k: getattr(self.trigger, k) for k in ("freq_epochs", "freq_steps", "freq_secs")}
+        self._state_key = self._generate_state_key(**freqs, eval_sets=[s.name for s in self.eval_sets])
 
     @property
     @override
@@ -198,21 +140,18 @@ class EvaluationCallback(Callback):
         return self.recorder.run_id
 
     @property
+    def evaluated_steps(self) -> list[int]:
+        """The steps whose rounds were concluded, in order (an async round at its snapshot's step)."""
+        return self.conclusion.evaluated_steps
+
+    @property
     def deferred_steps(self) -> list[int]:
         """The steps whose rounds the eval-time budget deferred."""
         budget = self._follow_up(BudgetShare)
         return budget.deferred_steps if budget is not None else []
 
-    def _cache_dir(self) -> Path | None:
-        if not self.rounds.cache:
-            return None
-        assert self.output_dir is not None, "setup() comes first"
-        return Path(self.rounds.cache_dir) if self.rounds.cache_dir is not None else self.output_dir / CACHE_DIRNAME
-
     def _follow_up(self, kind: type[FollowUp]) -> Any:
         return next((f for f in self.follow_ups if isinstance(f, kind)), None)
-
-    # ---- hooks: short guards around one private method each -------------------------------------
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -229,14 +168,14 @@ class EvaluationCallback(Callback):
             # A resumed run evaluates again the steps between its checkpoint and the crash: one record each.
             self.recorder.open(trainer, self.output_dir, once_per_step=[c.value for c in Cause])
         self.runner.setup(trainer)
-        self._adopted = adopt_eval_monitors(trainer)
+        self.conclusion.adopted = adopt_eval_monitors(trainer)
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._checked_eval_sets:
             check_eval_sets_consistent(self.eval_sets)  # every rank: a mismatch fails everywhere at once
             self._checked_eval_sets = True
-        self._rounds_this_fit = 0
+        self.conclusion.rounds_this_fit = 0
         hold_monitor_places(trainer)
         if _fast_dev_run(trainer):
             # As Lightning's fast_dev_run runs one validation batch: each eval set's first batch, unrecorded.
@@ -249,7 +188,7 @@ class EvaluationCallback(Callback):
             max_table_rows=self.rounds.max_table_rows,
             precision=self.rounds.precision,
             lockstep=forwards_in_lockstep(trainer.strategy, pl_module),  # raises for tensor parallelism
-            cache_dir=self._cache_dir(),
+            cache_dir=self.rounds.cache_path(Path(self.output_dir or trainer.default_root_dir)),
         )
         for follow_up in self.follow_ups:
             follow_up.start(trainer, self.eval_sets, self.recorder)
@@ -268,12 +207,11 @@ class EvaluationCallback(Callback):
         if step == self._last_seen_step:
             return  # gradient accumulation: no optimizer step since the last call
         self._last_seen_step = step
-        self._conclude(trainer, self.runner.poll(trainer, pl_module))
+        self.conclusion(trainer, self.runner.poll(trainer, pl_module))
         last_batch = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
-        causes = self.trigger.after_step(step, trainer.current_epoch, last_batch)
-        if self._adaptive_due(step):
-            causes.append(Cause.ADAPTIVE)
-        causes = self._agree(trainer, self._within_budget(step, causes))
+        causes = self._due(
+            trainer, step, self.trigger.after_step(step, trainer.current_epoch, last_batch), adaptive=True
+        )
         if causes:
             self._evaluate(trainer, pl_module, causes)
 
@@ -283,22 +221,20 @@ class EvaluationCallback(Callback):
             # Lightning calls this hook also when max_steps or a stop request cut the epoch short;
             # a partial epoch is no completed epoch (it would fire `freq_epochs` at the last step).
             return
-        causes = self._within_budget(
-            trainer.global_step, self.trigger.after_epoch(trainer.global_step, trainer.current_epoch)
-        )
-        causes = self._agree(trainer, causes)
+        step = trainer.global_step
+        causes = self._due(trainer, step, self.trigger.after_epoch(step, trainer.current_epoch), adaptive=False)
         if causes:
             self._evaluate(trainer, pl_module, causes)
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._conclude(trainer, self.runner.finish(trainer, pl_module))  # eval_at_end waits for rounds in flight
+        self.conclusion(trainer, self.runner.finish(trainer, pl_module))  # eval_at_end waits for rounds in flight
         causes = self.trigger.at_end(trainer.global_step)
-        if not causes and self.trigger.eval_at_end and self._skipped_step == trainer.global_step:
+        if not causes and self.trigger.eval_at_end and self.conclusion.skipped_step == trainer.global_step:
             causes = [Cause.END]  # the last step's round was skipped while busy: the end still evaluates it
         if causes:
             self._evaluate(trainer, pl_module, causes)  # never deferred by the budget
-            self._conclude(trainer, self.runner.finish(trainer, pl_module))
+            self.conclusion(trainer, self.runner.finish(trainer, pl_module))
         self.trigger.stop()
         for follow_up in self.follow_ups:
             follow_up.stop()
@@ -319,7 +255,7 @@ class EvaluationCallback(Callback):
         # A round in flight is finished and recorded before the checkpoint is written, so a resume
         # neither loses nor repeats it. Every rank saves (Lightning dumps the checkpoint on all),
         # and every rank has the same round in flight: the reduction's collectives match.
-        self._conclude(trainer, self.runner.finish(trainer, pl_module))
+        self.conclusion(trainer, self.runner.finish(trainer, pl_module))
         if "callbacks" in checkpoint:  # Lightning took our state before this hook: take it again
             checkpoint["callbacks"][self.state_key] = self.state_dict()
 
@@ -339,94 +275,25 @@ class EvaluationCallback(Callback):
             if follow_up.state_key is not None:
                 follow_up.load_state_dict(state_dict.get(follow_up.state_key, {}))
 
-    # ---- the decision and the round ------------------------------------------------------------
-
-    def _agree(self, trainer: L.Trainer, causes: list[Cause]) -> list[Cause]:
-        if self.trigger.freq_secs is None and self._follow_up(BudgetShare) is None:
+    def _due(self, trainer: L.Trainer, step: int, causes: list[Cause], *, adaptive: bool) -> list[Cause]:
+        """The causes every rank acts on: the trigger's, the adaptive schedule's (not while a round is
+        in flight: its verdict, did the metric move, is not in yet), none while the budget defers
+        the round (the trigger keeps it due)."""
+        interval: AdaptiveInterval | None = self._follow_up(AdaptiveInterval)
+        if adaptive and interval and step != self.trigger.last_evaluated_step and not self.runner.busy:
+            causes += [Cause.ADAPTIVE] if interval.schedule.due(step) else []
+        budget: BudgetShare | None = self._follow_up(BudgetShare)
+        if causes and budget is not None and not budget.allows(step):
+            causes = []
+        if self.trigger.freq_secs is None and budget is None:
             return causes  # steps, epochs and the adaptive schedule are the same numbers on every rank
         # Each rank reads its own clock, so the time trigger or the budget can decide one way on one
         # rank and the other way on another; acting on that would leave ranks waiting in different
         # collectives. Rank 0 decides.
         return trainer.strategy.broadcast(causes, src=0)
 
-    def _adaptive_due(self, step: int) -> bool:
-        """The adaptive schedule asks for a round; while a round is in flight, its verdict (did the
-        metric move?) is not in yet, and the next interval waits for it."""
-        adaptive: AdaptiveInterval | None = self._follow_up(AdaptiveInterval)
-        if adaptive is None or step == self.trigger.last_evaluated_step or self.runner.busy:
-            return False  # the same on every rank: rounds start and finish at agreed steps
-        return adaptive.schedule.due(step)
-
-    def _within_budget(self, step: int, causes: list[Cause]) -> list[Cause]:
-        """`causes`, or none when the budget defers the round (the trigger keeps it due)."""
-        budget: BudgetShare | None = self._follow_up(BudgetShare)
-        if not causes or budget is None or budget.allows(step):
-            return causes
-        return []
-
     def _evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule, causes: list[Cause]) -> None:
         step = trainer.global_step
         outcomes = self.runner.submit(trainer, pl_module, causes)
         self.trigger.mark_evaluated(step)  # sync: the round ended; async: training goes on from the snapshot
-        self._conclude(trainer, outcomes)
-
-    def _conclude(self, trainer: L.Trainer, outcomes: Sequence[Outcome]) -> None:
-        """Every round the runner returns, at the step of its weights, on every rank alike: errors go
-        by `on_error`; a finished round goes through the follow-ups, the callback metrics (for
-        ModelCheckpoint and EarlyStopping), the record, then the follow-ups that read the record."""
-        for done in outcomes:
-            if isinstance(done, Skipped):
-                self._skipped_step = done.step
-                message = (
-                    f"evaluation of step {done.step} skipped: the round of step {done.running_step} is still "
-                    "running (on_busy='skip')"
-                )
-                trigger = [str(c) for c in done.causes]
-                self.recorder.event(
-                    trainer, "skipped", done.step, message, trigger=trigger, running_step=done.running_step
-                )
-                continue
-            if done.error is not None:
-                self._fail_round(trainer, done.step, done.error)
-                continue
-            self._conclude_round(trainer, done)
-
-    def _fail_round(self, trainer: L.Trainer, step: int, err: EvalRoundError) -> None:
-        """Records a failed round; raises (every rank alike) for the sanity round or ``on_error='raise'``.
-
-        The first round of a fit is a sanity round, as Lightning's sanity check is for validation:
-        its failure is most likely a bug in `evaluate_fn`, which would fail every later round too.
-        """
-        sanity = self._rounds_this_fit == 0
-        self.recorder.error(trainer, step, err, stops=sanity or self.rounds.on_error is ErrorPolicy.RAISE)
-        if sanity:
-            raise EvalRoundError(
-                f"{err}\n(This was the first evaluation round of this fit, a sanity round as Lightning's sanity check "
-                "is for validation: its failure stops training whatever on_error says; later rounds follow on_error.)"
-            ) from err
-        if self.rounds.on_error is ErrorPolicy.RAISE:
-            raise err
-
-    def _conclude_round(self, trainer: L.Trainer, done: Finished) -> None:
-        self.evaluated_steps.append(done.step)
-        self._rounds_this_fit += 1
-        for follow_up in self.follow_ups:
-            if not follow_up.after_record:
-                follow_up.observe(trainer, done, self.recorder)
-        results = done.all_results
-        publish_round(trainer, results, done.step)
-        check_after_round(trainer, trainer.lightning_module, self._adopted)
-        causes = [str(c) for c in done.causes]
-        self.recorder.round(
-            trainer,
-            results,
-            done.step,
-            done.epoch,
-            causes,
-            cached=set(done.cached),
-            fields=done.fields,
-            extras=done.extras,
-        )
-        for follow_up in self.follow_ups:
-            if follow_up.after_record:
-                follow_up.observe(trainer, done, self.recorder)
+        self.conclusion(trainer, outcomes)

@@ -22,7 +22,8 @@ callback's checkpoint state under `state_key` (None: nothing to keep). To add on
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import lightning as L
@@ -34,6 +35,7 @@ from areal_lightning.callbacks.decisions import read_train_metric
 from areal_lightning.callbacks.options import ThresholdAction
 from areal_lightning.callbacks.reward_watch import ALERT_KIND, RewardWatch
 from areal_lightning.callbacks.runners import Finished
+from areal_lightning.callbacks.settings import Decisions, Schedule
 from areal_lightning.callbacks.thresholds import ThresholdMonitor
 from areal_lightning.eval_round import EvalSet
 from areal_lightning.eval_round.drift import DriftMonitor
@@ -266,23 +268,18 @@ class RewardHackingWatch(FollowUp):
 
 
 def build_follow_ups(
-    *,
-    thresholds: ThresholdMonitor,
-    threshold_action: ThresholdAction,
-    best: BestValues,
-    adaptive: AdaptiveSchedule | None = None,
-    budget: EvalBudget | None = None,
-    reward_watch: RewardWatch | None = None,
+    schedule: Schedule, decisions: Decisions, clock: Callable[[], float] = time.monotonic
 ) -> list[FollowUp]:
-    """The follow-ups of a callback, in the order they observe each round (the module docstring)."""
+    """The follow-ups the settings ask for, in the order they observe each round (the module docstring)."""
     pairs = PairedRounds()
+    budget = schedule.eval_budget(clock)
     follow_ups: list[FollowUp | None] = [
         DriftCheck(pairs),
         PairedDeltas(pairs),
         BudgetShare(budget) if budget is not None else None,
-        AdaptiveInterval(adaptive, pairs) if adaptive is not None else None,
-        BestMetrics(best),
-        ThresholdAlerts(thresholds, threshold_action),
-        RewardHackingWatch(reward_watch) if reward_watch is not None else None,
+        AdaptiveInterval(schedule.adaptive.build(), pairs) if schedule.adaptive is not None else None,
+        BestMetrics(decisions.best()),
+        ThresholdAlerts(decisions.thresholds(), decisions.threshold_action),
+        RewardHackingWatch(decisions.reward_watch.build()) if decisions.reward_watch is not None else None,
     ]
     return [f for f in follow_ups if f is not None]

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import lightning as L
 
@@ -26,6 +26,9 @@ from areal_lightning.callbacks.trigger import Cause
 from areal_lightning.eval_round import EvalRoundError, EvalSet, EvaluateFn, SetResult, reduce_set, run_round
 from areal_lightning.eval_round.cache import ResultCache, function_identity, result_key, weights_digest
 from areal_lightning.eval_round.precision import EvalPrecision, eval_precision
+
+if TYPE_CHECKING:
+    from areal_lightning.callbacks.settings import Execution
 
 log = logging.getLogger(__name__)
 
@@ -293,3 +296,11 @@ class AsyncRunner:
         }
         blocked += self._clock() - started
         return [Finished(snapshot.step, snapshot.epoch, causes, results, blocked_secs=blocked, fields=dict(fields))]
+
+
+def make_runner(execution: Execution, clock: Callable[[], float] = time.monotonic) -> Runner:
+    """The runner of `execution.mode`: the one place that looks at the mode."""
+    if execution.mode is EvalMode.ASYNC:
+        evaluator = AsyncEvaluator(execution.async_device, execution.async_threads, execution.max_snapshot_mb)
+        return AsyncRunner(evaluator, execution.on_busy, clock)
+    return SyncRunner(clock)

@@ -44,6 +44,7 @@ from areal_lightning.callbacks.reward_watch import DEFAULT_MIN_TRAIN_RISE, DEFAU
 from areal_lightning.callbacks.thresholds import ThresholdMonitor
 from areal_lightning.callbacks.trigger import HybridTrigger
 from areal_lightning.errors import ArgumentError
+from areal_lightning.eval_round.cache import CACHE_DIRNAME
 from areal_lightning.eval_round.precision import EvalPrecision
 
 OWNER = "EvaluationCallback"
@@ -220,6 +221,12 @@ class RoundSettings:
         if isinstance(self.cache_dir, Path):
             self.cache_dir = str(self.cache_dir)
 
+    def cache_path(self, output_dir: Path) -> Path | None:
+        """Where the result cache lives under a run's `output_dir`; None with the cache off."""
+        if not self.cache:
+            return None
+        return Path(self.cache_dir) if self.cache_dir is not None else output_dir / CACHE_DIRNAME
+
     def validate(self) -> None:
         if not isinstance(self.cache, bool):
             raise ArgumentError(OWNER, "cache", self.cache, "true or false")
@@ -258,6 +265,26 @@ class Decisions:
 def validate_together(execution: Execution, rounds: RoundSettings) -> None:
     """The checks that span two groups."""
     check_cache_mode(execution.mode, rounds.cache)
+
+
+def resolve_settings(
+    schedule: Schedule | Mapping[str, Any] | None,
+    execution: Execution | Mapping[str, Any] | None,
+    rounds: RoundSettings | Mapping[str, Any] | None,
+    decisions: Decisions | Mapping[str, Any] | None,
+) -> tuple[Schedule, Execution, RoundSettings, Decisions]:
+    """`EvaluationCallback`'s four groups as dataclasses, their values checked (the schedule's and
+    the decisions' checks run where their objects are built)."""
+    out = (
+        as_settings(Schedule, schedule, "schedule"),
+        as_settings(Execution, execution, "execution"),
+        as_settings(RoundSettings, rounds, "rounds"),
+        as_settings(Decisions, decisions, "decisions"),
+    )
+    out[1].validate()  # checked in either mode: a config error shows before the mode is switched
+    out[2].validate()
+    validate_together(out[1], out[2])
+    return out
 
 
 @dataclass

@@ -16,8 +16,9 @@ from typing import Any
 
 import lightning as L
 
+from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round import SetResult
-from areal_lightning.tracking.history import EvalHistory, eval_record, event_record
+from areal_lightning.tracking.history import EvalHistory, eval_record, event_record, new_run_id
 from areal_lightning.tracking.loggers import EVAL_PREFIX, log_eval_results, send_alert
 
 log = logging.getLogger(__name__)
@@ -30,12 +31,17 @@ class EvalRecorder:
     """Writes one run's eval history and reports to the Trainer's loggers.
 
     Args:
-        run_id: written in round, error and alert records.
+        run_id: written in round, error and alert records; None: a new id.
         mode: written in every round record (``sync`` or ``async``).
+
+    Raises:
+        ArgumentError: for a run id that is not a non-empty string.
     """
 
-    def __init__(self, run_id: str, mode: str) -> None:
-        self.run_id = run_id
+    def __init__(self, run_id: str | None, mode: str) -> None:
+        if run_id is not None and (not isinstance(run_id, str) or not run_id):
+            raise ArgumentError("EvaluationCallback", "run_id", run_id, "a non-empty string or None")
+        self.run_id = run_id or new_run_id()
         self.mode = mode
         self.history: EvalHistory | None = None
 
