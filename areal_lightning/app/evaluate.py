@@ -233,7 +233,8 @@ def _record(
     results: Sequence[SetResult],
     world_size: int,
 ) -> Path:
-    from areal_lightning.tracking.history import EvalHistory, eval_record
+    from areal_lightning.tracking.history import EvalHistory
+    from areal_lightning.tracking.records import eval_record
 
     history = EvalHistory(args.history) if args.history else EvalHistory.in_run_dir(cfg.output_dir)
     history.append_many(

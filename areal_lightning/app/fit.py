@@ -128,7 +128,8 @@ def _save_config(run: _Run) -> Path:
 
 
 def _record_resume(run: _Run, ckpt: str) -> None:
-    from areal_lightning.tracking.history import EvalHistory, event_record
+    from areal_lightning.tracking.history import EvalHistory
+    from areal_lightning.tracking.records import event_record
 
     assert run.resumed_from_step is not None
     EvalHistory.in_run_dir(run.cfg.output_dir).append(

@@ -227,7 +227,8 @@ class _Watch:
 
     def decide(self, stop: StopRequest) -> Decision:
         """Rank 0: what to do next."""
-        from areal_lightning.tracking.history import EvalHistory, event_record
+        from areal_lightning.tracking.history import EvalHistory
+        from areal_lightning.tracking.records import event_record
 
         if stop.requested:
             return Decision("stop", reason="stop requested")
@@ -350,7 +351,7 @@ def _evaluate_checkpoint(
     restart does not retry it forever)."""
     from areal_lightning.eval_round import EvalRoundError, run_round
     from areal_lightning.rl.rollout_eval import rollout_evaluate
-    from areal_lightning.tracking.history import event_record
+    from areal_lightning.tracking.records import event_record
 
     try:
         with fabric.autocast():
@@ -383,8 +384,8 @@ def _report_checkpoint(
     """Rank 0: the round's records (with the checkpoint's path), the loggers (built at the first
     round, under the checkpoint's run id; returned) and a table on stdout."""
     from areal_lightning.app.evaluate import format_table
-    from areal_lightning.tracking.history import eval_record
     from areal_lightning.tracking.loggers import log_eval_results
+    from areal_lightning.tracking.records import eval_record
 
     cfg = watch.cfg
     watch.last_progress = time.monotonic()

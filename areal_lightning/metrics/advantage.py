@@ -9,10 +9,10 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
+from areal_lightning.metrics.checks import _check_rewards_2d
 from areal_lightning.metrics.exact import add_squares, add_values, mean_float, merge_sums, new_sum, std_float
 from areal_lightning.metrics.functional import (
     ADVANTAGE_EPS,
-    _check_rewards_2d,
     _check_std,
     _group_advantages,
     _zero_std_groups,

@@ -21,8 +21,8 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
+from areal_lightning.metrics.checks import _check_confidence
 from areal_lightning.metrics.exact import add_squares, add_values, merge_sums, new_sum, sum_count, sum_float
-from areal_lightning.metrics.functional import _check_confidence
 
 DEFAULT_CONFIDENCE = 0.95
 _CF_MAX_ITER = 300

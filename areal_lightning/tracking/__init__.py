@@ -3,22 +3,18 @@
 from typing import TYPE_CHECKING
 
 from areal_lightning.tracking.history import (
-    EVAL_MODES,
-    EVENT_KINDS,
     HISTORY_FILENAME,
-    RECORD_SOURCES,
     EvalHistory,
     TruncatedHistoryWarning,
     drop_superseded,
-    eval_record,
     eval_rows,
-    event_record,
     event_rows,
     history_path,
     new_run_id,
     read_history,
     split_runs,
 )
+from areal_lightning.tracking.records import EVAL_MODES, EVENT_KINDS, RECORD_SOURCES, eval_record, event_record
 
 __all__ = [
     "EVAL_MODES",

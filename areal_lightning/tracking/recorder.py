@@ -18,8 +18,9 @@ import lightning as L
 
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round import SetResult
-from areal_lightning.tracking.history import EvalHistory, eval_record, event_record, new_run_id
+from areal_lightning.tracking.history import EvalHistory, new_run_id
 from areal_lightning.tracking.loggers import EVAL_PREFIX, log_eval_results, send_alert
+from areal_lightning.tracking.records import eval_record, event_record
 
 log = logging.getLogger(__name__)
 
