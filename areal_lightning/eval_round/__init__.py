@@ -27,12 +27,11 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
         EvalSetMismatchError as EvalSetMismatchError,
         check_eval_sets_consistent as check_eval_sets_consistent,
     )
+    from areal_lightning.eval_round.reduction import LocalSetResult as LocalSetResult, reduce_set as reduce_set
     from areal_lightning.eval_round.round import (
-        LocalSetResult as LocalSetResult,
         evaluate_local as evaluate_local,
         evaluate_set as evaluate_set,
         local_batches as local_batches,
-        reduce_set as reduce_set,
         run_round as run_round,
     )
     from areal_lightning.eval_round.sampling import (
@@ -51,10 +50,10 @@ _EXPORTS = {
     "as_eval_sets": "areal_lightning.eval_round.eval_set",
     "EvalSetMismatchError": "areal_lightning.eval_round.fingerprint",
     "check_eval_sets_consistent": "areal_lightning.eval_round.fingerprint",
-    "LocalSetResult": "areal_lightning.eval_round.round",
+    "LocalSetResult": "areal_lightning.eval_round.reduction",
     "evaluate_local": "areal_lightning.eval_round.round",
     "evaluate_set": "areal_lightning.eval_round.round",
-    "reduce_set": "areal_lightning.eval_round.round",
+    "reduce_set": "areal_lightning.eval_round.reduction",
     "local_batches": "areal_lightning.eval_round.round",
     "run_round": "areal_lightning.eval_round.round",
     "SamplingParams": "areal_lightning.eval_round.sampling",
