@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 from callback_helpers import CountingModule, FakeClock, make_trainer
+from lightning.pytorch.callbacks import Callback
 
 from areal_lightning.callbacks import EvaluationCallback
+from areal_lightning.callbacks.async_evaluator import AsyncEvaluator
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round import EvalBatch, EvalContext
 from areal_lightning.tracking.history import eval_rows, read_history
@@ -77,7 +79,7 @@ def sleepy_round(module: Any, batches: list[EvalBatch], ctx: EvalContext) -> dic
     return {"w": float(module.w)}
 
 
-def test_async_rounds_are_charged_what_training_waited_for(tmp_path: Path) -> None:
+def test_async_rounds_are_charged_what_training_waited_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # on_busy="wait" and a round due every step: each step waits for the previous round, so
     # evaluation holds training up most of the time, and the budget must defer rounds.
     cb = EvaluationCallback(
@@ -85,10 +87,33 @@ def test_async_rounds_are_charged_what_training_waited_for(tmp_path: Path) -> No
         sleepy_round,
         schedule={"freq_steps": 1, "budget": BUDGET, "eval_at_end": False},
         execution={"mode": "async", "on_busy": "wait"},
+        clock=time.monotonic,
     )
+    # On the callback's own clock: how long its hooks held training up, and how long training sat
+    # in the collection of a round (the wait for the worker). What the budget is charged must lie
+    # between the two: every wait charged, nothing charged that training did not wait for.
+    held, waited = [0.0], [0.0]
+
+    def timed(fn: Any, total: list[float]) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            start = time.monotonic()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                total[0] += time.monotonic() - start
+
+        return run
+
+    for name in dir(Callback):  # the hooks inside training (starting and stopping the worker is not)
+        if name.startswith(("on_train_", "on_before_", "on_after_", "on_validation_")):
+            setattr(cb, name, timed(getattr(cb, name), held))
+    monkeypatch.setattr(AsyncEvaluator, "collect", timed(AsyncEvaluator.collect, waited))
     make_trainer(tmp_path, [cb], 40).fit(CountingModule(epoch_len=1000))
     rows = eval_rows(read_history(tmp_path))
     assert {r["mode"] for r in rows} == {"async"} and all("budget_share" in r for r in rows)
     assert rows[0]["budget_share"] > BUDGET  # the first round waited for the worker to start
     assert cb.deferred_steps and len(rows) < 20
     assert sum(r["deferred"] for r in rows) <= len(cb.deferred_steps)
+    assert cb.budget is not None
+    charged = cb.budget.state_dict()["eval_secs"]
+    assert waited[0] > 0 and waited[0] <= charged <= held[0]

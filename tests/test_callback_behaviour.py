@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +149,11 @@ def test_user_module_with_metric_classes_and_plain_values(tmp_path: Path) -> Non
         metrics = record["metrics"]
         for name, value in expected.items():
             assert metrics[name] == pytest.approx(value, abs=1e-12), name
-        assert 0.0 <= metrics["accuracy/ci_low"] <= metrics["accuracy"] <= metrics["accuracy/ci_high"] <= 1.0
+        # The 95% Wilson score interval, written out here (z from the normal quantile).
+        n, p, z = len(rewards), float((rewards > 0.5).mean()), statistics.NormalDist().inv_cdf(0.975)
+        center, half = (p + z * z / (2 * n)) / (1 + z * z / n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+        assert metrics["accuracy/ci_low"] == pytest.approx(center - half / (1 + z * z / n), abs=1e-12)
+        assert metrics["accuracy/ci_high"] == pytest.approx(center + half / (1 + z * z / n), abs=1e-12)
         assert record["num_prompts"] == record["num_samples"] == len(eval_set.samples)
 
 

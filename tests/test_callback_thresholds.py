@@ -135,7 +135,7 @@ def test_on_error_raise_fails_fast(tmp_path: Path) -> None:
         trainer.fit(CountingModule())
     assert trainer.global_step == 4
     assert history_steps(tmp_path) == [(2, ["steps"])]
-    assert event_rows(read_history(tmp_path), "error") == []
+    assert [e["step"] for e in event_rows(read_history(tmp_path), "error")] == [4]  # why it stopped
 
 
 def _vector_metric(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
@@ -149,10 +149,11 @@ def test_a_metric_that_does_not_compute_a_scalar_is_a_recorded_error(tmp_path: P
     trainer = make_trainer(
         tmp_path, [EvaluationCallback({"probe": [1, 2]}, _vector_metric, schedule={"freq_steps": 2})], 4
     )
-    trainer.fit(CountingModule())
+    with pytest.raises(EvalRoundError, match="sanity round"):  # the first round's failure stops training
+        trainer.fit(CountingModule())
 
-    assert trainer.global_step == 4
+    assert trainer.global_step == 2
     errors = event_rows(read_history(tmp_path), "error")
-    assert [e["step"] for e in errors] == [2, 4]
+    assert [e["step"] for e in errors] == [2]
     assert "computing metric 'values' raised" in errors[0]["message"]
     assert "a metric must compute a scalar or a mapping of scalars" in errors[0]["message"]

@@ -48,15 +48,26 @@ def test_grpo_rollout_evaluation_runs_in_bf16_on_cpu() -> None:
 
     cfg = load_config(None, ["eval_sets.easy.size=16", "policy.d_model=32", "policy.n_layers=1"])
     module = GRPOModule.from_config(cfg)
-    with eval_precision(module, EvalPrecision.BF16):
-        (result,) = run_round(
-            module, build_eval_sets(cfg, module.task), rollout_evaluate, seed=1, global_step=0, epoch=0
-        )
-    assert (
-        result.num_prompts == 16
-        and 0.0 <= result.metrics["accuracy"] <= 1.0
-        and not math.isnan(result.metrics["accuracy"])
-    )
+    # The dtype every Linear of the policy computes in during the round's rollouts.
+    seen: set[torch.dtype] = set()
+    hooks = [
+        m.register_forward_hook(lambda _m, _i, out: seen.add(out.dtype))
+        for m in module.modules()
+        if isinstance(m, torch.nn.Linear)
+    ]
+    try:
+        with eval_precision(module, EvalPrecision.BF16):
+            (result,) = run_round(
+                module, build_eval_sets(cfg, module.task), rollout_evaluate, seed=1, global_step=0, epoch=0
+            )
+        assert hooks and seen == {torch.bfloat16}  # every forward of the rollout ran in bf16
+        seen.clear()
+        run_round(module, build_eval_sets(cfg, module.task), rollout_evaluate, seed=1, global_step=0, epoch=0)
+        assert seen == {torch.float32}  # and only inside the precision context
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert result.num_prompts == 16 and not math.isnan(result.metrics["accuracy"])
     assert next(module.parameters()).dtype == torch.float32
 
 

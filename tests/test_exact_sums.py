@@ -263,3 +263,47 @@ def test_one_process_floats_are_the_correctly_rounded_values(one_process: dict[s
         estimates = torch.cat([pass_at_k_per_prompt(_correct(i, b), k) for i, b in enumerate(_all_batches())]).tolist()
         assert {round(e, 12) for e in estimates} == {round(e, 12) for e in thirds[k]}
         assert one[f"pass@{k}"]["value"] == statistics.mean(estimates)
+
+
+def _converted(metric: Metric, how: str) -> Metric:
+    if how == "set_dtype(float16)":
+        return metric.set_dtype(torch.float16)
+    if how == "set_dtype(bfloat16)":
+        return metric.set_dtype(torch.bfloat16)
+    if how == "to(float32)":
+        return metric.to(torch.float32)
+    holder = torch.nn.Module()  # a LightningModule holding the metric, converted whole (16-true precision)
+    holder.metric = metric
+    holder.half() if how == "holder.half()" else holder.to(torch.bfloat16)
+    return metric
+
+
+# 3000 values: a float16 count stops at 2048, and 1e8 + 0.25 has no float32, let alone float16.
+_WIDE = torch.tensor([1e8 + 0.25, 1e8 + 0.5, 0.75] * 1000, dtype=torch.float64)
+NARROWED = {
+    "reward": (RewardMetric, _WIDE),
+    "advantage": (AdvantageMetric, _WIDE.reshape(-1, 2)),
+    "pass@1": (lambda: PassAtK(k=1), (torch.arange(3000) % 3 == 0).reshape(-1, 1)),
+}
+
+
+@pytest.mark.parametrize(
+    "how", ["set_dtype(float16)", "set_dtype(bfloat16)", "to(float32)", "holder.half()", "holder.to(bf16)"]
+)
+@pytest.mark.parametrize("name", list(NARROWED))
+def test_a_narrower_dtype_leaves_the_exact_states_float64_and_the_result_unchanged(name: str, how: str) -> None:
+    make, values = NARROWED[name]
+    half = len(values) // 2
+    plain, converted = make(), make()
+    for m in (plain, converted):
+        m.update(values[:half])
+    converted = _converted(converted, how)
+    for m in (plain, converted):
+        m.update(values[half:])  # updates after the conversion count as before it
+    states = [v for v in converted.metric_state.values() if isinstance(v, torch.Tensor)]
+    assert states and all(v.dtype == torch.float64 for v in states)
+    got, want = converted.compute(), plain.compute()
+    got, want = (got, want) if isinstance(want, dict) else ({"value": got}, {"value": want})
+    assert got.keys() == want.keys()
+    for key in want:
+        assert torch.equal(got[key], want[key]) or (got[key].isnan() and want[key].isnan()), key

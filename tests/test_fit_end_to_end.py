@@ -21,10 +21,12 @@ from wandb_reader import (
     wandb_step_metric,
 )
 
+from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS
 from areal_lightning.tracking.history import eval_rows, read_history
 from areal_lightning.viz.plot import build_figure
 
 MAX_STEPS = 7
+EASY_SIZE = 12
 SMALL = [
     f"trainer.max_steps={MAX_STEPS}",
     "trainer.log_every_n_steps=1",
@@ -34,7 +36,7 @@ SMALL = [
     "grpo.warmup_steps=30",
     "grpo.prompts_per_step=8",
     "task.train_size=24",
-    "eval_sets.easy.size=12",
+    f"eval_sets.easy.size={EASY_SIZE}",
     "eval_sets.easy.n_samples=2",
     "eval_sets.hard.size=6",
     "eval_sets.hard.n_samples=2",
@@ -120,7 +122,10 @@ def test_wandb_offline_run_has_eval_metrics_on_their_own_axis_and_a_table(runs):
         assert match[0][key] == pytest.approx(record["metrics"]["accuracy"])
     tables = read_wandb_tables(run_dir, key="eval/easy/samples")
     assert tables and set(tables[0].columns) >= {"prompt", "completion", "reward", "correct"}
-    assert 0 < len(tables[0].data) <= 16
+    # One row per prompt (its first sample) for the first max_table_rows prompts: all 12 of easy.
+    assert len(tables[0].data) == min(EASY_SIZE, DEFAULT_TABLE_ROWS) == EASY_SIZE
+    prompts = [row[tables[0].columns.index("prompt")] for row in tables[0].data]
+    assert len(set(prompts)) == EASY_SIZE
 
 
 @pytest.mark.slow

@@ -229,3 +229,61 @@ def test_answer_ids_group_equal_answers_for_majority_votes(gsm8k):
     ]
     assert ids[0] == ids[1] == ids[2] and ids[3] == ids[4] and len({ids[0], ids[3], ids[5]}) == 3
     assert ids[6] == NO_ANSWER and all(0 <= i < 2**56 for i in ids[:6])
+
+
+# GSM8K reference solutions in the dataset's own style (calculator annotations <<a=b>>, dollar
+# signs, percentages, then "#### answer"), and what a model appends after its answer when it goes
+# on generating: the next few-shot question, a check of its arithmetic.
+GSM8K_SOLUTIONS = [
+    (
+        "The class has 20 + 40 = <<20+40=60>>60 students.\n20 of them passed, so 20/60 = <<20/60=0.3333>>0.3333 "
+        "passed.\nAs a percentage that is 0.3333 * 100 = 33.333...%, which rounds down to 33%\n#### 33",
+        "33",
+    ),
+    (
+        "The apples cost 4 * $1 = $<<4*1=4>>4.\nThe pears cost 2 * $1 = $<<2*1=2>>2.\n"
+        "In total she spends $4 + $2 = $<<4+2=6.00>>6.00\n#### 6",
+        "6",
+    ),
+    (
+        "Weng earns 12/60 = $<<12/60=0.2>>0.2 per minute.\nWorking 50 minutes, she earned 0.2 x 50 = "
+        "$<<0.2*50=10>>10.\n#### 10",
+        "10",
+    ),
+    (
+        "The discount is 25% of $80 = $<<25*.01*80=20>>20.\nSo the price is 80-20 = $<<80-20=60>>60\n#### 60",
+        "60",
+    ),
+]
+CONTINUATIONS = [
+    "",
+    "\n\nQuestion: A shop sells 5 pens for $2 each. How much do 3 pens cost?\nAnswer:",
+    "\nCheck: 4 + 3 = 7.",
+]
+BOXED_SOLUTIONS = [  # MATH-style LaTeX answers, followed by more text
+    ("The height is $\\frac{\\sqrt{3}}{2}$, so the answer is $\\boxed{\\frac{\\sqrt{3}}{2}}$.", "\\frac{\\sqrt3}{2}"),
+    ("The circumference is $\\boxed{2\\pi}$ when the radius is 1.", "2\\pi"),
+    ("Thus $x = \\boxed{\\dfrac{3}{4}}$.", "0.75"),
+]
+
+
+@pytest.mark.skipif(not HAS_MATH_VERIFY, reason="math-verify is not installed (extra `math`)")
+@pytest.mark.parametrize("verifier", ["math_verify", "numeric"])
+def test_both_verifiers_score_gsm8k_reference_solutions_by_their_final_answer(tmp_path, verifier):
+    path = _jsonl(
+        tmp_path / "gsm8k.jsonl", [{"question": f"q{i}", "answer": s} for i, (s, _) in enumerate(GSM8K_SOLUTIONS)]
+    )
+    task = MathTask(path, verifier=verifier)
+    references = [s.answer for s in task.samples()]
+    assert references == [want for _, want in GSM8K_SOLUTIONS]  # the reference read from each solution
+    completions = [solution + tail for solution, _ in GSM8K_SOLUTIONS for tail in CONTINUATIONS]
+    answers = [ref for ref in references for _ in CONTINUATIONS]
+    assert [s.reward for s in task.score_many(completions, answers)] == [CORRECT_REWARD] * len(completions)
+    boxed = [solution + tail for solution, _ in BOXED_SOLUTIONS for tail in CONTINUATIONS]
+    boxed_refs = [ref for _, ref in BOXED_SOLUTIONS for _ in CONTINUATIONS]
+    rewards = [s.reward for s in task.score_many(boxed, boxed_refs)]
+    if verifier == "math_verify":  # the numeric verifier does not read \sqrt or \pi
+        assert rewards == [CORRECT_REWARD] * len(boxed)
+    # A wrong final answer stays wrong when the right number appears after it.
+    wrong = task.score_many(["20 + 12 = <<20+12=32>>32\n#### 32\nQuestion: Sam has 33 apples."], ["33"])
+    assert wrong[0].reward == WRONG_REWARD

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 from pathlib import Path
@@ -100,11 +101,16 @@ def _band_bounds(collection) -> tuple[np.ndarray, np.ndarray]:
     return lows, highs
 
 
-def _assert_png(path: Path) -> None:
+def _assert_png(path: Path, run_dirs: list[Path], metric: str = "accuracy") -> None:
+    """The file is the figure of `metric` for `run_dirs` (pixel for pixel), at the documented size."""
     image = mimage.imread(path)
     width, height = FIGURE_SIZE_IN
     assert image.shape[:2] == (round(height * FIGURE_DPI), round(width * FIGURE_DPI))
-    assert image[..., :3].std() > 0.05  # something was drawn, not a blank canvas
+    expected = io.BytesIO()
+    build_figure(load_runs(run_dirs), metric).savefig(expected, format="png")
+    expected.seek(0)
+    np.testing.assert_array_equal(image, mimage.imread(expected, format="png"))
+    assert image[..., :3].std() > 0.05  # and it is not a blank canvas
 
 
 def test_one_run_draws_a_line_and_a_wilson_band_per_eval_set(runs: dict[str, Path]) -> None:
@@ -149,21 +155,24 @@ def test_reward_comparison_has_no_band_and_free_y_axis(runs: dict[str, Path]) ->
     fig = build_figure({name: read_history(d) for name, d in runs.items()}, metric="reward/mean")
     (ax,) = fig.axes
     assert len(ax.get_lines()) == 4 and len(ax.collections) == 0
-    low, high = ax.get_ylim()
-    assert low < -0.8 and high < 1.0  # rewards go negative: not squeezed into [0, 1]
+    # The y axis fits the data (rewards go negative: not squeezed into [0, 1]) with matplotlib's margin.
+    values = [2 * _accuracy(speed, d, i) - 1 for speed in (0.7, 1.0) for d in EVAL_SETS for i in range(len(STEPS))]
+    lo, hi = min(values), max(values)
+    margin = ax.margins()[1] * (hi - lo)
+    assert ax.get_ylim() == pytest.approx((lo - margin, hi + margin))
     assert ax.get_ylabel() == "reward/mean"
 
 
 def test_plot_runs_saves_pngs_at_the_default_places(runs: dict[str, Path]) -> None:
     one = plot_runs([runs["mt2"]])
     assert one == runs["mt2"] / "eval_accuracy.png"
-    _assert_png(one)
+    _assert_png(one, [runs["mt2"]])
     both = plot_runs([runs["mt2"], runs["mt4"]], metric="reward/mean")
     assert both == runs["mt2"].parent / "compare_reward_mean.png"
-    _assert_png(both)
+    _assert_png(both, [runs["mt2"], runs["mt4"]], "reward/mean")
     pass_k = plot_runs([str(runs["mt4"])], metric="pass@4")
     assert pass_k.name == "eval_pass@4.png"
-    _assert_png(pass_k)
+    _assert_png(pass_k, [runs["mt4"]], "pass@4")
 
 
 def test_plot_runs_writes_where_told(runs: dict[str, Path], tmp_path: Path) -> None:
@@ -177,7 +186,7 @@ def test_run_names_collide_then_parent_is_added(tmp_path: Path) -> None:
     _write_run(tmp_path / "lr1e-3" / "trial0", speed=1.0)
     out = plot_runs([tmp_path / "lr3e-4" / "trial0", tmp_path / "lr1e-3" / "trial0"])
     assert out == tmp_path / "lr3e-4" / "compare_accuracy.png"
-    _assert_png(out)
+    _assert_png(out, [tmp_path / "lr3e-4" / "trial0", tmp_path / "lr1e-3" / "trial0"])
     assert run_names([Path("a/lr3e-4/trial0"), Path("a/lr1e-3/trial0"), Path("a/b/trial1")]) == [
         "lr3e-4/trial0",
         "lr1e-3/trial0",
@@ -267,7 +276,7 @@ def test_cli_prints_the_path_or_the_error_with_status_2(
     assert (args.metric, args.out) == ("pass@4", str(tmp_path / "p.png"))
     assert plot_main(args) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "p.png")
-    _assert_png(tmp_path / "p.png")
+    _assert_png(tmp_path / "p.png", [runs["mt2"], runs["mt4"]], "pass@4")
 
     assert plot_main(_cli([str(tmp_path / "missing")])) == 2
     err = capsys.readouterr().err
@@ -341,7 +350,7 @@ def test_a_history_with_two_runs_is_drawn_as_two_runs_with_a_note(
         f"{str(run_dir)!r} holds 3 runs (trial0 [aaaa1111], trial0 [aaaa1111 evaluate], trial0 [bbbb2222])"
         in captured.err
     )
-    _assert_png(run_dir / "eval_accuracy.png")
+    _assert_png(run_dir / "eval_accuracy.png", [run_dir])
 
 
 def test_an_old_history_with_two_runs_appended_is_drawn_as_two_runs(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from ddp_utils import run_ddp
 from areal_lightning.app.config import load_config
 from areal_lightning.eval_round import EvalBatch, EvalContext, check_eval_sets_consistent, local_batches, run_round
 from areal_lightning.eval_round.eval_set import EvalSet
-from areal_lightning.eval_round.fingerprint import EvalSetMismatchError
+from areal_lightning.eval_round.fingerprint import EvalSetMismatchError, check_fingerprints, eval_set_fingerprint
 from areal_lightning.eval_round.sharding import sample_seed
 from areal_lightning.metrics import RewardMetric
 from areal_lightning.tasks.arithmetic import ArithmeticTask
@@ -171,5 +171,18 @@ def test_ranks_that_would_cut_different_batches_fail_with_the_fingerprint_error(
     assert "eval set 'odd' differs across ranks" in messages[0]
 
 
-def test_fingerprint_check_passes_on_one_process() -> None:
-    check_eval_sets_consistent(_uneven_sets())  # no process group: nothing to compare, no error
+def test_fingerprints_of_the_same_sets_agree_and_of_other_data_or_batching_differ() -> None:
+    # What each rank sends in the check: built twice (as two ranks do), the same; one sample or
+    # the batch size changed, another, and the check names the set.
+    check_eval_sets_consistent(_uneven_sets())  # one process: no process group, nothing to compare
+    first, second = _uneven_sets(), _uneven_sets()
+    same = [{s.name: eval_set_fingerprint(s) for s in sets} for sets in (first, second)]
+    check_fingerprints(same)  # two ranks with the same sets: no error
+    name, size, batch = UNEVEN_SETS[0]
+    for other in (
+        EvalSet(name, [*range(size - 1), size], batch_size=batch, cost_fn=lambda i: 1.0 + i % 3),  # one sample
+        EvalSet(name, list(range(size)), batch_size=batch + 1, cost_fn=lambda i: 1.0 + i % 3),  # batching
+    ):
+        differs = {**same[0], name: eval_set_fingerprint(other)}
+        with pytest.raises(EvalSetMismatchError, match=rf"eval set '{name}' differs across ranks: ranks \[0\]"):
+            check_fingerprints([same[0], differs])

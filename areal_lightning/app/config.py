@@ -735,6 +735,25 @@ def _parse_overrides(overrides: list[str]) -> DictConfig:
         raise ConfigError(f"overrides {overrides} could not be parsed: {err.msg}") from None
 
 
+def _replaces(merged: DictConfig, item: str, layer: DictConfig) -> tuple[str, DictConfig] | None:
+    """(key, mapping) when the override `item` writes a whole mapping (``key={...}``, ``{}``
+    included) to an option whose value is a mapping of names (``evaluator.metric_thresholds``,
+    ``evaluator.best_metrics``, ``eval_sets``): it then replaces the mapping instead of merging into
+    it, so that ``evaluator.metric_thresholds={}`` switches off the thresholds of the YAML file.
+    None for any other override (a leaf, a section of fixed keys such as ``trainer={...}``)."""
+    key = item.split("=", 1)[0].strip()
+    try:
+        value = OmegaConf.select(layer, key, throw_on_missing=False, throw_on_resolution_failure=False)
+        if not isinstance(value, DictConfig):
+            return None
+        target = OmegaConf.select(merged, key, throw_on_missing=False, throw_on_resolution_failure=False)
+    except oc_errors.OmegaConfBaseException:
+        return None  # not a key of the schema, or not resolvable: the merge names it
+    if isinstance(target, DictConfig) and OmegaConf.get_type(target) is dict:
+        return key, value
+    return None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Defaults, then the YAML file, then `key=value` overrides; resolved and validated.
 
@@ -752,14 +771,22 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         (5, 'runs/arith-grpo/trial0')
     """
     merged = OmegaConf.structured(Config)
-    layers: list[tuple[str, DictConfig]] = []
+    layers: list[tuple[str, DictConfig]] = []  # (where from: "file ..." or the override item, layer)
     if path is not None:
         layers.append((f"file {str(path)!r}", _read_yaml(Path(path))))
     if overrides:
-        layers.append(("the command line", _parse_overrides(overrides)))
+        _parse_overrides(overrides)  # every item checked before any is applied
+        # One at a time, in order: a mapping written whole replaces a mapping option (see `_replaces`).
+        layers += [(item, _parse_overrides([item])) for item in overrides]
     for source, layer in layers:
+        item, from_file = source, source.startswith("file ")
+        source = source if from_file else "the command line"
+        replaced = None if from_file else _replaces(merged, item, layer)
         try:
-            merged = OmegaConf.merge(merged, layer)
+            if replaced is not None:
+                OmegaConf.update(merged, replaced[0], replaced[1], merge=False)
+            else:
+                merged = OmegaConf.merge(merged, layer)
         except oc_errors.OmegaConfBaseException as err:
             raise _explain(err, source) from None
         except TypeError:  # OmegaConf names no key when a list meets a mapping: find it

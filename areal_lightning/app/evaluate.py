@@ -224,6 +224,20 @@ def _evaluate_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule, step: int
     return results
 
 
+def history_problem(cfg: Config, history: str | None) -> str | None:
+    """Why the eval history (``--history``, else ``<output_dir>/eval_history.jsonl``) cannot be
+    appended to, or None; asked before any evaluation, so that no result is computed for nothing."""
+    from areal_lightning.tracking.history import HISTORY_FILENAME
+    from areal_lightning.tracking.writable import option_problem
+
+    if history:
+        problem = option_problem("--history", history, is_file=True)
+        return None if problem is None else f"{problem}; pass a writable --history FILE"
+    path = Path(cfg.output_dir) / HISTORY_FILENAME
+    problem = option_problem("output_dir", path, is_file=True, shown=cfg.output_dir)
+    return None if problem is None else f"{problem}; pass a writable output_dir=... or --history FILE"
+
+
 def _record(
     cfg: Config,
     args: argparse.Namespace,
@@ -271,6 +285,9 @@ def evaluate_main(args: argparse.Namespace) -> int:
         ckpt = load_checkpoint(args.ckpt, trust=args.trust_checkpoint)
     except (ConfigError, CheckpointError) as err:
         return fail(str(err))
+    problem = history_problem(cfg, args.history)
+    if problem is not None:
+        return fail(problem)
     quiet_lightning()
     import torch
     from lightning.fabric.utilities.exceptions import MisconfigurationException

@@ -13,8 +13,17 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from areal_lightning.app.config import CONFIG_FILENAME, Config, ConfigError, load_config, save_config, to_yaml
+from areal_lightning.app.config import (
+    CONFIG_FILENAME,
+    Config,
+    ConfigError,
+    WandbMode,
+    load_config,
+    save_config,
+    to_yaml,
+)
 from areal_lightning.app.console import fail, log, quiet_lightning
+from areal_lightning.tracking.writable import option_problem
 
 RUN_ENV = "AREAL_LIGHTNING_RUN"
 """How the launching process hands its decision (run id, trial name) to the processes Lightning
@@ -114,6 +123,19 @@ def _inherited_run(args: argparse.Namespace) -> _Run | str:
     return _Run(cfg)
 
 
+def output_paths_problem(cfg: Config) -> str | None:
+    """Why the run could not write its files (``output_dir``, W&B's ``save_dir``), or None; asked
+    before any work, so that a bad path is one line and not a traceback after training started."""
+    paths = [("output_dir", cfg.output_dir)]
+    if cfg.logger.wandb.mode is not WandbMode.DISABLED and cfg.logger.wandb.save_dir is not None:
+        paths.append(("logger.wandb.save_dir", cfg.logger.wandb.save_dir))
+    for key, path in paths:
+        problem = option_problem(key, path)
+        if problem is not None:
+            return f"{problem}; pass a writable {key}=..."
+    return None
+
+
 def _save_config(run: _Run) -> Path:
     """config.yaml of a new run; a resumed run keeps the file and adds its own config if it differs."""
     cfg = run.cfg
@@ -152,10 +174,14 @@ def fit_main(args: argparse.Namespace) -> int:
     if args.ckpt is not None and args.new_run:
         return fail("--ckpt resumes a run and --new-run starts a new one; pass one of them")
     quiet_lightning()
-    run = _decide_run(args, cfg) if _is_launching_process() else _inherited_run(args)
+    launching = _is_launching_process()
+    run = _decide_run(args, cfg) if launching else _inherited_run(args)
     if isinstance(run, str):
         return fail(run)
     cfg = run.cfg
+    problem = output_paths_problem(cfg) if launching else None
+    if problem is not None:
+        return fail(problem)
     import lightning as L
 
     from areal_lightning.app.builders import build_callback, build_trainer

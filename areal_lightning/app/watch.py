@@ -202,12 +202,16 @@ def watch_loggers(cfg: Config, run_dir: Path, run_id: str | None) -> list[Logger
 
     The one place the watcher wires W&B: eval rows go on the run's ``eval/step`` axis.
     """
-    import dataclasses
+    import copy
 
     from areal_lightning.app.builders import build_wandb_logger
 
     # The W&B id is the run id (build_wandb_logger), so the watcher's rows join the training run.
-    logger = build_wandb_logger(dataclasses.replace(cfg, run_id=run_id or cfg.run_id), run_dir)
+    # A shallow copy, not dataclasses.replace: that would validate the config again, here on rank 0
+    # alone, and validation must never reach a collective (metric names come from torchmetrics).
+    with_id = copy.copy(cfg)
+    with_id.run_id = run_id or cfg.run_id
+    logger = build_wandb_logger(with_id, run_dir)
     return [] if logger is None else [logger]
 
 
@@ -449,10 +453,11 @@ def evaluate_command(args: argparse.Namespace) -> int:
 
 def watch_main(args: argparse.Namespace) -> int:
     """Runs the watcher on every rank; returns the exit status (0 after a clean stop, 2 for bad input)."""
-    from areal_lightning.app.config import ConfigError, load_config
+    from areal_lightning.app.config import ConfigError, WandbMode, load_config
     from areal_lightning.app.console import fail, quiet_lightning
-    from areal_lightning.app.evaluate import _build_fabric
+    from areal_lightning.app.evaluate import _build_fabric, history_problem
     from areal_lightning.tracking.history import HISTORY_FILENAME
+    from areal_lightning.tracking.writable import option_problem
 
     try:
         cfg = load_config(args.config, args.overrides)
@@ -470,6 +475,12 @@ def watch_main(args: argparse.Namespace) -> int:
             f"--watch {args.watch!r} is a file; pass the directory the checkpoints are written to, "
             "e.g. <output_dir>/checkpoints"
         )
+    problem = history_problem(cfg, args.history)
+    save_dir = cfg.logger.wandb.save_dir if cfg.logger.wandb.mode is not WandbMode.DISABLED else None
+    if problem is None and save_dir is not None:
+        problem = option_problem("logger.wandb.save_dir", save_dir)
+    if problem is not None:
+        return fail(problem)
     history_file = Path(args.history) if args.history else Path(cfg.output_dir) / HISTORY_FILENAME
     watch = _Watch(cfg, directory, history_file, args.poll_secs, args.idle_timeout, args.trust_checkpoint)
     fabric = _build_fabric(cfg)

@@ -110,7 +110,7 @@ class EvaluationCallback(Callback):
         if evaluate_fn is not None and not callable(evaluate_fn):
             raise ValueError(f"`EvaluationCallback(evaluate_fn=...)` must be callable or None, got {evaluate_fn!r}")
         self.schedule, self.execution, self.rounds, self.decisions = resolve_settings(
-            schedule, execution, rounds, decisions
+            schedule, execution, rounds, decisions, evaluate_fn
         )
         self.trigger = self.schedule.trigger(clock)
         self.runner: Runner = make_runner(self.execution, clock)

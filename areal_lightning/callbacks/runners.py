@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,13 @@ from areal_lightning.callbacks.parallelism import refuse_for_async
 from areal_lightning.callbacks.progress import trainer_progress
 from areal_lightning.callbacks.trigger import Cause
 from areal_lightning.eval_round import EvalRoundError, EvalSet, EvaluateFn, SetResult, reduce_set, run_round
-from areal_lightning.eval_round.cache import ResultCache, function_identity, result_key, weights_digest
+from areal_lightning.eval_round.cache import (
+    ResultCache,
+    UncacheableError,
+    function_identity,
+    result_key,
+    weights_digest,
+)
 from areal_lightning.eval_round.precision import EvalPrecision, eval_precision
 
 if TYPE_CHECKING:
@@ -201,7 +208,10 @@ class SyncRunner:
         keys: dict[str, str] = {}
         hits: dict[str, SetResult] = {}
         if trainer.is_global_zero:
-            keys = self._cache_keys(pl_module, evaluate_fn)
+            try:
+                keys = self._cache_keys(pl_module, evaluate_fn)
+            except UncacheableError as err:  # state changed since construction: evaluate, cache nothing
+                warnings.warn(f"result cache skipped this round: {err}", stacklevel=2)
             cache = ResultCache(cache_dir)
             hits = {name: r for name, key in keys.items() if (r := cache.get(key)) is not None}
         # Every rank must skip the same eval sets, or the ranks that evaluate wait for the others.

@@ -44,7 +44,7 @@ from areal_lightning.callbacks.reward_watch import DEFAULT_MIN_TRAIN_RISE, DEFAU
 from areal_lightning.callbacks.thresholds import ThresholdMonitor
 from areal_lightning.callbacks.trigger import HybridTrigger
 from areal_lightning.errors import ArgumentError
-from areal_lightning.eval_round.cache import CACHE_DIRNAME
+from areal_lightning.eval_round.cache import CACHE_DIRNAME, UncacheableError, function_identity
 from areal_lightning.eval_round.precision import EvalPrecision
 
 OWNER = "EvaluationCallback"
@@ -267,11 +267,28 @@ def validate_together(execution: Execution, rounds: RoundSettings) -> None:
     check_cache_mode(execution.mode, rounds.cache)
 
 
+def check_cacheable(rounds: RoundSettings, evaluate_fn: Callable[..., Any] | None) -> None:
+    """With the cache on, `evaluate_fn` must have an identity the cache can key (else a cached
+    result could be stale).
+
+    Raises:
+        ValueError: naming what the cache cannot key and the way out.
+    """
+    if rounds.cache and evaluate_fn is not None:
+        try:
+            function_identity(evaluate_fn)
+        except UncacheableError as err:
+            raise ValueError(
+                f"`EvaluationCallback(rounds={{'cache': True}})` cannot key evaluate_fn: {err}; pass cache=False"
+            ) from None
+
+
 def resolve_settings(
     schedule: Schedule | Mapping[str, Any] | None,
     execution: Execution | Mapping[str, Any] | None,
     rounds: RoundSettings | Mapping[str, Any] | None,
     decisions: Decisions | Mapping[str, Any] | None,
+    evaluate_fn: Callable[..., Any] | None = None,
 ) -> tuple[Schedule, Execution, RoundSettings, Decisions]:
     """`EvaluationCallback`'s four groups as dataclasses, their values checked (the schedule's and
     the decisions' checks run where their objects are built)."""
@@ -284,6 +301,7 @@ def resolve_settings(
     out[1].validate()  # checked in either mode: a config error shows before the mode is switched
     out[2].validate()
     validate_together(out[1], out[2])
+    check_cacheable(out[2], evaluate_fn)
     return out
 
 

@@ -3,15 +3,21 @@ settings is answered from ``<output_dir>/eval_cache/<key>.json`` instead of runn
 
 The key is a digest of everything that changes a result: the weights (every tensor of the
 module's state dict, bytes, dtype and shape), the eval set's fingerprint (samples, options,
-batching), the run seed, the evaluation precision, the `evaluate_fn` (its qualified name and its
-code) and the number of table rows kept. Any difference is a miss.
+batching), the run seed, the evaluation precision, the `evaluate_fn` (`function_identity`: the
+code of what it calls and the state it reads) and the number of table rows kept. Any difference
+is a miss. An `evaluate_fn` whose state cannot be keyed is refused (`UncacheableError`), not
+guessed: a cache that can return a stale result is worse than none.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import functools
 import hashlib
 import json
 import os
+import types
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,11 +31,21 @@ from areal_lightning.eval_round.fingerprint import eval_set_fingerprint
 
 CACHE_DIRNAME = "eval_cache"
 _DIGEST_BYTES = 16
-_PERSON = b"areal/evalcache1"  # bump if the key's encoding changes
+_PERSON = b"areal/evalcache2"  # bump if the key's encoding changes
 
 
 def _digest() -> Any:
     return hashlib.blake2b(digest_size=_DIGEST_BYTES, person=_PERSON)
+
+
+def _is_sharded(module: nn.Module) -> bool:
+    """True when the module's weights are split over ranks (FSDP2 DTensors, FSDP1 wrappers)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in module.parameters()) or any(
+        isinstance(m, FullyShardedDataParallel) for m in module.modules()
+    )
 
 
 def weights_digest(module: nn.Module) -> str:
@@ -43,6 +59,12 @@ def weights_digest(module: nn.Module) -> str:
         >>> weights_digest(a) == weights_digest(a), weights_digest(a) == weights_digest(b)
         (True, False)
     """
+    if _is_sharded(module):
+        # Its state_dict() would all-gather, and the cache's key is computed on rank 0 alone.
+        raise UncacheableError(
+            f"{type(module).__name__} has parameters sharded over the ranks (FSDP); the result cache needs "
+            "whole weights on rank 0: turn the cache off"
+        )
     digest = _digest()
     for name, tensor in sorted(module.state_dict().items()):
         t = tensor.detach().cpu().contiguous()
@@ -51,22 +73,195 @@ def weights_digest(module: nn.Module) -> str:
     return str(digest.hexdigest())
 
 
+class UncacheableError(ValueError):
+    """An `evaluate_fn` whose behaviour the cache cannot key safely (it could return stale results)."""
+
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+_MAX_DEPTH = 8  # nesting of attributes followed into an instance's state
+
+
+def _stable_repr(value: Any) -> str:
+    """repr, with set elements sorted (a frozenset's order changes with the process's hash seed)."""
+    if isinstance(value, (set, frozenset)):
+        return f"{type(value).__name__}({sorted(map(_stable_repr, value))})"
+    if isinstance(value, tuple):
+        return f"({', '.join(map(_stable_repr, value))},)"
+    return repr(value)
+
+
+def _code_identity(code: types.CodeType) -> list[Any]:
+    """The bytecode, constants (nested code objects recursively: their repr holds an address),
+    and the names a code object uses."""
+    consts = [_code_identity(c) if isinstance(c, types.CodeType) else _stable_repr(c) for c in code.co_consts]
+    return [code.co_code.hex(), consts, list(code.co_names), code.co_argcount, code.co_kwonlyargcount]
+
+
+def _package(obj: Any) -> str:
+    return str(getattr(obj, "__module__", None) or "").split(".")[0]
+
+
+class _Keyer:
+    """Turns a callable and the state it can read into JSON-able data, or raises `UncacheableError`.
+
+    What is followed: a function's code, defaults and closure cells; the functions and constant
+    values (numbers, strings, tuples of them) it names as globals, when they belong to the same
+    top-level package as the callable (code of installed libraries is keyed by name only); the
+    class of a callable instance, every function defined on it, and the instance's attributes;
+    a bound method's function and its instance; a `functools.partial`'s function and arguments.
+    Values are keyed by content (tensors by bytes). Anything else (an open file, a lock, an
+    object without attributes) is refused rather than guessed.
+    """
+
+    def __init__(self, root: Any) -> None:
+        self.package = _package(getattr(root, "func", None) or getattr(root, "__func__", None) or root)
+        if not self.package or self.package == "builtins":
+            self.package = _package(type(root))
+        self.seen: dict[int, str] = {}
+
+    def callable(self, fn: Any, where: str, depth: int = 0) -> Any:
+        if id(fn) in self.seen:
+            return ["seen", self.seen[id(fn)]]
+        self.seen[id(fn)] = where
+        if isinstance(fn, functools.partial):
+            return [
+                "partial",
+                self.callable(fn.func, f"{where}.func", depth + 1),
+                [self.value(a, f"{where}.args[{i}]", depth + 1) for i, a in enumerate(fn.args)],
+                {k: self.value(v, f"{where}.keywords[{k!r}]", depth + 1) for k, v in sorted(fn.keywords.items())},
+            ]
+        if isinstance(fn, types.MethodType):
+            return [
+                "method",
+                self.callable(fn.__func__, f"{where}.__func__", depth + 1),
+                self.value(fn.__self__, f"{where}.__self__", depth + 1),
+            ]
+        if isinstance(fn, types.FunctionType):
+            return self.function(fn, where)
+        if isinstance(fn, (types.BuiltinFunctionType, type)):
+            return ["name", f"{_package(fn)}:{getattr(fn, '__module__', '?')}.{fn.__qualname__}"]
+        if callable(fn) and hasattr(fn, "__dict__"):
+            return ["instance", self.klass(type(fn), where), self.state(fn, where, depth)]
+        raise UncacheableError(
+            f"{where} is a {type(fn).__name__} whose behaviour cannot be keyed; pass a function, a bound "
+            "method, a functools.partial or an instance of a Python class"
+        )
+
+    def function(self, fn: types.FunctionType, where: str) -> Any:
+        name = f"{fn.__module__}.{fn.__qualname__}"
+        if _package(fn) != self.package:
+            return ["name", name]  # installed library code: its name (its version is the installation's)
+        cells = [c.cell_contents if c.cell_contents is not fn else "<self>" for c in fn.__closure__ or ()]
+        globals_used = {}
+        for global_name in fn.__code__.co_names:
+            if global_name not in fn.__globals__:
+                continue
+            found = fn.__globals__[global_name]
+            if isinstance(found, (types.FunctionType, functools.partial)) and _package(found) == self.package:
+                globals_used[global_name] = self.callable(found, f"{name}: global {global_name}")
+            elif isinstance(found, type) and _package(found) == self.package:
+                globals_used[global_name] = self.klass(found, f"{name}: global {global_name}")
+            elif self._constant(found):
+                globals_used[global_name] = _stable_repr(found)
+            # modules, installed classes and mutable globals are not keyed (documented)
+        return [
+            "function",
+            name,
+            _code_identity(fn.__code__),
+            [self.value(d, f"{name} default", 1) for d in fn.__defaults__ or ()],
+            {k: self.value(v, f"{name} default {k}", 1) for k, v in sorted((fn.__kwdefaults__ or {}).items())},
+            [self.value(c, f"{name} closure", 1) for c in cells],
+            globals_used,
+        ]
+
+    def klass(self, cls: type, where: str) -> Any:
+        key = f"class {cls.__module__}.{cls.__qualname__}"
+        if id(cls) in self.seen:
+            return ["seen", key]
+        self.seen[id(cls)] = key
+        methods = {}
+        for base in cls.__mro__:
+            if _package(base) != self.package:
+                continue
+            for attr, found in sorted(vars(base).items()):
+                fn = found.__func__ if isinstance(found, (staticmethod, classmethod)) else found
+                if isinstance(fn, property):
+                    fn = fn.fget
+                if isinstance(fn, types.FunctionType) and attr not in methods:
+                    methods[attr] = self.function(fn, f"{where}: {base.__qualname__}.{attr}")
+        return [key, methods]
+
+    @staticmethod
+    def _constant(value: Any) -> bool:
+        if isinstance(value, (tuple, frozenset)):
+            return all(_Keyer._constant(v) for v in value)
+        return isinstance(value, (*_PLAIN, enum.Enum))
+
+    def value(self, value: Any, where: str, depth: int) -> Any:
+        if isinstance(value, (*_PLAIN, enum.Enum)):
+            return repr(value)
+        if depth > _MAX_DEPTH:
+            raise UncacheableError(f"{where} nests deeper than {_MAX_DEPTH} levels; the cache cannot key it")
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            digest = _digest()
+            digest.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            return ["tensor", str(t.dtype), list(t.shape), digest.hexdigest()]
+        if isinstance(value, (list, tuple)):
+            return [type(value).__name__, [self.value(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]]
+        if isinstance(value, (set, frozenset)):
+            return ["set", sorted(json.dumps(self.value(v, where, depth + 1), sort_keys=True) for v in value)]
+        if isinstance(value, Mapping):
+            return ["map", [[repr(k), self.value(v, f"{where}[{k!r}]", depth + 1)] for k, v in value.items()]]
+        if isinstance(value, types.ModuleType):
+            return ["module", value.__name__]
+        if isinstance(value, type):
+            return self.klass(value, where) if _package(value) == self.package else ["name", value.__qualname__]
+        if isinstance(value, (types.FunctionType, types.MethodType, functools.partial, types.BuiltinFunctionType)):
+            return self.callable(value, where, depth)
+        if isinstance(value, nn.Module):
+            return ["module-weights", type(value).__qualname__, weights_digest(value)]
+        if id(value) in self.seen:
+            return ["seen", self.seen[id(value)]]
+        self.seen[id(value)] = where
+        return self.state(value, where, depth)
+
+    def state(self, value: Any, where: str, depth: int) -> Any:
+        """An object's class and attributes (a dataclass's fields)."""
+        state = getattr(value, "__dict__", None)
+        if state is None and dataclasses.is_dataclass(value):
+            state = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        if state is None:
+            raise UncacheableError(
+                f"{where} holds a {type(value).__module__}.{type(value).__qualname__}, whose state the cache cannot "
+                "read; keep plain values (numbers, strings, tensors, containers) in what evaluate_fn uses, or turn "
+                "the cache off"
+            )
+        cls = self.klass(type(value), where) if _package(type(value)) == self.package else type(value).__qualname__
+        return ["object", cls, {k: self.value(v, f"{where}.{k}", depth + 1) for k, v in sorted(state.items())}]
+
+
 def function_identity(fn: Callable[..., Any]) -> str:
-    """The qualified name of a function plus a digest of its code (a lambda's too), so that an
-    edited `evaluate_fn` misses the cache.
+    """A digest of what calling `fn` runs and reads (see `_Keyer`): an edited function, method or
+    `__call__`, another argument bound by a partial or a closure, or another attribute of a
+    callable instance gives another identity, so the cache misses.
+
+    Raises:
+        UncacheableError: `fn` or its state holds something that cannot be keyed safely.
 
     Example:
-        >>> function_identity(len)
-        'builtins.len'
+        >>> def f(x):
+        ...     return x + 1
+        >>> def g(x):
+        ...     return x + 2
+        >>> function_identity(f) == function_identity(f), function_identity(f) == function_identity(g)
+        (True, False)
+        >>> function_identity(functools.partial(f, 1)) == function_identity(functools.partial(f, 2))
+        False
     """
-    target = getattr(fn, "__func__", fn)  # a bound method: its function
-    name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', type(target).__qualname__)}"
-    code = getattr(target, "__code__", None)
-    if code is None:
-        return name
+    name = getattr(fn, "__qualname__", type(fn).__qualname__)
     digest = _digest()
-    digest.update(code.co_code)
-    digest.update(repr(code.co_consts).encode())
+    digest.update(json.dumps(_Keyer(fn).callable(fn, "evaluate_fn"), sort_keys=True).encode())
     return f"{name}:{digest.hexdigest()}"
 
 

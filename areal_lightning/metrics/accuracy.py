@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics import Metric
 
 from areal_lightning.metrics.checks import NanStrategy, _apply_nan_strategy, _check_confidence, _check_nan_strategy
+from areal_lightning.metrics.float64_states import Float64StateMetric
 from areal_lightning.metrics.functional import wilson_interval
 
 DEFAULT_THRESHOLD: float = 0.8
@@ -19,7 +19,7 @@ DEFAULT_THRESHOLD: float = 0.8
 DEFAULT_CONFIDENCE: float = 0.95
 
 
-class AccuracyMetric(Metric):
+class AccuracyMetric(Float64StateMetric):
     """Share of samples with ``reward > threshold`` (strictly), plus its Wilson score interval.
 
     Rewards are assumed normalised to [0, 1], as in the seed, so ``threshold`` must lie in

@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics import Metric
 
 from areal_lightning.metrics.checks import _check_rewards_2d
 from areal_lightning.metrics.exact import add_squares, add_values, mean_float, merge_sums, new_sum, std_float
+from areal_lightning.metrics.float64_states import Float64StateMetric
 from areal_lightning.metrics.functional import (
     ADVANTAGE_EPS,
     _check_std,
@@ -20,7 +20,7 @@ from areal_lightning.metrics.functional import (
 from areal_lightning.metrics.options import AdvantageStd
 
 
-class AdvantageMetric(Metric):
+class AdvantageMetric(Float64StateMetric):
     """Mean, std and mean absolute value of group advantages, and the zero-std share.
 
     ``update`` takes the raw ``[P, G]`` rewards of ``P`` groups and computes

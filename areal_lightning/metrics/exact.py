@@ -16,8 +16,9 @@ Values that are not float64 are converted first (float32 and integers up to 2**5
 
 A state is a 1-D float64 tensor of ``SUM_SIZE``: the digits, then the numbers of NaN, +inf and
 -inf values, then the number of values. A metric declares it with
-``add_state(name, new_sum(), dist_reduce_fx=merge_sums)``; it must stay float64 (a ``set_dtype``
-to a narrower type would round the digits).
+``add_state(name, new_sum(), dist_reduce_fx=merge_sums)``; it must stay float64 (a narrower type
+would round the digits): a metric built on `Float64StateMetric` keeps it float64 through
+``set_dtype``, ``.to(dtype)`` and a precision plugin converting the module that holds it.
 
 Example:
     >>> values = torch.tensor([1e16, 0.1, -1e16, 0.2], dtype=torch.float64)

@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics import Metric
 
 from areal_lightning.metrics.exact import add_values, mean_float, merge_sums, new_sum
+from areal_lightning.metrics.float64_states import Float64StateMetric
 
 
-class ExactMean(Metric):
+class ExactMean(Float64StateMetric):
     """Mean of float64 values: the float64 nearest to their exact mean, whatever the ranks and updates.
 
     NaN and infinite values are kept (torchmetrics' ``nan_strategy="disable"``): the mean is

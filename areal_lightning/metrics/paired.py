@@ -19,10 +19,10 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
-from torchmetrics import Metric
 
 from areal_lightning.metrics.checks import _check_confidence
 from areal_lightning.metrics.exact import add_squares, add_values, merge_sums, new_sum, sum_count, sum_float
+from areal_lightning.metrics.float64_states import Float64StateMetric
 
 DEFAULT_CONFIDENCE = 0.95
 _CF_MAX_ITER = 300
@@ -156,7 +156,7 @@ def paired_change(n: float, sum_d: float, sum_d2: float, confidence: float = DEF
     return Change(mean, mean - half, mean + half, count)
 
 
-class PairedChange(Metric):
+class PairedChange(Float64StateMetric):
     """Accumulates ``n``, ``sum d`` and ``sum d^2`` of paired differences and computes `paired_change`.
 
     The sums are exact (:mod:`~areal_lightning.metrics.exact`), stacked in one state (so one

@@ -14,13 +14,13 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics import Metric
 
 from areal_lightning.metrics.checks import NanStrategy, _apply_nan_strategy, _check_nan_strategy
 from areal_lightning.metrics.exact import add_squares, add_values, mean_float, merge_sums, new_sum, std_float, sum_count
+from areal_lightning.metrics.float64_states import Float64StateMetric
 
 
-class RewardMetric(Metric):
+class RewardMetric(Float64StateMetric):
     """Mean, population std, min and max of per-sample rewards.
 
     States: the exact sums of the rewards and of their squares (reduced over ranks by

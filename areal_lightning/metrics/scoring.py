@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics import Metric
 
 from areal_lightning.errors import ArgumentError
+from areal_lightning.metrics.float64_states import Float64StateMetric
 from areal_lightning.metrics.score import DEFAULT_TIMEOUT_S, Score, ScoreStatus
 
 log = logging.getLogger(__name__)
@@ -269,7 +269,7 @@ class SafeScorer:
         return Score(value, ScoreStatus.OK)
 
 
-class ScoringMetric(Metric):
+class ScoringMetric(Float64StateMetric):
     """Counts of samples whose scoring timed out, failed to parse or raised, summed over ranks.
 
     ``compute()`` returns ``{"timeouts", "parse_failures", "errors"}`` (float64 counts), logged as

@@ -146,6 +146,9 @@ def metric_names(n_samples: int) -> list[str]:
     names = []
     for name, factory in default_metrics(n_samples).items():
         metric = factory()
+        # Local names only: config checks run on one rank at times (a resumed run's copy of the config
+        # on rank 0), where a synced compute() would wait in a collective the other ranks never join.
+        metric.sync_on_compute = False
         correct = torch.ones(1, n_samples)
         if isinstance(metric, MajAtK):
             metric.update(torch.zeros(1, n_samples, dtype=torch.long), correct.bool())

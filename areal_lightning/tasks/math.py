@@ -409,15 +409,53 @@ def numeric_score(completion: str, reference: str) -> float | None:
     return CORRECT_REWARD if numeric_equal(completion, reference) else WRONG_REWARD
 
 
+def verify_target(completion: str) -> str:
+    r"""What math-verify parses of a completion: its marked final answer, so that text after it
+    (a model going on with the next question, a check "3 + 4 = 7") is not taken for the answer.
+    The last ``\boxed{}`` (kept boxed), else what follows the last ``####``, else what follows
+    the last "answer is"; without a marker the whole completion (math-verify then takes its last
+    expression, LaTeX included).
+
+    Example:
+        >>> verify_target("10/30 = 33.333...%, which rounds down to 33%\n#### 33\nQuestion: 5 pens cost $2")
+        '33'
+        >>> print(verify_target(r"so \boxed{\frac{1}{2}}. Check: 3 + 4 = 7"))
+        \boxed{\frac{1}{2}}
+    """
+    boxed = extract_boxed(completion)
+    if boxed is not None:
+        return f"\\boxed{{{boxed}}}"
+    after_hashes = extract_after_hashes(completion)
+    if after_hashes is not None:
+        return after_hashes
+    answer_is = _ANSWER_IS.findall(completion)
+    if answer_is:
+        return str(answer_is[-1]).split("\n", 1)[0].strip()
+    return completion
+
+
+def _math_verify_parse(completion: str, timeout: float | None) -> list[Any]:
+    """math-verify's parse of the completion's `verify_target`; a bare LaTeX answer after a
+    marker (``#### \\sqrt{3}/2``) is parsed boxed when it does not parse as it is."""
+    from math_verify import parse  # the `math` extra; imported only when used
+
+    target = verify_target(completion)
+    parsed = list(parse(target, parsing_timeout=timeout))
+    if not parsed and target != completion:
+        parsed = list(parse(f"\\boxed{{{target}}}", parsing_timeout=timeout))
+    return parsed
+
+
 def math_verify_score(completion: str, reference: str) -> float | None:
-    """math-verify's verdict as a reward; None when it parses no answer from the completion.
+    """math-verify's verdict on the completion's final answer (`verify_target`) as a reward;
+    None when it parses no answer.
 
     Module-level, so that `SafeScorer` workers can import it.
     """
     from math_verify import parse, verify  # the `math` extra; imported only when used
 
     timeout = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
-    predicted = parse(completion, parsing_timeout=timeout)
+    predicted = _math_verify_parse(completion, timeout)
     if not predicted:
         return None
     gold = parse(f"\\boxed{{{reference}}}", parsing_timeout=timeout)
@@ -425,12 +463,12 @@ def math_verify_score(completion: str, reference: str) -> float | None:
 
 
 def math_verify_equal(completion: str, reference: str) -> bool:
-    """math-verify's verdict: the completion's parsed answer is equivalent to the reference."""
+    """math-verify's verdict: the completion's final answer (`verify_target`) is equivalent to the reference."""
     from math_verify import parse, verify  # the `math` extra; imported only when used
 
     # math-verify times out with SIGALRM, which Python allows on the main thread only.
     timeout = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
-    # Boxing makes a bare reference ("72", "\frac{1}{2}") parse as LaTeX.
+    # Boxing makes a bare reference ("72", "\\frac{1}{2}") parse as LaTeX.
     gold = parse(f"\\boxed{{{reference}}}", parsing_timeout=timeout)
-    predicted = parse(completion, parsing_timeout=timeout)
+    predicted = _math_verify_parse(completion, timeout)
     return bool(gold) and bool(predicted) and bool(verify(gold, predicted, timeout_seconds=timeout))

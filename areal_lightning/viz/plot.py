@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # matplotlib loads when a figure is drawn: `areal-lightning f
     from matplotlib.figure import Figure
 
 from areal_lightning.tracking.history import HISTORY_FILENAME, drop_superseded, eval_rows, read_history, split_runs
+from areal_lightning.tracking.writable import option_problem
 
 DEFAULT_METRIC = "accuracy"
 CI_LOW_SUFFIX = "/ci_low"
@@ -345,7 +346,11 @@ def plot_runs(run_dirs: Sequence[str | Path], metric: str = DEFAULT_METRIC, out:
     target = Path(out) if out is not None else default_output(dirs, metric)
     if target.suffix.lower() not in SAVE_FORMATS:
         raise PlotError(f"plot --out {str(target)!r} must end in one of {', '.join(SAVE_FORMATS)}")
-    fig = build_figure(load_runs(dirs), metric)
+    runs = load_runs(dirs)
+    problem = option_problem("plot --out", target, is_file=True)
+    if problem is not None:
+        raise PlotError(f"{problem}; pass a writable --out FILE")
+    fig = build_figure(runs, metric)
     target.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(target)
     return target

@@ -162,8 +162,8 @@ def test_nan_and_infinite_rewards_are_counted_reported_and_never_averaged_in(cap
 
 def _nan_rewards(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
     reward = ctx.metric("reward", RewardMetric)  # the default nan_strategy: "error"
-    for batch in batches:
-        reward.update(torch.tensor([math.nan if s == 2 else float(s) for s in batch.samples]))
+    for batch in batches:  # a NaN reward from step 4 on (the first round, at step 2, is clean)
+        reward.update(torch.tensor([math.nan if s == 2 and ctx.global_step >= 4 else float(s) for s in batch.samples]))
     return {}
 
 
@@ -171,13 +171,13 @@ def test_a_nan_reward_in_a_users_reward_metric_fails_the_round_naming_the_count(
     callback = EvaluationCallback(
         {"probe": [0, 1, 2]}, _nan_rewards, schedule={"freq_steps": 2}, rounds={"on_error": "log"}
     )
-    trainer = make_trainer(tmp_path, [callback], max_steps=4)
+    trainer = make_trainer(tmp_path, [callback], max_steps=6)
     trainer.fit(CountingModule(epoch_len=8))
-    assert trainer.global_step == 4  # training went on
+    assert trainer.global_step == 6  # training went on
     records = read_history(tmp_path)
-    assert eval_rows(records) == []  # nothing averaged: no round record with a NaN in it
+    assert [r["step"] for r in eval_rows(records)] == [2]  # no round record with a NaN in it
     errors = event_rows(records, "error")
-    assert [e["step"] for e in errors] == [2, 4]
+    assert [e["step"] for e in errors] == [4, 6]
     assert "`RewardMetric.update(rewards=...)` got 1 NaN value(s) out of 3" in errors[0]["message"]
 
 
@@ -227,17 +227,14 @@ def test_a_reward_function_that_raises_fails_the_round_naming_the_function_and_t
         r"scoring raised KeyError: \"no verifier for '\d{3}'\" in reward \(test_bad_data.py:\d+\) on "
         r"completion '7777' \(answer '\d{3}'\)"
     )
-    if on_error == "raise":
-        with pytest.raises(EvalRoundError, match=expected):
-            trainer.fit(module)
-        assert trainer.global_step == 1
-        return
-    trainer.fit(module)
-    assert trainer.global_step == 2
+    # The first round is a sanity round: whatever on_error says, its failure stops training.
+    with pytest.raises(EvalRoundError, match=expected):
+        trainer.fit(module)
+    assert trainer.global_step == 1
     records = read_history(tmp_path)
     assert eval_rows(records) == []  # one set failed: the round is not recorded in part
     errors = event_rows(records, "error")
-    assert [e["step"] for e in errors] == [1, 2]
+    assert [e["step"] for e in errors] == [1]
     assert re.search(expected, errors[0]["message"]), errors[0]["message"]
 
 
