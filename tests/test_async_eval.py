@@ -343,7 +343,9 @@ sys.path.insert(0, {tests!r})
 from callback_helpers import CountingModule, make_trainer, probe_weights
 from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
 
-callback = EvaluationCallback({{"probe": [1, 2]}}, probe_weights, freq_steps=2, mode="async", on_busy="wait")
+callback = EvaluationCallback(
+    {{"probe": [1, 2]}}, probe_weights, schedule={{"freq_steps": 2}}, execution={{"mode": "async", "on_busy": "wait"}}
+)
 make_trainer({root!r}, [callback], 2).fit(CountingModule(epoch_len=5))
 """
 

@@ -42,14 +42,12 @@ if TYPE_CHECKING:
 
 CONFIG_FILENAME = "config.yaml"
 LIGHTNING_PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
+"""The precisions a message suggests (Lightning also takes its aliases, such as ``32``)."""
 
 
 def lightning_precision(precision: str) -> _PRECISION_INPUT:
     """`precision` typed as the Trainer and Fabric take it; `TrainerConfig.check` has run Lightning's parser on it."""
     return cast("_PRECISION_INPUT", precision)
-
-
-"""The precisions a message suggests (Lightning also takes its aliases, such as ``32``)."""
 
 
 class PolicyKind(str, Enum):

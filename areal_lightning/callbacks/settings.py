@@ -316,6 +316,11 @@ class EvaluatorSettings(Decisions, RoundSettings, Execution, Schedule):
         RoundSettings.__post_init__(self)
         Decisions.__post_init__(self)
 
+    def validate(self) -> None:
+        """Every group's checks (the groups' own `validate` would each hide the others')."""
+        Execution.validate(self)
+        RoundSettings.validate(self)
+
     def groups(self) -> dict[str, Any]:
         """The four groups, as `EvaluationCallback`'s keyword arguments."""
         groups = {"schedule": Schedule, "execution": Execution, "rounds": RoundSettings, "decisions": Decisions}
