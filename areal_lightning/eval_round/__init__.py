@@ -8,8 +8,9 @@ an `EvalSet`'s arguments does not pay for torch, torchmetrics and Lightning.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from areal_lightning.lazy import lazy_exports
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` imports on first use
     from areal_lightning.eval_round.context import (
@@ -63,13 +64,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'areal_lightning.eval_round' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

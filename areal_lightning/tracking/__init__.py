@@ -2,6 +2,7 @@
 
 from typing import TYPE_CHECKING
 
+from areal_lightning.lazy import lazy_exports
 from areal_lightning.tracking.history import (
     HISTORY_FILENAME,
     EvalHistory,
@@ -59,11 +60,4 @@ _LAZY_EXPORTS = {
 __all__ += sorted(_LAZY_EXPORTS)
 
 
-def __getattr__(name: str) -> object:
-    if name not in _LAZY_EXPORTS:
-        raise AttributeError(f"module 'areal_lightning.tracking' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(_LAZY_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY_EXPORTS, globals())
