@@ -116,3 +116,12 @@ def test_async_rounds_are_charged_what_training_waited_for(tmp_path: Path, monke
     assert sum(r["deferred"] for r in rows) <= len(cb.deferred_steps)
     charged = cb.state_dict()["budget"]["eval_secs"]
     assert waited[0] > 0 and waited[0] <= charged <= held[0]
+
+
+def test_a_resumed_callback_keeps_the_time_its_budget_has_spent(tmp_path: Path) -> None:
+    cb, rows = _fit(tmp_path, BUDGET)
+    saved = cb.state_dict()["budget"]
+    assert saved["eval_secs"] == EVAL_SECS * len(rows)  # every round charged its 5 s
+    resumed = EvaluationCallback({"easy": [0, 1]}, _slow(FakeClock()), schedule={"freq_steps": 1, "budget": BUDGET})
+    resumed.load_state_dict(cb.state_dict())
+    assert resumed.state_dict()["budget"] == saved  # a resume does not forget evaluation time spent

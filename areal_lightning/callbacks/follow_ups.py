@@ -50,6 +50,8 @@ class FollowUp:
     """The key of `state_dict` in the callback's state; None: the follow-up keeps nothing."""
     after_record: ClassVar[bool] = False
     """Runs after the round is recorded (reads it) rather than before (adds to it)."""
+    keeps: ClassVar[str | None] = None
+    """The attribute holding the object whose `state_dict` this follow-up checkpoints."""
 
     def start(self, trainer: L.Trainer, eval_sets: Sequence[EvalSet], recorder: EvalRecorder) -> None:
         """Training (re)starts."""
@@ -61,16 +63,19 @@ class FollowUp:
         """Training ended."""
 
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        return dict(getattr(self, self.keeps).state_dict()) if self.keeps else {}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores a `state_dict`; missing keys keep their current values."""
+        if self.keeps:
+            getattr(self, self.keeps).load_state_dict(state)
 
 
 class DriftCheck(FollowUp):
     """Compares each eval set with the one the checkpoint saw; a changed set starts its pairing anew."""
 
     state_key = "drift"
+    keeps = "monitor"
 
     def __init__(self, pairs: PairedRounds) -> None:
         self.monitor = DriftMonitor()
@@ -80,12 +85,6 @@ class DriftCheck(FollowUp):
         for name, message in self.monitor.check(eval_sets).items():
             self.pairs.reset(name)  # the new content has nothing to pair with
             recorder.drift(trainer, trainer.global_step, name, message)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.monitor.state_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.monitor.load_state_dict(state)
 
 
 class PairedDeltas(FollowUp):
@@ -104,6 +103,7 @@ class BudgetShare(FollowUp):
     """Keeps evaluation within a share of the wall time: `allows` defers rounds, `observe` charges them."""
 
     state_key = "budget"
+    keeps = "budget"
 
     def __init__(self, budget: EvalBudget) -> None:
         self.budget = budget
@@ -131,17 +131,12 @@ class BudgetShare(FollowUp):
     def stop(self) -> None:
         self.budget.stop()
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.budget.state_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.budget.load_state_dict(state)
-
 
 class AdaptiveInterval(FollowUp):
     """Moves the adaptive schedule's interval after each round; each change is logged and recorded."""
 
     state_key = "adaptive"
+    keeps = "schedule"
 
     def __init__(self, schedule: AdaptiveSchedule, pairs: PairedRounds) -> None:
         self.schedule = schedule
@@ -164,17 +159,12 @@ class AdaptiveInterval(FollowUp):
         fields = dict(metric=self.schedule.metric, old_interval=change.old, new_interval=change.new)
         recorder.event(trainer, "adaptive", done.step, message, level=logging.INFO, **fields, moved=change.moved)
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.schedule.state_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.schedule.load_state_dict(state)
-
 
 class BestMetrics(FollowUp):
     """Adds each watched metric's best value and step so far to every set's metrics."""
 
     state_key = "best"
+    keeps = "best"
 
     def __init__(self, best: BestValues) -> None:
         self.best = best
@@ -183,17 +173,12 @@ class BestMetrics(FollowUp):
         for r in done.all_results:
             r.metrics.update(self.best.update(r.dataset, r.metrics, done.step))
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.best.state_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.best.load_state_dict(state)
-
 
 class ThresholdAlerts(FollowUp):
     """One alert per crossing below a threshold; with ``stop``, training stops after it."""
 
     state_key = "thresholds"
+    keeps = "monitor"
     after_record = True
 
     def __init__(self, monitor: ThresholdMonitor, action: ThresholdAction) -> None:
@@ -224,17 +209,12 @@ class ThresholdAlerts(FollowUp):
         if self.action is ThresholdAction.STOP and trainer.strategy.reduce_boolean_decision(bool(alerts), all=False):
             trainer.should_stop = True
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.monitor.state_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.monitor.load_state_dict(state)
-
 
 class RewardHackingWatch(FollowUp):
     """Alerts when the training reward rises while an eval metric falls beyond its noise."""
 
     state_key = "reward_watch"
+    keeps = "watch"
     after_record = True
 
     def __init__(self, watch: RewardWatch) -> None:
@@ -259,12 +239,6 @@ class RewardHackingWatch(FollowUp):
                 change_ci_high=alert.eval_change_ci_high,
                 reference_step=alert.reference_step,
             )
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.watch.state_dict()
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.watch.load_state_dict(state)
 
 
 def build_follow_ups(
