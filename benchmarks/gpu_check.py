@@ -2,7 +2,9 @@
 
 Prints, measured side by side in one run: eval tokens/s of `HFPolicy.generate` (our decode loop,
 per-row seeds) and of transformers' `generate` with the dynamic and with the static cache, the
-evaluation round's samples/s, GRPO train steps/s and peak GPU memory. Nothing is downloaded: the
+evaluation round's samples/s (and, where vLLM is installed, the same round through the vLLM
+backend: its first round with the engine's start-up, then samples/s), GRPO train steps/s and peak
+GPU memory. Nothing is downloaded: the
 model is built from a config and the tokenizer from a word list. `--cpu-smoke` runs the same code
 at tiny sizes on the CPU (a check that the script works, not a measurement).
 
@@ -90,7 +92,7 @@ def main() -> int:
     if not smoke and not torch.cuda.is_available():
         raise SystemExit("gpu_check: no CUDA device; use --cpu-smoke to check the script on the CPU")
     sizes = (
-        dict(vocab=512, width=64, layers=2, heads=4, batch=4, new=8, prompts=8, group=2, per_step=2)
+        dict(vocab=512, width=64, layers=2, heads=2, batch=4, new=8, prompts=8, group=2, per_step=2)
         if smoke
         else dict(vocab=50257, width=768, layers=12, heads=12, batch=64, new=128, prompts=128, group=8, per_step=8)
     )
@@ -180,6 +182,7 @@ def main() -> int:
     (round_result,) = run_round(module, build_eval_sets(cfg), rollout_evaluate, seed=cfg.seed, global_step=0, epoch=0)
     _sync(device)
     results["eval_round_samples_s"] = round_result.num_samples / (time.perf_counter() - start)
+    results.update(_vllm_round(module, cfg, device, smoke))
 
     class StepClock(L.Callback):
         def __init__(self) -> None:
@@ -211,6 +214,40 @@ def main() -> int:
     for key, value in results.items():
         print(f"{key:<{width}}  {value:.2f}" if isinstance(value, float) else f"{key:<{width}}  {value}")
     return 0
+
+
+def _vllm_round(module: Any, cfg: Any, device: torch.device, smoke: bool) -> dict[str, Any]:
+    """The same round through the vLLM backend (docs/vllm.md), where vLLM is installed: its first
+    round (engine start-up included) and a second one after the weights changed (pushed in place).
+    Eager mode keeps the start-up inside the script's time limit (CUDA graphs would be faster)."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        print("vllm: not installed here; the vLLM figures are skipped (make vllm-env, or pip install vllm)")
+        return {}
+    from areal_lightning.app.builders import build_eval_sets
+    from areal_lightning.eval_round import run_round
+    from areal_lightning.rl.vllm_policy import VLLMEvaluator, VLLMOptions
+
+    max_len = 256 if smoke else 1024
+    evaluator = VLLMEvaluator(VLLMOptions(max_model_len=max_len, extra={"enforce_eager": True}))
+    times = []
+    try:
+        for step in (1, 2):
+            with torch.no_grad():
+                for p in module.policy.parameters():
+                    p.mul_(1.0 + 1e-3)  # a training step's worth of change: pushed before the round
+            start = time.perf_counter()
+            (result,) = run_round(module, build_eval_sets(cfg), evaluator, seed=cfg.seed, global_step=step, epoch=0)
+            _sync(device)
+            times.append(time.perf_counter() - start)
+    finally:
+        evaluator.close()
+    return {
+        "vllm_first_round_s": times[0],
+        "eval_round_samples_s_vllm": result.num_samples / times[1],
+        "vllm_pushes": evaluator.engine.pushes,
+    }
 
 
 if __name__ == "__main__":

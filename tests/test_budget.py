@@ -8,15 +8,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import pytest
-from callback_helpers import CountingModule, FakeClock, make_trainer
-from lightning.pytorch.callbacks import Callback
+from callback_helpers import START_TIME, CountingModule, FakeClock, make_trainer
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from areal_lightning.callbacks import EvaluationCallback
 from areal_lightning.callbacks.async_evaluator import AsyncEvaluator
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round import EvalBatch, EvalContext
-from areal_lightning.tracking.history import eval_rows, read_history
+from areal_lightning.tracking.history import drop_superseded, eval_rows, read_history
 
 STEP_SECS = 1.0
 EVAL_SECS = 5.0
@@ -125,3 +126,61 @@ def test_a_resumed_callback_keeps_the_time_its_budget_has_spent(tmp_path: Path) 
     resumed = EvaluationCallback({"easy": [0, 1]}, _slow(FakeClock()), schedule={"freq_steps": 1, "budget": BUDGET})
     resumed.load_state_dict(cb.state_dict())
     assert resumed.state_dict()["budget"] == saved  # a resume does not forget evaluation time spent
+
+
+class _Crash(RuntimeError):
+    pass
+
+
+class _CrashAtStep(Callback):
+    """Stands for a crash once `step` optimizer steps are done (their checkpoint written)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            raise _Crash(f"crashed after step {self.step}")
+
+
+RESUME_BUDGET = 0.4  # a round every few steps
+RESUME_MAX_STEPS = 60
+CHECKPOINT_STEP = 25
+CRASH_STEP = 28  # after the checkpoint, before the round of step 30
+DOWNTIME_SECS = 1e5
+
+
+def _budget_fit(root: Path, clock: FakeClock, *callbacks: Callback, ckpt_path: Path | None = None) -> None:
+    cb = EvaluationCallback(
+        {"easy": [0, 1]}, _slow(clock), schedule={"freq_steps": 1, "budget": RESUME_BUDGET}, clock=clock
+    )
+    module = CountingModule(epoch_len=1000, clock=clock, step_secs=STEP_SECS)
+    make_trainer(root, [cb, *callbacks], RESUME_MAX_STEPS).fit(module, ckpt_path=ckpt_path)
+
+
+def test_a_resumed_run_keeps_its_budget(tmp_path: Path) -> None:
+    """Crashed after step 28, resumed from step 25 after a long downtime: the resumed session defers
+    and records exactly what the uninterrupted run did after step 25 (eval and wall seconds came
+    back from the checkpoint, the downtime does not count)."""
+    _budget_fit(tmp_path / "a", FakeClock())
+    uninterrupted = eval_rows(read_history(tmp_path / "a"))
+
+    run = tmp_path / "b"
+    checkpoints = ModelCheckpoint(
+        dirpath=run / "ckpt", filename="step{step}", auto_insert_metric_name=False, every_n_train_steps=CHECKPOINT_STEP
+    )
+    with pytest.raises(_Crash):
+        _budget_fit(run, FakeClock(), checkpoints, _CrashAtStep(CRASH_STEP))
+    clock = FakeClock(START_TIME + DOWNTIME_SECS)
+    _budget_fit(run, clock, ckpt_path=run / "ckpt" / f"step{CHECKPOINT_STEP}.ckpt")
+    resumed = eval_rows(drop_superseded(read_history(run)))
+
+    def rounds(rows: list[dict[str, Any]]) -> list[tuple[int, int]]:
+        return [(r["step"], r["deferred"]) for r in rows if r["step"] > CHECKPOINT_STEP]
+
+    def shares(rows: list[dict[str, Any]]) -> list[float]:
+        return [r["budget_share"] for r in rows if r["step"] > CHECKPOINT_STEP]
+
+    assert len(rounds(uninterrupted)) > 3  # some rounds, and deferred steps between them
+    assert rounds(resumed) == rounds(uninterrupted)
+    assert shares(resumed) == pytest.approx(shares(uninterrupted))

@@ -11,6 +11,7 @@ import pytest
 import torch
 from callback_helpers import CountingModule, make_trainer
 from ddp_utils import run_ddp
+from lightning.pytorch.callbacks import ModelCheckpoint
 from scipy import stats
 
 from areal_lightning.callbacks import EvaluationCallback
@@ -122,3 +123,53 @@ def test_callback_logs_the_change_since_the_previous_and_the_best_round(tmp_path
         )
         assert (low, high) == pytest.approx(tuple(ref.confidence_interval(0.95)), abs=1e-9)
         assert "accuracy/delta_best" in row["metrics"]
+
+
+def test_a_resumed_run_pairs_its_first_round_with_the_round_in_the_checkpoint(tmp_path) -> None:
+    """Resumed at step 3 (a Trainer-level checkpoint): the round of step 4 reports the change since
+    step 3, and the change since the best round, as an uninterrupted run does."""
+
+    def callback() -> EvaluationCallback:
+        return EvaluationCallback(
+            {"easy": list(range(PROMPTS))}, _step_evaluate, schedule={"freq_steps": 1, "eval_at_end": False}
+        )
+
+    uninterrupted = tmp_path / "uninterrupted"
+    make_trainer(uninterrupted, [callback()], max_steps=5).fit(CountingModule())
+    expected = {r["step"]: r["metrics"] for r in eval_rows(read_history(uninterrupted))}
+
+    resumed = tmp_path / "resumed"
+    ckpt = ModelCheckpoint(dirpath=resumed / "ckpt", filename="step{step}", auto_insert_metric_name=False)
+    make_trainer(resumed, [callback(), ckpt], max_steps=3).fit(CountingModule())
+    make_trainer(resumed, [callback()], max_steps=5).fit(CountingModule(), ckpt_path=resumed / "ckpt" / "step3.ckpt")
+    rows = {r["step"]: r["metrics"] for r in eval_rows(read_history(resumed)) if r["step"] > 3}
+    assert list(rows) == [4, 5]
+    for step, metrics in rows.items():
+        for key in ("accuracy/delta", "accuracy/delta_ci_low", "accuracy/delta_best", "accuracy/delta_best_ci_high"):
+            assert metrics[key] == expected[step][key], (step, key)
+
+
+def _saved_after_two_rounds(rank: int, world_size: int) -> dict[str, Any]:
+    eval_set = EvalSet("easy", list(range(PROMPTS)), batch_size=7)
+    pairs = PairedRounds()
+    for round_ in range(2):
+        (result,) = run_round(
+            torch.nn.Linear(1, 1), [eval_set], _scripted_evaluate, seed=3, global_step=round_, epoch=0
+        )
+        pairs.update("easy", result.outcomes, result.outcome_names, result.metrics)
+    return pairs.state_dict()
+
+
+@pytest.mark.ddp
+def test_the_saved_state_holds_every_ranks_prompts_and_resumes_on_one_rank() -> None:
+    """Saved on two ranks (each evaluated half of the prompts), resumed on one: round 2 pairs every
+    prompt with round 1 and with the best round, exactly as an uninterrupted one-rank run does."""
+    saved = run_ddp(_saved_after_two_rounds, 2, timeout_s=TIMEOUT_S)
+    assert saved[0] == saved[1]
+    assert sorted(saved[0]["previous"]["easy"]["accuracy"]) == list(range(PROMPTS))
+    pairs = PairedRounds()
+    pairs.load_state_dict(saved[0])
+    eval_set = EvalSet("easy", list(range(PROMPTS)), batch_size=7)
+    (result,) = run_round(torch.nn.Linear(1, 1), [eval_set], _scripted_evaluate, seed=3, global_step=2, epoch=0)
+    resumed = pairs.update("easy", result.outcomes, result.outcome_names, result.metrics)
+    assert resumed == _rounds(0, 1)[2]

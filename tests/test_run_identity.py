@@ -1,6 +1,6 @@
 """One run, one identity: `fit` never mixes two runs in one directory, and `fit --ckpt` after a kill
-continues the same run: its run_id, its eval history, its W&B run (read back from the offline run
-files) and its CSV version. Real CLI processes throughout; the kill is a real SIGKILL."""
+continues the same run: its run_id, its eval history, its W&B run (rewound to the checkpoint's row,
+read back from the offline run files) and its CSV version. Real CLI processes throughout; the kill is a real SIGKILL."""
 
 from __future__ import annotations
 
@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from wandb_reader import read_wandb_records, wandb_history, wandb_metric_definitions, wandb_step_metric
+from wandb_reader import (
+    branch_point,
+    read_wandb_records,
+    rewound_history,
+    wandb_history,
+    wandb_metric_definitions,
+    wandb_step_metric,
+)
 
 from areal_lightning.tracking.history import drop_superseded, eval_rows, event_rows, read_history, split_runs
 
@@ -192,17 +199,27 @@ def test_fit_ckpt_after_a_kill_continues_the_same_run_id_history_wandb_run_and_c
     assert (run_dir / "config.yaml").read_bytes() == config_before  # the resumed session's config went beside it
     assert yaml.safe_load((run_dir / f"config.resumed-step{CHECKPOINT_EVERY}.yaml").read_text())["run_id"] == run_id
 
-    # W&B: the resumed session wrote to the same run id, went on along eval/step, and logged no
-    # eval point the killed session had logged already.
+    # W&B: the resumed session wrote to the same run id and rewound it to the checkpoint's row. Read
+    # back as W&B holds it after syncing: no step twice, every eval step after the checkpoint once.
+    # Before it, the rows the killed W&B service had written out: a SIGKILL of the whole group
+    # takes the rows it still held with it (no rewind or resume brings them back; the eval history
+    # has every round).
     wandb_dirs = _wandb_run_dirs(run_dir)
     assert len(wandb_dirs) == 2 and all(d.name.endswith(f"-{run_id}") for d in wandb_dirs)
     (resumed_wandb,) = [d for d in wandb_dirs if d != killed_wandb]
-    records_wandb = read_wandb_records(resumed_wandb)
+    killed_records, records_wandb = read_wandb_records(killed_wandb), read_wandb_records(resumed_wandb)
     (run,) = [r["run"] for r in records_wandb if r["type"] == "run"]
     assert run["run_id"] == run_id
+    assert branch_point(records_wandb) == {"run": run_id, "metric": "_step", "value": saved["wandb_step"]}
     assert wandb_step_metric(wandb_metric_definitions(records_wandb), "eval/easy/accuracy") == "eval/step"
-    resumed_points = [row["eval/step"] for row in wandb_history(records_wandb) if "eval/step" in row]
-    assert resumed_points == [s for s in range(max(dead) + 1, RESUMED_MAX_STEPS + 1) if s % 2 == 0]
+    rows = rewound_history([killed_records, records_wandb])
+    assert [row["_step"] for row in rows] == sorted({row["_step"] for row in rows})
+    points = [row["eval/step"] for row in rows if "eval/step" in row]
+    killed_points = [row["eval/step"] for row in wandb_history(killed_records) if "eval/step" in row]
+    assert [s for s in points if s <= CHECKPOINT_EVERY] == [s for s in killed_points if s <= CHECKPOINT_EVERY]
+    assert [s for s in points if s > CHECKPOINT_EVERY] == list(range(CHECKPOINT_EVERY + 1, RESUMED_MAX_STEPS + 1, 2))
+    trained = [row["trainer/global_step"] for row in rows if "eval/step" not in row]
+    assert trained == sorted(set(trained))  # no training point twice
 
     # Lightning's CSV logger went on in its own version, keeping the killed session's rows.
     assert [p.name for p in (run_dir / "csv").iterdir()] == ["version_0"]

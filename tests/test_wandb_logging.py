@@ -22,8 +22,11 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from wandb_reader import (
+    branch_point,
     read_wandb_records,
     read_wandb_tables,
+    rewound_history,
+    run_sessions,
     wandb_alerts,
     wandb_config,
     wandb_history,
@@ -39,9 +42,10 @@ from areal_lightning.tracking.wandb_logger import (
     EVAL_STEP_KEY,
     SafeWandbLogger,
     finish_wandb,
-    samples_table,
+    last_logged_step,
     wandb_failure,
 )
+from areal_lightning.tracking.wandb_rounds import samples_table
 
 MAX_STEPS = 6
 # global step at which the callback logs -> the evaluated steps it logs then. The round for
@@ -404,3 +408,69 @@ def test_a_rank_other_than_0_never_talks_to_wandb(tmp_path: Path, monkeypatch: p
     assert type(wb.experiment).__name__ == "_DummyExperiment"
     assert wb._experiment is None and wandb.run is None
     assert not list(tmp_path.rglob("*"))  # no W&B run, no CSV file
+
+
+def test_a_resumed_logger_rewinds_the_run_to_the_checkpoints_row(tmp_path: Path) -> None:
+    """A session logs 4 rows, a checkpoint takes the rewind point, the session logs 3 more and dies;
+    the resumed session (rewind_to=the point) numbers its rows on from the point, and the run as W&B
+    holds it after syncing both files has one row per step, none of the dead session's later ones."""
+    # Each session in its own directory: wandb names a session's directory by the second it started.
+    options: dict[str, Any] = dict(project="p", offline=True, mode="offline", id="rw1")
+    first = SafeWandbLogger(**options, save_dir=str(tmp_path / "first"))
+    for i in range(4):
+        first.log_metrics({"m": float(i)}, step=i)
+    point = last_logged_step([first])  # what RunIdentity writes into a checkpoint now
+    for i in range(4, 7):
+        first.log_metrics({"m": float(i)}, step=i)  # logged after the checkpoint, then the session dies
+    finish_wandb([first], exit_code=1)
+
+    second = SafeWandbLogger(**options, save_dir=str(tmp_path / "second"), rewind_to=point, logged_eval_through=6)
+    assert second.logged_eval_through is None  # rewound: every step after the point is logged afresh
+    assert second.experiment.id == "rw1"  # started, no row yet: a checkpoint now would rewind to the same point
+    assert last_logged_step([second]) == point == 3
+    for i in range(4, 8):
+        second.log_metrics({"m": 100.0 + i}, step=i)
+    assert last_logged_step([second]) == 7
+    finish_wandb([second])
+
+    sessions = [read_wandb_records(log) for d in ("first", "second") for log in run_sessions(tmp_path / d, "rw1")]
+    assert [branch_point(s) for s in sessions] == [None, {"run": "rw1", "metric": "_step", "value": 3}]
+    assert [(r["_step"], r["m"]) for r in rewound_history(sessions)] == [
+        (0, 0.0),
+        (1, 1.0),
+        (2, 2.0),
+        (3, 3.0),
+        (4, 104.0),
+        (5, 105.0),
+        (6, 106.0),
+        (7, 107.0),
+    ]
+
+
+def test_a_refused_rewind_continues_the_run_and_skips_the_logged_rounds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """W&B's rewind is in preview on its servers; one that refuses it (stood in for here: no server
+    is reachable) leaves the resumed session appending to the run, with one warning, and the eval
+    rounds the run already holds are not logged again."""
+    real_init = wandb.init
+
+    def refusing_init(**kwargs: Any) -> Any:
+        if "resume_from" in kwargs:
+            raise wandb.errors.CommError("rewinding runs is not enabled for this entity")
+        return real_init(**kwargs)
+
+    monkeypatch.setattr(wandb, "init", refusing_init)
+    logger = SafeWandbLogger(
+        project="p", save_dir=str(tmp_path), offline=True, mode="offline", id="rw2", rewind_to=3, logged_eval_through=4
+    )
+    with caplog.at_level(logging.WARNING, logger=WANDB_LOGGER):
+        log_eval_results([logger], make_results(4), step=4)  # the earlier session logged it
+        log_eval_results([logger], make_results(6), step=6)
+    finish_wandb([logger])
+    assert wandb_failure(logger) is None
+    (warning,) = wandb_warnings(caplog)
+    assert "refused to rewind run rw2 to _step 3" in warning and "up to step 4" in warning
+    (session,) = [read_wandb_records(log) for log in run_sessions(tmp_path, "rw2")]
+    assert branch_point(session) is None
+    assert [row[EVAL_STEP_KEY] for row in wandb_history(session) if EVAL_STEP_KEY in row] == [6]

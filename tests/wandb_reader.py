@@ -300,3 +300,46 @@ def read_wandb_tables(path: str | Path, key: str | None = None) -> list[WandbTab
                 )
             )
     return tables
+
+
+def run_sessions(path: str | Path, run_id: str) -> list[Path]:
+    """The ``.wandb`` files of every session of run `run_id` under `path` (a run's output_dir or
+    its ``wandb/`` directory), oldest first: each ``fit`` (first, resumed) writes its own
+    ``offline-run-<time>-<run_id>`` directory.
+
+    Raises:
+        FileNotFoundError: no session of `run_id` there.
+    """
+    given = Path(path)
+    bases = [given, given / "wandb"]
+    dirs = {d for base in bases for p in RUN_DIR_PATTERNS for d in base.glob(f"{p}-{run_id}") if d.is_dir()}
+    logs = [max(d.glob("*.wandb"), key=lambda p: p.stat().st_mtime) for d in dirs if any(d.glob("*.wandb"))]
+    if not logs:
+        raise FileNotFoundError(f"no W&B session of run {run_id!r} under {str(path)!r}")
+    return sorted(logs, key=lambda log: _run_dir_sort_key(log.parent))
+
+
+def branch_point(records: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The run record's ``branch_point`` (``{"run", "metric", "value"}``) of a session started with
+    ``resume_from`` or ``fork_from``, else None."""
+    runs = _payloads(records, "run")
+    return dict(runs[0]["branch_point"]) if runs and runs[0].get("branch_point") else None
+
+
+def rewound_history(sessions: Iterable[Iterable[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """The history of one run as W&B holds it once its sessions are synced in order: a session that
+    rewinds the run (``resume_from="<id>?_step=N"``, its ``branch_point``) first drops the rows
+    after ``_step`` N (W&B's documented rewind: the history is truncated at the rewind point), then
+    its own rows follow.
+
+    Args:
+        sessions: each session's records (`read_wandb_records`), oldest first.
+    """
+    rows: list[dict[str, Any]] = []
+    for records in sessions:
+        records = list(records)
+        point = branch_point(records)
+        if point is not None and point.get("metric", "_step") == "_step":
+            rows = [r for r in rows if r["_step"] <= point["value"]]
+        rows += wandb_history(records)
+    return rows

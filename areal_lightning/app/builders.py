@@ -124,14 +124,20 @@ def build_callback(
 
 
 def build_wandb_logger(
-    cfg: Config, output_dir: str | Path, *, logged_eval_through: int | None = None
+    cfg: Config,
+    output_dir: str | Path,
+    *,
+    rewind_to: int | None = None,
+    logged_eval_through: int | None = None,
 ) -> SafeWandbLogger | None:
     """The W&B logger of the config's ``logger.wandb`` block, or None when its mode is disabled.
 
     The run starts lazily (on the first log), so building it costs nothing and cannot fail on W&B.
     The resolved config is the run's config; the run is named ``<experiment_name>/<trial_name>``.
-    Its W&B id is ``cfg.run_id``, so a resumed run continues its W&B run (W&B's ``resume="allow"``,
-    which Lightning passes); `logged_eval_through` is the last eval step that W&B run already holds.
+    Its W&B id is ``cfg.run_id``, so a resumed run continues its W&B run: rewound to the row
+    ``_step == rewind_to`` (the checkpoint's), or, without one, appended to (W&B's
+    ``resume="allow"``, which Lightning passes) with `logged_eval_through` the last eval step that
+    W&B run already holds.
 
     Example:
         >>> from areal_lightning.app.config import load_config
@@ -162,17 +168,24 @@ def build_wandb_logger(
         config=to_dict(cfg),
         id=cfg.run_id,
         history_file=Path(output_dir) / HISTORY_FILENAME,
+        rewind_to=rewind_to,
         logged_eval_through=logged_eval_through,
     )
 
 
 def build_loggers(
-    cfg: Config, output_dir: str | Path, *, csv_version: int | None = None, logged_eval_through: int | None = None
+    cfg: Config,
+    output_dir: str | Path,
+    *,
+    csv_version: int | None = None,
+    rewind_wandb_to: int | None = None,
+    logged_eval_through: int | None = None,
 ) -> list[Logger]:
     """The Trainer's loggers from the config's ``logger`` section: a CSV logger under
     ``<output_dir>/csv`` when ``logger.csv``, then a `SafeWandbLogger` unless ``logger.wandb.mode``
     is disabled. No W&B run starts here (it starts on the first log). A resumed run passes the
-    CSV `csv_version` to continue and the W&B `logged_eval_through` (see `build_wandb_logger`).
+    CSV `csv_version` to continue and the W&B rewind point and `logged_eval_through` (see
+    `build_wandb_logger`).
 
     Example:
         >>> from areal_lightning.app.config import load_config
@@ -185,16 +198,21 @@ def build_loggers(
     loggers: list[Logger] = []
     if cfg.logger.csv:
         loggers.append(ContinuingCSVLogger(save_dir=str(output_dir), name=CSV_DIRNAME, version=csv_version))
-    wandb_logger = build_wandb_logger(cfg, output_dir, logged_eval_through=logged_eval_through)
+    wandb_logger = build_wandb_logger(
+        cfg, output_dir, rewind_to=rewind_wandb_to, logged_eval_through=logged_eval_through
+    )
     if wandb_logger is not None:
         loggers.append(wandb_logger)
     return loggers
 
 
-def build_trainer(cfg: Config, callbacks: list[Callback], **logger_options: Any) -> L.Trainer:
+def build_trainer(
+    cfg: Config, callbacks: list[Callback], *, last_callbacks: Sequence[Callback] = (), **logger_options: Any
+) -> L.Trainer:
     """Lightning's `Trainer` from the config's `trainer` and `logger` sections, with checkpoints
     under ``<output_dir>/checkpoints`` (``last.ckpt`` and ``step<N>.ckpt``) that carry
-    ``cfg.run_id``. `logger_options` go to `build_loggers`."""
+    ``cfg.run_id``. `last_callbacks` come after the `ModelCheckpoint` (e.g. `StopOnSignal`, which
+    must save after it). `logger_options` go to `build_loggers`."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -220,6 +238,6 @@ def build_trainer(cfg: Config, callbacks: list[Callback], **logger_options: Any)
         enable_progress_bar=t.enable_progress_bar,
         default_root_dir=str(output_dir),
         logger=build_loggers(cfg, output_dir, **logger_options) or False,
-        callbacks=[*callbacks, *([RunIdentity(cfg.run_id)] if cfg.run_id else []), checkpoints],
+        callbacks=[*callbacks, *([RunIdentity(cfg.run_id)] if cfg.run_id else []), checkpoints, *last_callbacks],
         enable_model_summary=False,
     )

@@ -57,6 +57,14 @@ class PolicyKind(str, Enum):
     HF = "hf"
 
 
+class EvalEngine(str, Enum):
+    """What the evaluation generates with: ``policy``: the policy's own `generate`; ``vllm``: a vLLM
+    engine fed the trained weights in place (``hf`` policies; docs/vllm.md)."""
+
+    POLICY = "policy"
+    VLLM = "vllm"
+
+
 class ModelDtype(str, Enum):
     """Weight dtype of an ``hf`` policy; ``auto`` keeps the checkpoint's."""
 
@@ -173,6 +181,41 @@ class TrainerConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """The vLLM engine of ``policy.eval_engine: vllm`` (`VLLMOptions`; docs/vllm.md)."""
+
+    in_process: bool = True
+    """Run the engine in the training process (starts in seconds); false: in a process of its own."""
+    max_model_len: Optional[int] = None
+    """Longest prompt plus completion, in tokens; null: the model's max_position_embeddings."""
+    kv_cache_gib: int = 1
+    """CPU: the KV cache's memory in whole GiB."""
+    gpu_memory_utilization: float = 0.3
+    """CUDA: the share of the GPU's memory the engine may take (the trainer keeps the rest)."""
+    max_num_seqs: int = 256
+    """Sequences the engine decodes at once."""
+    max_num_batched_tokens: Optional[int] = None
+    """Tokens per engine step; at least the longest prompt; null: max(8192, max_model_len)."""
+
+    def check(self, path: str) -> None:
+        with _owned_by(path):
+            self.build()
+
+    def build(self) -> Any:
+        """The `VLLMOptions` of this section."""
+        from areal_lightning.rl.vllm_policy import VLLMOptions
+
+        return VLLMOptions(
+            in_process=self.in_process,
+            max_model_len=self.max_model_len,
+            kv_cache_gib=self.kv_cache_gib,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+        )
+
+
+@dataclass
 class PolicyConfig:
     """The language model being trained."""
 
@@ -198,8 +241,18 @@ class PolicyConfig:
     """Attention heads per block of the tiny transformer."""
     max_len: int = 32
     """Longest prompt plus completion, in tokens."""
+    eval_engine: EvalEngine = EvalEngine.POLICY
+    """What evaluation generates with: policy (its own generate) or vllm (kind: hf only; docs/vllm.md)."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """hf with eval_engine: vllm: how the engine is built."""
 
     def check(self, path: str) -> None:
+        self.vllm.check(f"{path}.vllm")
+        if self.eval_engine is EvalEngine.VLLM and self.kind is not PolicyKind.HF:
+            raise ConfigError(
+                f"{path}.eval_engine: vllm needs {path}.kind: hf (vLLM serves transformers models), "
+                f"got kind: {self.kind.value}; set kind: hf and path, or eval_engine: policy"
+            )
         for name in ("d_model", "n_layers", "n_heads", "max_len"):
             _at_least(f"{path}.{name}", getattr(self, name), 1)
         if self.d_model % self.n_heads:

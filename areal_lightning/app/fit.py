@@ -12,6 +12,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from areal_lightning.app.config import (
     CONFIG_FILENAME,
@@ -25,6 +26,9 @@ from areal_lightning.app.config import (
 from areal_lightning.app.console import fail, log, quiet_lightning
 from areal_lightning.tracking.writable import option_problem
 
+if TYPE_CHECKING:
+    from areal_lightning.app.interrupt import StopOnSignal
+
 RUN_ENV = "AREAL_LIGHTNING_RUN"
 """How the launching process hands its decision (run id, trial name) to the processes Lightning
 starts for the other devices: they re-run this command and inherit its environment."""
@@ -34,6 +38,7 @@ starts for the other devices: they re-run this command and inherit its environme
 class _Run:
     cfg: Config
     resumed_from_step: int | None = None
+    wandb_step: int | None = None  # the checkpoint's W&B rewind point
 
 
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,7 +98,7 @@ def _decide_run(args: argparse.Namespace, cfg: Config) -> _Run | str:
                 "resume into the run's own output_dir, or a fresh one (another trial_name=...)"
             )
         cfg.run_id = run_id
-        return _Run(cfg, resumed_from_step=ckpt.step)
+        return _Run(cfg, resumed_from_step=ckpt.step, wandb_step=ckpt.wandb_step)
     if args.new_run:
         try:
             cfg = next_free_trial(cfg, lambda extra: load_config(args.config, [*args.overrides, *extra]))
@@ -185,7 +190,8 @@ def fit_main(args: argparse.Namespace) -> int:
     import lightning as L
 
     from areal_lightning.app.builders import build_callback, build_trainer
-    from areal_lightning.app.runs import last_logged_eval_step, latest_csv_version
+    from areal_lightning.app.interrupt import StopOnSignal
+    from areal_lightning.app.runs import CHECKPOINT_DIRNAME, LAST_CHECKPOINT, last_logged_eval_step, latest_csv_version
     from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.tracking.wandb_logger import finish_wandb
 
@@ -194,29 +200,93 @@ def fit_main(args: argparse.Namespace) -> int:
     L.seed_everything(cfg.seed, verbose=False)
     module = GRPOModule.from_config(cfg)
     module.warmed_up = args.ckpt is not None  # the checkpoint holds warmed-up weights: no second warm-up
+    stop = StopOnSignal(Path(cfg.output_dir) / CHECKPOINT_DIRNAME / LAST_CHECKPOINT)
     trainer = build_trainer(
         cfg,
         [build_callback(cfg)],
+        last_callbacks=[stop],
         csv_version=latest_csv_version(cfg.output_dir) if resumed else None,
+        rewind_wandb_to=run.wandb_step if resumed else None,
         logged_eval_through=last_logged_eval_step(cfg.output_dir, cfg.run_id) if resumed else None,
     )
     if trainer.is_global_zero:
         log.info("run %s in %s; config saved to %s", cfg.run_id, cfg.output_dir, _save_config(run))
         if resumed:
             _record_resume(run, args.ckpt)
+    status = _fit_as_run(trainer, module, args.ckpt, cfg, stop)
+    finish_wandb(trainer.loggers, exit_code=status)  # Lightning leaves the W&B run open
+    if status:
+        if trainer.is_global_zero:
+            _report_stop(args, cfg, stop, trainer.global_step)
+        return status
+    if trainer.is_global_zero:
+        _plot_run(Path(cfg.output_dir))
+    return 0
+
+
+def _fit_as_run(trainer: Any, module: Any, ckpt: str | None, cfg: Config, stop: Any) -> int:
+    """`trainer.fit` with the run's identity in the environment (processes the launcher starts
+    inherit it); the exit status: 0, or the signal's status when `stop` saw one end training."""
+    from areal_lightning.app.interrupt import signal_exit_status
+    from areal_lightning.tracking.wandb_logger import finish_wandb
+
     saved_env = os.environ.get(RUN_ENV)
     os.environ[RUN_ENV] = json.dumps({"run_id": cfg.run_id, "trial_name": cfg.trial_name})
     try:
-        trainer.fit(module, ckpt_path=args.ckpt)
+        trainer.fit(module, ckpt_path=ckpt)
+    except BaseException:
+        # Lightning ends a Ctrl-C with sys.exit(1) and re-raises SIGTERMException: `stop` saw which.
+        if stop.stopped_by is None:
+            finish_wandb(trainer.loggers, exit_code=1)
+            raise
+        return signal_exit_status(stop.stopped_by)
     finally:
-        finish_wandb(trainer.loggers)  # Lightning leaves the W&B run open
         if saved_env is None:
             os.environ.pop(RUN_ENV, None)
         else:
             os.environ[RUN_ENV] = saved_env
-    if trainer.is_global_zero:
-        _plot_run(Path(cfg.output_dir))
     return 0
+
+
+def _report_stop(args: argparse.Namespace, cfg: Config, stop: StopOnSignal, step: int) -> None:
+    """The stop in the eval history (an ``interrupted`` event) and on stderr, with the command that
+    resumes the run from the newest checkpoint."""
+    from areal_lightning.app.runs import resume_command
+    from areal_lightning.tracking.history import EvalHistory
+    from areal_lightning.tracking.records import event_record
+
+    assert stop.stopped_by is not None
+    name = stop.stopped_by.name
+    if stop.saved_step is not None:
+        step = stop.saved_step
+        what = f"training stopped by {name} after step {step}; checkpoint of that step: {stop.path}"
+    elif stop.path.is_file():
+        what = (
+            f"training stopped by {name} at once during step {step + 1}, without a new checkpoint; "
+            f"the latest is {stop.path}"
+        )
+    else:
+        what = f"training stopped by {name} at once during step {step + 1}, before any checkpoint"
+    command = (
+        resume_command(args.config, args.overrides, stop.path, trial_name=cfg.trial_name if args.new_run else None)
+        if stop.path.is_file()
+        else None
+    )
+    message = f"{what}; resume with: {command}" if command else f"{what}; nothing to resume from"
+    EvalHistory.in_run_dir(cfg.output_dir).append(
+        event_record(
+            "interrupted",
+            step,
+            run_id=cfg.run_id,
+            message=message,
+            signal=name,
+            checkpoint=str(stop.path) if command else None,
+            resume_command=command,
+        )
+    )
+    log.warning("%s", what)
+    if command:
+        log.warning("resume with:\n  %s", command)
 
 
 def _plot_run(run_dir: Path) -> None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from areal_lightning.app.config import Config, PolicyKind, TaskName
+from areal_lightning.app.config import Config, EvalEngine, PolicyKind, TaskName
 
 if TYPE_CHECKING:
     from areal_lightning.rl.policy import Policy
     from areal_lightning.rl.task import RLTask
+    from areal_lightning.rl.vllm_policy import VLLMEvaluator
 
 
 def build_task(cfg: Config) -> RLTask:
@@ -62,3 +63,19 @@ def build_policy(cfg: Config, task: RLTask) -> Policy:
 
     tok = task.tokenizer  # type: ignore[attr-defined]  # the config pairs the tiny policy with arithmetic
     return TinyPolicy(tok.vocab_size, p.d_model, p.n_layers, p.n_heads, p.max_len, pad_id=tok.pad_id, eos_id=tok.eos_id)
+
+
+def build_eval_generate(cfg: Config) -> VLLMEvaluator | None:
+    """The evaluation's generation engine of ``policy.eval_engine``: a `VLLMEvaluator` for ``vllm``,
+    None (the policy's own `generate`) for ``policy``. The engine itself starts on the first round.
+
+    Example:
+        >>> from areal_lightning.app.config import load_config
+        >>> build_eval_generate(load_config(None, ["eval_sets.easy.size=5"])) is None
+        True
+    """
+    if cfg.policy.eval_engine is not EvalEngine.VLLM:
+        return None
+    from areal_lightning.rl.vllm_policy import VLLMEvaluator
+
+    return VLLMEvaluator(cfg.policy.vllm.build())

@@ -10,6 +10,7 @@ continues the run under it, including its W&B run and its CSV version.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +25,12 @@ from areal_lightning.tracking.history import HISTORY_FILENAME, eval_rows, read_h
 
 RUN_ID_KEY = "run_id"
 """Where a checkpoint and ``config.yaml`` keep the run's id."""
+WANDB_STEP_KEY = "wandb_step"
+"""Where a checkpoint keeps the ``_step`` of the last row its W&B run held when it was saved."""
 CHECKPOINT_DIRNAME = "checkpoints"
 """Checkpoints go to ``<output_dir>/checkpoints`` (``last.ckpt`` and ``step<N>.ckpt``)."""
+LAST_CHECKPOINT = "last.ckpt"
+"""The newest checkpoint of a run (Lightning's ``save_last``, and the one written on a stop signal)."""
 CSV_DIRNAME = "csv"
 """Lightning's CSV logs go to ``<output_dir>/csv/version_<n>/metrics.csv``."""
 WANDB_DIRNAME = "wandb"
@@ -111,11 +116,39 @@ class CheckpointRun:
     """The id of the run that wrote it; None for a checkpoint written before run ids."""
     step: int
     """The global step it was saved at."""
+    wandb_step: int | None = None
+    """The ``_step`` of the last row of the run's W&B run when it was saved: where a resumed
+    session rewinds the W&B run to. None: no W&B row then (or a checkpoint from before)."""
 
 
 def checkpoint_run(ckpt: dict[str, Any]) -> CheckpointRun:
-    """The run id and step of a loaded Lightning checkpoint (see `evaluate.load_checkpoint`)."""
-    return CheckpointRun(run_id=ckpt.get(RUN_ID_KEY), step=int(ckpt["global_step"]))
+    """The run id, step and W&B rewind point of a loaded Lightning checkpoint (see
+    `evaluate.load_checkpoint`)."""
+    wandb_step = ckpt.get(WANDB_STEP_KEY)
+    return CheckpointRun(
+        run_id=ckpt.get(RUN_ID_KEY),
+        step=int(ckpt["global_step"]),
+        wandb_step=None if wandb_step is None else int(wandb_step),
+    )
+
+
+def resume_command(config: str | None, overrides: list[str], ckpt: str | Path, trial_name: str | None = None) -> str:
+    """The shell command that resumes a run from `ckpt`: the user's config and overrides (a later
+    ``--ckpt`` replaces an earlier one), with `trial_name` pinned when ``--new-run`` moved the run.
+
+    Example:
+        >>> resume_command("grpo.yaml", ["trainer.max_steps=50"], "runs/x/checkpoints/last.ckpt")
+        'areal-lightning fit -c grpo.yaml trainer.max_steps=50 --ckpt runs/x/checkpoints/last.ckpt'
+        >>> resume_command("my config.yaml", [], "c.ckpt", trial_name="t-1")
+        "areal-lightning fit -c 'my config.yaml' trial_name=t-1 --ckpt c.ckpt"
+    """
+    words = ["areal-lightning", "fit"]
+    if config is not None:
+        words += ["-c", config]
+    words += [o for o in overrides if not o.startswith("trial_name=")] if trial_name else list(overrides)
+    if trial_name:
+        words.append(f"trial_name={trial_name}")
+    return shlex.join([*words, "--ckpt", str(ckpt)])
 
 
 def latest_csv_version(output_dir: str | Path) -> int | None:
@@ -145,7 +178,9 @@ def last_logged_eval_step(output_dir: str | Path, run_id: str) -> int | None:
 
 class RunIdentity(Callback):
     """Writes the run's id into every checkpoint (``checkpoint["run_id"]``), so that a resumed
-    run, and ``evaluate`` of any of its checkpoints, know which run the weights belong to.
+    run, and ``evaluate`` of any of its checkpoints, know which run the weights belong to; and the
+    ``_step`` of the W&B run's last row (``checkpoint["wandb_step"]``), where a resumed session
+    rewinds the W&B run to (rank 0 alone talks to W&B, and writes the checkpoint).
 
     Args:
         run_id: the run's id.
@@ -163,6 +198,12 @@ class RunIdentity(Callback):
     @override
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         checkpoint[RUN_ID_KEY] = self.run_id
+        if trainer is not None and trainer.is_global_zero:
+            from areal_lightning.tracking.wandb_logger import last_logged_step
+
+            wandb_step = last_logged_step(trainer.loggers)
+            if wandb_step is not None:
+                checkpoint[WANDB_STEP_KEY] = wandb_step
 
 
 __all__ = [
@@ -174,6 +215,7 @@ __all__ = [
     "last_logged_eval_step",
     "latest_csv_version",
     "next_free_trial",
+    "resume_command",
     "run_files",
     "run_id_in_dir",
     "used_dir_message",

@@ -13,6 +13,7 @@ from areal_lightning.errors import ArgumentError
 _KEY_EVAL = "eval_secs"
 _KEY_WALL = "wall_secs"
 _KEY_LAST = "last_round_secs"
+_KEY_DEFERRED = "deferred"
 
 
 class EvalBudget:
@@ -35,7 +36,8 @@ class EvalBudget:
         >>> budget.start()
         >>> budget.allows()
         True
-        >>> now[0] = 1.0; budget.add_round(1.0)   # a 1 s round after no training
+        >>> now[0] = 1.0; budget.add_round(1.0)   # a 1 s round after no training; none deferred before it
+        0
         >>> now[0] = 10.0; budget.allows()        # 2 s of 11 would be 18%
         False
         >>> now[0] = 19.0; budget.allows(), round(budget.spent_share(), 3)  # 2 of 20 s: 10%
@@ -56,6 +58,7 @@ class EvalBudget:
         self._banked_wall = 0.0
         self._running_since: float | None = None
         self._last_round: float | None = None
+        self._deferred = 0
 
     def start(self) -> None:
         """Training (re)starts: wall time counts from now (the downtime of a resume does not)."""
@@ -78,10 +81,17 @@ class EvalBudget:
         estimate = self._last_round
         return self._eval_secs + estimate <= self.share * (self.wall_secs() + estimate)
 
-    def add_round(self, secs: float) -> None:
-        """A round took `secs` seconds (of the same wall clock)."""
+    def defer(self) -> None:
+        """A round fell due and `allows` said no."""
+        self._deferred += 1
+
+    def add_round(self, secs: float) -> int:
+        """A round took `secs` seconds (of the same wall clock); returns how many rounds were
+        deferred since the previous one (a resumed run counts on from its checkpoint)."""
         self._eval_secs += float(secs)
         self._last_round = float(secs)
+        deferred, self._deferred = self._deferred, 0
+        return deferred
 
     def spent_share(self) -> float:
         """Evaluation seconds over wall seconds since training started (0 before any time passed)."""
@@ -89,12 +99,18 @@ class EvalBudget:
         return self._eval_secs / wall if wall > 0 else 0.0
 
     def state_dict(self) -> dict[str, Any]:
-        return {_KEY_EVAL: self._eval_secs, _KEY_WALL: self.wall_secs(), _KEY_LAST: self._last_round}
+        return {
+            _KEY_EVAL: self._eval_secs,
+            _KEY_WALL: self.wall_secs(),
+            _KEY_LAST: self._last_round,
+            _KEY_DEFERRED: self._deferred,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._eval_secs = float(state.get(_KEY_EVAL, 0.0))
         self._banked_wall = float(state.get(_KEY_WALL, 0.0))
         last = state.get(_KEY_LAST)
         self._last_round = None if last is None else float(last)
+        self._deferred = int(state.get(_KEY_DEFERRED, 0))
         if self._running_since is not None:
             self._running_since = self._clock()

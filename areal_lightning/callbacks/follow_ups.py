@@ -88,7 +88,11 @@ class DriftCheck(FollowUp):
 
 
 class PairedDeltas(FollowUp):
-    """Adds the paired change since the previous and the best round to the sets evaluated now."""
+    """Adds the paired change since the previous and the best round to the sets evaluated now; its
+    state (every rank's outcomes: a collective under DDP) lets the first round after a resume pair."""
+
+    state_key = "pairs"
+    keeps = "pairs"
 
     def __init__(self, pairs: PairedRounds) -> None:
         self.pairs = pairs
@@ -108,25 +112,23 @@ class BudgetShare(FollowUp):
     def __init__(self, budget: EvalBudget) -> None:
         self.budget = budget
         self.deferred_steps: list[int] = []
-        self._deferred_since_round = 0
 
     def allows(self, step: int) -> bool:
         """A round at `step` keeps the budget; a deferred step is remembered."""
         if self.budget.allows():
             return True
         self.deferred_steps.append(step)
-        self._deferred_since_round += 1
+        self.budget.defer()
         return False
 
     def start(self, trainer: L.Trainer, eval_sets: Sequence[EvalSet], recorder: EvalRecorder) -> None:
         self.budget.start()
 
     def observe(self, trainer: L.Trainer, done: Finished, recorder: EvalRecorder) -> None:
-        self.budget.add_round(done.blocked_secs)
+        deferred = self.budget.add_round(done.blocked_secs)  # rounds deferred since the previous one
         share = self.budget.spent_share()
         done.extras["budget_share"] = share
-        done.fields.update(budget_share=share, deferred=self._deferred_since_round)
-        self._deferred_since_round = 0
+        done.fields.update(budget_share=share, deferred=deferred)
 
     def stop(self) -> None:
         self.budget.stop()

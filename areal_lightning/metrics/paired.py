@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 import torch
 from torch import Tensor
@@ -25,6 +25,8 @@ from areal_lightning.metrics.exact import add_squares, add_values, merge_sums, n
 from areal_lightning.metrics.float64_states import Float64StateMetric
 
 DEFAULT_CONFIDENCE = 0.95
+_KEY_PREVIOUS = "previous"
+_KEY_BEST = "best"
 _CF_MAX_ITER = 300
 _CF_EPS = 1e-15
 _CF_TINY = 1e-300
@@ -207,14 +209,38 @@ def change_metrics(metric: str, reference: str, change: Change) -> dict[str, flo
     return {key: change.delta, f"{key}_ci_low": change.low, f"{key}_ci_high": change.high}
 
 
+Outcomes: TypeAlias = dict[int, float]
+"""Per-prompt outcomes of one metric in one round: ``{sample index: value}``."""
+
+
+def _every_rank(obj: Any) -> list[Any]:
+    """Every rank's `obj`, indexed by rank; ``[obj]`` without a process group."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return [obj]
+    out: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def _union(parts: list[dict[str, dict[str, Outcomes]]]) -> dict[str, dict[str, Outcomes]]:
+    """The outcomes of every part, per eval set and metric (the parts hold disjoint prompts)."""
+    merged: dict[str, dict[str, Outcomes]] = {}
+    for part in parts:
+        for dataset, per_metric in part.items():
+            for metric, outcomes in per_metric.items():
+                merged.setdefault(dataset, {}).setdefault(metric, {}).update(outcomes)
+    return merged
+
+
 class PairedRounds:
     """Per-prompt outcomes of the previous and of the best round, per eval set and metric, kept on
     the rank that evaluated them; `update` returns the reduced changes of a new round.
 
     The deal of prompts to ranks is deterministic, so at a fixed world size each rank gets the
-    same prompts every round and pairs its own. The outcomes are not checkpointed (they are
-    spread over ranks): after a resume pairing starts again, and the first round after it
-    reports no change. "Best" is the round with the highest reduced value of the metric.
+    same prompts every round and pairs its own. The checkpointed state (`state_dict`) holds every
+    rank's outcomes, keyed by sample index, so that the first round after a resume pairs with the
+    round before it, on any number of ranks. "Best" is the round with the highest reduced value
+    of the metric.
 
     Every rank must call `update` for the same eval sets with the same `names` (the union over
     ranks, as `SetResult.outcome_names` is): it runs one gather per name and reference.
@@ -230,10 +256,39 @@ class PairedRounds:
 
     def __init__(self, confidence: float = DEFAULT_CONFIDENCE) -> None:
         self.confidence = _check_confidence(confidence, "PairedRounds")
-        self._previous: dict[str, dict[str, dict[int, float]]] = {}
-        self._best: dict[str, dict[str, tuple[float, dict[int, float]]]] = {}
+        self._previous: dict[str, dict[str, Outcomes]] = {}
+        self._best: dict[str, dict[str, tuple[float, Outcomes]]] = {}
         self.last_changes: dict[str, dict[str, Change]] = {}
         """The changes since the previous round of the latest `update`, per eval set and metric."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The previous and the best round's outcomes of every rank, and the best values.
+
+        Under torch.distributed this gathers from every rank, so every rank must call it at the
+        same point (Lightning builds a checkpoint's state on every rank).
+        """
+        best_values = {d: {m: value for m, (value, _) in per.items()} for d, per in self._best.items()}
+        best_outcomes = {d: {m: outcomes for m, (_, outcomes) in per.items()} for d, per in self._best.items()}
+        parts = _every_rank((self._previous, best_outcomes))
+        best = _union([b for _, b in parts])
+        return {
+            _KEY_PREVIOUS: _union([p for p, _ in parts]),
+            _KEY_BEST: {d: {m: [best_values[d][m], o] for m, o in per.items()} for d, per in best.items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores a `state_dict`; a missing key leaves nothing to pair with (a checkpoint from before
+        paired rounds were saved). Each rank keeps every rank's outcomes: pairing takes the indices
+        that the new round and the saved one share, so each rank pairs its own prompts."""
+        self._previous = {
+            d: {m: {int(i): float(v) for i, v in o.items()} for m, o in per.items()}
+            for d, per in state.get(_KEY_PREVIOUS, {}).items()
+        }
+        self._best = {
+            d: {m: (float(value), {int(i): float(v) for i, v in o.items()}) for m, (value, o) in per.items()}
+            for d, per in state.get(_KEY_BEST, {}).items()
+        }
+        self.last_changes = {}
 
     def reset(self, dataset: str) -> None:
         """Forget an eval set's rounds (its content changed: the next round has nothing to pair with)."""

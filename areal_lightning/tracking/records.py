@@ -9,7 +9,7 @@ import time as _time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-EVENT_KINDS = ("alert", "error", "resume", "adaptive", "drift", "skipped")
+EVENT_KINDS = ("alert", "error", "resume", "adaptive", "drift", "skipped", "interrupted")
 """Accepted values of a record's ``"event"`` key."""
 
 EVAL_MODES = ("sync", "async")
@@ -126,7 +126,9 @@ def event_record(
         event: ``"alert"`` (a metric crossed a threshold), ``"error"`` (a round failed) or
             ``"resume"`` (the run went on from a checkpoint of ``step``: its records of later
             steps written before this one are superseded, see `drop_superseded`).
-            ``"skipped"`` (an async round fell due while the previous one still ran).
+            ``"skipped"`` (an async round fell due while the previous one still ran),
+            ``"interrupted"`` (a signal stopped training; the record names the checkpoint and the
+            command that resumes the run).
         step: global step of the weights concerned.
         dataset: eval set name, or None when the event is not about one eval set.
         run_id: the run the event belongs to.

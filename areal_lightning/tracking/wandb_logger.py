@@ -17,9 +17,14 @@ evaluated global step, the x axis of every eval chart), the same value as
 * ``trainer/global_step`` in the row: a key that falls to ``*`` (a table's sub-keys) would
   otherwise get the *latest* training step inserted by ``step_sync``.
 
-A run continues after ``fit --ckpt`` when the logger is built with the same ``id`` (Lightning
-passes W&B's ``resume="allow"``); `SafeWandbLogger(logged_eval_through=N)` then skips eval
-rounds of steps up to ``N``, which the run's earlier session already logged.
+A run continues after ``fit --ckpt`` under the same ``id``. The checkpoint holds the ``_step`` of
+the last row the run had logged when it was saved (`last_logged_step`);
+`SafeWandbLogger(rewind_to=N)` continues the run with W&B's rewind (``resume_from="<id>?_step=N"``),
+so the rows a dead session logged after its checkpoint are dropped and the resumed session logs
+those steps once, afresh. Offline, the resumed session's file carries the rewind point (its run
+record's ``branch_point``) and W&B applies it when the files are synced. Where W&B refuses the
+rewind (a server without it), the logger falls back to ``resume="allow"`` and skips eval rounds of
+steps up to `logged_eval_through`, which the earlier session already logged.
 
 wandb quirks worked around here (wandb 0.31, Lightning 2.6):
 
@@ -45,11 +50,10 @@ from lightning.fabric.loggers.logger import _DummyExperiment, rank_zero_experime
 from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from areal_lightning.eval_round import SetResult
 from areal_lightning.tracking.history import HISTORY_FILENAME
 
 if TYPE_CHECKING:
-    from wandb.sdk.wandb_alerts import AlertLevel
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +70,6 @@ SAMPLES_KEY = "samples"
 # user put in `trainer.loggers` is guarded too. Weak keys: no logger is kept alive.
 _failures: weakref.WeakKeyDictionary[WandbLogger, str] = weakref.WeakKeyDictionary()
 _failures_lock = threading.Lock()
-# Eval keys already given their x axis, per wandb run (weak keys: a finished run may go away).
-_defined_keys: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
-_defined_lock = threading.Lock()
 
 
 # ---- failure handling --------------------------------------------------------------------------
@@ -145,8 +146,11 @@ class SafeWandbLogger(WandbLogger):
 
     Args:
         history_file: the eval history file the failure warning points users to.
+        rewind_to: continue the run ``id`` from its row ``_step == rewind_to`` (W&B's rewind): its
+            later rows are dropped. None: append to the run.
         logged_eval_through: the last evaluated step this W&B run already holds (its earlier
-            session logged it before a crash); rounds of steps up to it are not logged again.
+            session logged it before a crash); without a rewind (none asked, or W&B refused it),
+            rounds of steps up to it are not logged again.
 
     Example:
         >>> lg = SafeWandbLogger(project="demo", offline=True, save_dir="runs/demo", id="r1")
@@ -155,15 +159,29 @@ class SafeWandbLogger(WandbLogger):
     """
 
     def __init__(
-        self, *args: Any, history_file: str | Path | None = None, logged_eval_through: int | None = None, **kwargs: Any
+        self,
+        *args: Any,
+        history_file: str | Path | None = None,
+        rewind_to: int | None = None,
+        logged_eval_through: int | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.history_file = history_file
-        self.logged_eval_through = logged_eval_through
+        self.rewind_to = rewind_to
+        # With a rewind the resumed session logs every step after the rewind point afresh.
+        self.logged_eval_through = None if rewind_to is not None else logged_eval_through
+        self._eval_through_without_rewind = logged_eval_through
         # Lightning always passes anonymous=None (a wandb deprecation warning); its init kwargs
         # are only reachable through the private dict.
         if self._wandb_init.get("anonymous") is None:
             self._wandb_init.pop("anonymous", None)
+        if rewind_to is not None:
+            if self._id is None:
+                raise ValueError("SafeWandbLogger(rewind_to=...) needs the id of the run to rewind (id=...)")
+            # wandb refuses `resume` beside `resume_from`; Lightning always passes resume="allow".
+            self._wandb_init.pop("resume", None)
+            self._wandb_init["resume_from"] = f"{self._id}?_step={int(rewind_to)}"
 
     @property
     def failure(self) -> str | None:
@@ -172,6 +190,28 @@ class SafeWandbLogger(WandbLogger):
 
     def _start_run(self) -> Any:
         _prepare_save_dir(self.save_dir)
+        if "resume_from" not in self._wandb_init:
+            return self._init_run()
+        try:
+            return self._init_run()
+        except Exception as err:  # noqa: BLE001 - a refused rewind still leaves a run to continue
+            log.warning(
+                "W&B refused to rewind run %s to _step %s (%s: %s); the run continues without rewinding: "
+                "rows its earlier session logged after the checkpoint stay, and eval rounds up to step %s "
+                "are not logged again",
+                self._id,
+                self.rewind_to,
+                type(err).__name__,
+                err,
+                self._eval_through_without_rewind,
+            )
+            self._wandb_init.pop("resume_from")
+            self._wandb_init["resume"] = "allow"
+            self.rewind_to = None
+            self.logged_eval_through = self._eval_through_without_rewind
+            return self._init_run()
+
+    def _init_run(self) -> Any:
         saved_mode = os.environ.get("WANDB_MODE")
         try:
             return WandbLogger.experiment.fget(self)  # type: ignore[attr-defined]
@@ -241,121 +281,19 @@ def _started_run(logger: WandbLogger) -> Any:
     return logger._experiment
 
 
-# ---- eval rounds -------------------------------------------------------------------------------
-
-
-def _cell(value: Any) -> Any:
-    # Tensors and numpy scalars become plain Python numbers; everything else goes as it is.
-    return value.item() if hasattr(value, "item") and callable(value.item) else value
-
-
-def samples_table(rows: Sequence[Mapping[str, Any]]) -> Any:
-    """A ``wandb.Table`` of `rows`: a column per key of any row, in first-seen order; a key a row
-    lacks is an empty cell.
-
-    Example:
-        >>> table = samples_table([{"prompt": "1+2=", "completion": "03"}, {"prompt": "2+2=", "reward": 1.0}])
-        >>> table.columns, table.data
-        (['prompt', 'completion', 'reward'], [['1+2=', '03', None], ['2+2=', None, 1.0]])
-    """
-    import wandb
-
-    columns = list(dict.fromkeys(key for row in rows for key in row))
-    data = [[_cell(row.get(c)) for c in columns] for row in rows]
-    # A reward that is an int in one row and a float in the next is not worth losing W&B over.
-    # (wandb annotates `columns` as list[str | int]; a list[str] is not one, lists being invariant.)
-    return wandb.Table(columns=[*columns], data=data, allow_mixed_types=True)
-
-
-def _define_eval_axis(run: Any, keys: Sequence[str]) -> None:
-    """Give `keys` the x axis ``eval/step``, each key once per run, before its first log."""
-    with _defined_lock:
-        defined = _defined_keys.setdefault(run, set())
-        if EVAL_STEP_KEY not in defined:
-            # The axis itself first, exactly, so that no glob claims it.
-            run.define_metric(EVAL_STEP_KEY)
-            run.define_metric(EVAL_GLOB, step_metric=EVAL_STEP_KEY)
-            defined.add(EVAL_STEP_KEY)
-        for key in keys:
-            if key not in defined:
-                run.define_metric(key, step_metric=EVAL_STEP_KEY)
-                defined.add(key)
-
-
-def _log_round(logger: WandbLogger, metrics: Mapping[str, float], results: Sequence[SetResult], step: int) -> None:
-    run = logger.experiment
-    if wandb_failure(logger) is not None:
-        return
-    _define_eval_axis(run, list(metrics))
-    row: dict[str, Any] = {**metrics, EVAL_STEP_KEY: step, TRAINER_STEP_KEY: step}
-    for result in results:
-        if result.table_rows:
-            row[f"eval/{result.dataset}/{SAMPLES_KEY}"] = samples_table(result.table_rows)
-    run.log(row)
-
-
-@rank_zero_only
-def log_eval_round(logger: WandbLogger, metrics: Mapping[str, float], results: Sequence[SetResult], step: int) -> None:
-    """One eval round as one row of `logger`'s run, on the ``eval/step`` axis; never raises.
-
-    Args:
-        logger: a `WandbLogger` (a `SafeWandbLogger` skips steps up to its `logged_eval_through`).
-        metrics: the round flattened to ``eval/<set>/<metric>`` (`loggers.eval_metric_dict`).
-        results: the round's `SetResult`s; those with `table_rows` get a sample table.
-        step: the global step whose weights were evaluated.
-    """
-    already = getattr(logger, "logged_eval_through", None)
-    if already is not None and step <= already:
-        log.info(
-            "eval round of step %d not logged to W&B: the run's earlier session logged steps up to %d", step, already
-        )
-        return
-    call_wandb(logger, "logging eval metrics", _log_round, logger, metrics, results, step)
-
-
-# ---- alerts and the end of a run ---------------------------------------------------------------
-
-
-def alert_level(level: str | AlertLevel) -> AlertLevel:
-    """`level` as a ``wandb.AlertLevel`` (names in any case).
-
-    Raises:
-        ValueError: `level` is not INFO, WARN or ERROR.
-
-    Example:
-        >>> alert_level("warn")
-        <AlertLevel.WARN: 'WARN'>
-    """
-    from wandb.sdk.wandb_alerts import AlertLevel
-
-    try:
-        return AlertLevel(str(getattr(level, "value", level)).upper())
-    except ValueError:
-        accepted = ", ".join(m.value for m in AlertLevel)
-        raise ValueError(f"send_alert(level=...) must be one of {accepted}, got {level!r}") from None
-
-
-def _alert_run(logger: WandbLogger, title: str, text: str, level: AlertLevel) -> None:
-    import wandb
-
-    run = logger.experiment
-    if wandb_failure(logger) is not None or not isinstance(run, wandb.Run):
-        return
-    # `_is_finished`: wandb has no public "finished" flag, and alerting a finished run raises.
-    if run.offline or run.disabled or getattr(run, "_is_finished", False):
-        log.debug(
-            "W&B alert %r not sent: the run is offline, disabled or finished (only a live online run "
-            "can alert); it stays in the log and the eval history",
-            title,
-        )
-        return
-    run.alert(title=title, text=text, level=level)
-
-
-@rank_zero_only
-def send_wandb_alert(logger: WandbLogger, title: str, text: str, level: AlertLevel) -> None:
-    """``run.alert(...)`` if `logger`'s run is live and online; W&B failures never raise."""
-    call_wandb(logger, f"sending the alert {title!r}", _alert_run, logger, title, text, level)
+def last_logged_step(loggers: Sequence[Logger]) -> int | None:
+    """The ``_step`` of the last row that the first started W&B run among `loggers` logged, i.e. the
+    point to rewind it to when training resumes from a checkpoint taken now; None without such a
+    run (not started, failed, or no W&B logger) or before its first row."""
+    for logger in loggers:
+        if isinstance(logger, WandbLogger) and wandb_failure(logger) is None:
+            run = _started_run(logger)
+            if run is not None:
+                # `step` is the next row's; a rewound session reports 0 until its first row, and
+                # its `starting_step` (the row after the rewind point) until then.
+                steps = call_wandb(logger, "reading the run's step", lambda r: max(r.step, r.starting_step), run)
+                return None if steps is None or steps == 0 else int(steps) - 1
+    return None
 
 
 @rank_zero_only
@@ -376,11 +314,8 @@ def finish_wandb(loggers: Sequence[Logger], exit_code: int = 0) -> None:
 __all__ = [
     "EVAL_STEP_KEY",
     "SafeWandbLogger",
-    "alert_level",
     "call_wandb",
     "finish_wandb",
-    "log_eval_round",
-    "samples_table",
-    "send_wandb_alert",
+    "last_logged_step",
     "wandb_failure",
 ]
