@@ -44,7 +44,6 @@ from areal_lightning.callbacks.reward_watch import DEFAULT_MIN_TRAIN_RISE, DEFAU
 from areal_lightning.callbacks.thresholds import ThresholdMonitor
 from areal_lightning.callbacks.trigger import HybridTrigger
 from areal_lightning.errors import ArgumentError
-from areal_lightning.eval_round.cache import CACHE_DIRNAME, UncacheableError, function_identity
 from areal_lightning.eval_round.precision import EvalPrecision
 
 OWNER = "EvaluationCallback"
@@ -223,6 +222,8 @@ class RoundSettings:
 
     def cache_path(self, output_dir: Path) -> Path | None:
         """Where the result cache lives under a run's `output_dir`; None with the cache off."""
+        from areal_lightning.eval_round.cache import CACHE_DIRNAME  # torch: not when a config only loads
+
         if not self.cache:
             return None
         return Path(self.cache_dir) if self.cache_dir is not None else output_dir / CACHE_DIRNAME
@@ -275,6 +276,8 @@ def check_cacheable(rounds: RoundSettings, evaluate_fn: Callable[..., Any] | Non
         ValueError: naming what the cache cannot key and the way out.
     """
     if rounds.cache and evaluate_fn is not None:
+        from areal_lightning.eval_round.cache import UncacheableError, function_identity  # torch: only here
+
         try:
             function_identity(evaluate_fn)
         except UncacheableError as err:
