@@ -6,8 +6,9 @@ subpackage can be used without importing Lightning or W&B.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from areal_lightning.lazy import lazy_exports
 
 __version__ = "0.2.0.dev0"
 
@@ -17,6 +18,14 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
         EvaluationCallback as EvaluationCallback,
         HybridTrigger as HybridTrigger,
         ThresholdMonitor as ThresholdMonitor,
+    )
+    from areal_lightning.callbacks.settings import (
+        AdaptiveSettings as AdaptiveSettings,
+        Decisions as Decisions,
+        Execution as Execution,
+        RewardWatchSettings as RewardWatchSettings,
+        RoundSettings as RoundSettings,
+        Schedule as Schedule,
     )
     from areal_lightning.eval_round import (
         EvalBatch as EvalBatch,
@@ -50,6 +59,12 @@ _EXPORTS = {
     "EvaluationCallback": "areal_lightning.callbacks",
     "HybridTrigger": "areal_lightning.callbacks",
     "ThresholdMonitor": "areal_lightning.callbacks",
+    "Schedule": "areal_lightning.callbacks.settings",
+    "Execution": "areal_lightning.callbacks.settings",
+    "RoundSettings": "areal_lightning.callbacks.settings",
+    "Decisions": "areal_lightning.callbacks.settings",
+    "AdaptiveSettings": "areal_lightning.callbacks.settings",
+    "RewardWatchSettings": "areal_lightning.callbacks.settings",
     "EvalBatch": "areal_lightning.eval_round",
     "EvalContext": "areal_lightning.eval_round",
     "EvalRoundError": "areal_lightning.eval_round",
@@ -83,13 +98,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'areal_lightning' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -81,11 +81,12 @@ def _fit(kind: str, args: argparse.Namespace, tmp: str) -> float:
         callbacks.append(
             EvaluationCallback(
                 build_eval_sets(cfg, module.task),
-                freq_steps=args.every,
-                eval_at_end=False,
-                mode="sync" if kind == "sync" else "async",
-                on_busy="wait",
-                async_threads=args.async_threads,
+                schedule={"freq_steps": args.every, "eval_at_end": False},
+                execution={
+                    "mode": "sync" if kind == "sync" else "async",
+                    "on_busy": "wait",
+                    "async_threads": args.async_threads,
+                },
                 output_dir=f"{tmp}/{kind}",
                 seed=SEED,
             )

@@ -133,10 +133,7 @@ def _make_callback(steps: int) -> EvaluationCallback:
     return EvaluationCallback(
         {"unused": [0]},
         _no_evaluation,
-        freq_steps=steps + 1,
-        freq_secs=NEVER_SECS,
-        eval_before_train=False,
-        eval_at_end=False,
+        schedule={"freq_steps": steps + 1, "freq_secs": NEVER_SECS, "eval_before_train": False, "eval_at_end": False},
     )
 
 

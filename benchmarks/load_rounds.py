@@ -94,7 +94,11 @@ def run(steps: int, every: int, out_dir: Path) -> dict[str, Any]:
     last_round = steps // every
     probe = _RssAfterRounds(every, {EARLY_ROUND, last_round})
     callback = EvaluationCallback(
-        EVAL_SETS, _evaluate, freq_steps=every, eval_at_end=False, output_dir=out_dir, max_table_rows=4
+        EVAL_SETS,
+        _evaluate,
+        schedule={"freq_steps": every, "eval_at_end": False},
+        rounds={"max_table_rows": 4},
+        output_dir=out_dir,
     )
     trainer = make_trainer(out_dir, [callback, probe], steps)  # the probe runs after the round of the same step
     start = time.perf_counter()

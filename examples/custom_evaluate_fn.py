@@ -123,9 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     callback = EvaluationCallback(
         {"dev": sentences(args.eval_size, seed=1)},
         evaluate_translation,
-        freq_steps=args.eval_every,
-        eval_before_train=True,
-        metric_thresholds={"bleu": 0.5, "accuracy": 0.7},
+        schedule={"freq_steps": args.eval_every, "eval_before_train": True},
+        decisions={"metric_thresholds": {"bleu": 0.5, "accuracy": 0.7}},
         output_dir=args.output_dir,
     )
     trainer = L.Trainer(

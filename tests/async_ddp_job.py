@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from callback_helpers import CountingModule, make_trainer, probe_weights, quiet
+from callback_helpers import CountingModule, grouped, make_trainer, probe_weights, quiet
 from ddp_utils import run_ddp
 
 from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
@@ -45,7 +45,7 @@ def fails_on_rank_1(module: Any, batches: Any, ctx: Any) -> dict[str, float]:
 
 
 def _fit(root: Path, name: str, evaluate_fn: Any, max_steps: int, **kwargs: Any) -> tuple[list[int], int]:
-    callback = EvaluationCallback(EVAL_SET, evaluate_fn, freq_steps=2, mode="async", **kwargs)
+    callback = EvaluationCallback(EVAL_SET, evaluate_fn, **grouped(freq_steps=2, mode="async", **kwargs))
     trainer = make_trainer(root / name, [callback], max_steps, strategy="ddp", accelerator="cpu", devices=WORLD_SIZE)
     trainer.fit(CountingModule(epoch_len=SAMPLES_PER_EPOCH))
     return callback.evaluated_steps, trainer.global_step

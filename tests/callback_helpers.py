@@ -176,3 +176,24 @@ def round_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     """The metrics the round itself computes, without what the callback derives across rounds
     (``/best``, ``/best_step``, ``/delta...``): a standalone evaluation has no earlier round."""
     return {k: v for k, v in metrics.items() if not k.endswith(("/best", "/best_step")) and "/delta" not in k}
+
+
+_GROUPS = {
+    "schedule": ("freq_epochs", "freq_steps", "freq_secs", "eval_before_train", "eval_at_end", "adaptive", "budget"),
+    "execution": ("mode", "on_busy", "async_device", "async_threads", "max_snapshot_mb"),
+    "rounds": ("precision", "cache", "cache_dir", "max_table_rows", "on_error"),
+    "decisions": ("metric_thresholds", "threshold_action", "best_metrics", "reward_watch"),
+}
+
+
+def grouped(**options: Any) -> dict[str, Any]:
+    """`EvaluationCallback`'s keyword arguments from its options by name: tests that vary a few
+    options across groups (``freq_steps=2, mode="async"``) write them side by side, as YAML does."""
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        group = next((g for g, names in _GROUPS.items() if name in names), None)
+        if group is None:
+            out[name] = value  # eval_sets, output_dir, seed, run_id, clock
+        else:
+            out.setdefault(group, {})[name] = value
+    return out

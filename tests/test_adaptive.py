@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from areal_lightning.callbacks import EvaluationCallback
 from areal_lightning.callbacks.adaptive import AdaptiveSchedule, next_interval
+from areal_lightning.callbacks.runners import AsyncRunner
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round import EvalBatch, EvalContext
 from areal_lightning.tracking.history import event_rows, read_history
@@ -69,8 +70,10 @@ def _callback(mode: str = "sync") -> EvaluationCallback:
     return EvaluationCallback(
         {"easy": list(range(PROMPTS))},
         _scripted,
-        adaptive={"metric": "accuracy", "min_steps": MIN_STEPS, "max_steps": MAX_STEPS, "start_steps": START},
-        mode=mode,
+        schedule={
+            "adaptive": {"metric": "accuracy", "min_steps": MIN_STEPS, "max_steps": MAX_STEPS, "start_steps": START}
+        },
+        execution={"mode": mode},
     )
 
 
@@ -83,8 +86,9 @@ class KeepPace(Callback):
         self.callback = callback
 
     def on_train_batch_end(self, *args: Any) -> None:
-        evaluator, deadline = self.callback._async, time.monotonic() + 60
-        assert evaluator is not None
+        runner, deadline = self.callback.runner, time.monotonic() + 60
+        assert isinstance(runner, AsyncRunner)
+        evaluator = runner.evaluator
         while evaluator.in_flight is not None and not evaluator.ready():
             assert time.monotonic() < deadline, "the async round never finished"
             time.sleep(0.002)
@@ -115,9 +119,11 @@ def test_adaptive_composes_with_freq_steps(tmp_path: Path) -> None:
     cb = EvaluationCallback(
         {"easy": list(range(PROMPTS))},
         _scripted,
-        freq_steps=5,
-        eval_at_end=False,
-        adaptive={"metric": "accuracy", "min_steps": 3, "max_steps": 3},
+        schedule={
+            "freq_steps": 5,
+            "eval_at_end": False,
+            "adaptive": {"metric": "accuracy", "min_steps": 3, "max_steps": 3},
+        },
     )
     make_trainer(tmp_path, [cb], 12).fit(CountingModule(epoch_len=100))
     # Either fires (OR); the adaptive interval counts from the last round of any cause: 3, then

@@ -26,6 +26,7 @@ from procs import run_in_group
 from areal_lightning.app.builders import build_eval_sets
 from areal_lightning.app.config import ConfigError, load_config
 from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
+from areal_lightning.callbacks.runners import AsyncRunner
 from areal_lightning.eval_round import EvalRoundError, EvalSet
 from areal_lightning.rl.grpo import GRPOModule
 from areal_lightning.rl.rollout_eval import rollout_evaluate
@@ -76,7 +77,6 @@ def _gated_set(gate: Path, gate_step: int, open_at: int) -> list[EvalSet]:
 
 
 def _no_worker_left(callback: EvaluationCallback) -> None:
-    assert callback._async is not None and callback._async.worker_pid is None
     assert [p for p in multiprocessing.active_children() if p.name == "areal-lightning-async-eval"] == []
 
 
@@ -104,10 +104,8 @@ def _grpo_fit(run_dir: Path, mode: str) -> GRPOModule:
     callback = EvaluationCallback(
         build_eval_sets(cfg, module.task),
         rollouts_and_weights,
-        freq_steps=2,
-        eval_before_train=True,
-        mode=mode,
-        on_busy="wait",
+        schedule={"freq_steps": 2, "eval_before_train": True},
+        execution={"mode": mode, "on_busy": "wait"},
         seed=cfg.seed,
     )
     make_trainer(run_dir, [callback], 5).fit(module)
@@ -134,7 +132,9 @@ def test_async_and_sync_record_identical_metrics_at_identical_steps(tmp_path: Pa
 
 def test_training_advances_while_a_round_is_in_flight_and_a_busy_round_is_skipped(tmp_path: Path) -> None:
     gate = tmp_path / "gate"
-    callback = EvaluationCallback(_gated_set(gate, gate_step=4, open_at=9), gated_probe, freq_steps=4, mode="async")
+    callback = EvaluationCallback(
+        _gated_set(gate, gate_step=4, open_at=9), gated_probe, schedule={"freq_steps": 4}, execution={"mode": "async"}
+    )
     make_trainer(tmp_path, [GateWriter(gate), callback], 10).fit(CountingModule(epoch_len=5))
     rows = eval_rows(read_history(tmp_path))
     assert [(r["step"], r["trigger"]) for r in rows] == [(4, ["steps"]), (10, ["end"])]
@@ -152,10 +152,8 @@ def test_on_busy_wait_evaluates_every_due_step(tmp_path: Path) -> None:
     callback = EvaluationCallback(
         _gated_set(gate, gate_step=2, open_at=3),
         gated_probe,
-        freq_steps=2,
-        mode="async",
-        on_busy="wait",
-        eval_at_end=False,
+        schedule={"freq_steps": 2, "eval_at_end": False},
+        execution={"mode": "async", "on_busy": "wait"},
     )
     make_trainer(tmp_path, [GateWriter(gate), callback], 8).fit(CountingModule(epoch_len=5))
     assert metric_by_step(tmp_path, "w") == [(2, 2.0), (4, 4.0), (6, 6.0), (8, 8.0)]
@@ -164,7 +162,11 @@ def test_on_busy_wait_evaluates_every_due_step(tmp_path: Path) -> None:
 
 def test_a_failing_evaluate_fn_surfaces_with_its_worker_traceback(tmp_path: Path) -> None:
     callback = EvaluationCallback(
-        {"probe": PROBES}, fails_at_step_4, freq_steps=2, mode="async", on_busy="wait", on_error="raise"
+        {"probe": PROBES},
+        fails_at_step_4,
+        schedule={"freq_steps": 2},
+        execution={"mode": "async", "on_busy": "wait"},
+        rounds={"on_error": "raise"},
     )
     with pytest.raises(EvalRoundError) as info:
         make_trainer(tmp_path, [callback], 10).fit(CountingModule(epoch_len=5))
@@ -175,7 +177,12 @@ def test_a_failing_evaluate_fn_surfaces_with_its_worker_traceback(tmp_path: Path
 
 
 def test_a_dead_worker_is_an_error_record_and_the_next_round_gets_a_new_worker(tmp_path: Path) -> None:
-    callback = EvaluationCallback({"probe": PROBES}, worker_dies_at_step_4, freq_steps=2, mode="async", on_busy="wait")
+    callback = EvaluationCallback(
+        {"probe": PROBES},
+        worker_dies_at_step_4,
+        schedule={"freq_steps": 2},
+        execution={"mode": "async", "on_busy": "wait"},
+    )
     make_trainer(tmp_path, [callback], 8).fit(CountingModule(epoch_len=5))
     errors = event_rows(read_history(tmp_path), "error")
     assert [e["step"] for e in errors] == [4]
@@ -202,7 +209,12 @@ def test_a_checkpoint_taken_with_a_round_in_flight_resumes_without_losing_or_rep
 
     def fit(kill_after: int | None, ckpt: Path | None) -> EvaluationCallback:
         # The round of step 4 is still running at step 5, when the checkpoint is taken.
-        callback = EvaluationCallback(_gated_set(gate, gate_step=4, open_at=5), gated_probe, freq_steps=4, mode="async")
+        callback = EvaluationCallback(
+            _gated_set(gate, gate_step=4, open_at=5),
+            gated_probe,
+            schedule={"freq_steps": 4},
+            execution={"mode": "async"},
+        )
         callbacks: list[Callback] = [
             GateWriter(gate),
             callback,
@@ -230,7 +242,12 @@ def test_a_checkpoint_taken_with_a_round_in_flight_resumes_without_losing_or_rep
 
 
 def test_a_snapshot_over_the_memory_bound_is_refused_before_training(tmp_path: Path) -> None:
-    callback = EvaluationCallback({"probe": PROBES}, probe_weights, freq_steps=2, mode="async", max_snapshot_mb=1e-6)
+    callback = EvaluationCallback(
+        {"probe": PROBES},
+        probe_weights,
+        schedule={"freq_steps": 2},
+        execution={"mode": "async", "max_snapshot_mb": 1e-6},
+    )
     module = CountingModule(epoch_len=5)
     with pytest.raises(
         ValueError,
@@ -242,7 +259,9 @@ def test_a_snapshot_over_the_memory_bound_is_refused_before_training(tmp_path: P
 
 
 def test_a_lambda_evaluate_fn_is_a_clear_error_in_async_mode(tmp_path: Path) -> None:
-    callback = EvaluationCallback({"probe": PROBES}, lambda m, b, c: {}, freq_steps=2, mode="async")
+    callback = EvaluationCallback(
+        {"probe": PROBES}, lambda m, b, c: {}, schedule={"freq_steps": 2}, execution={"mode": "async"}
+    )
     with pytest.raises(ValueError, match="mode='async' evaluates in a worker process, so the module, evaluate_fn"):
         make_trainer(tmp_path, [callback], 4).fit(CountingModule(epoch_len=5))
 
@@ -290,7 +309,7 @@ def test_async_config_builds_an_async_callback(tmp_path: Path) -> None:
 def test_sharded_strategies_are_refused_with_a_clear_message(tmp_path: Path) -> None:
     from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
 
-    from areal_lightning.callbacks.async_evaluator import refuse_sharded
+    from areal_lightning.callbacks.parallelism import refuse_for_async
 
     for strategy in (FSDPStrategy(), ModelParallelStrategy()):
         with pytest.raises(
@@ -298,11 +317,13 @@ def test_sharded_strategies_are_refused_with_a_clear_message(tmp_path: Path) -> 
             match=rf"mode='async'\)` does not support {type(strategy).__name__}: its "
             "parameters are sharded",
         ):
-            refuse_sharded(strategy)
-    refuse_sharded(DDPStrategy())  # whole weights on every rank: accepted
+            refuse_for_async(strategy)
+    refuse_for_async(DDPStrategy())  # whole weights on every rank: accepted
     # And a fit refuses it before training: the callback runs the check when the Trainer sets it up
     # (FSDP2 under ModelParallelStrategy runs on CPU, one process over gloo).
-    callback = EvaluationCallback({"probe": PROBES}, probe_weights, freq_steps=2, mode="async")
+    callback = EvaluationCallback(
+        {"probe": PROBES}, probe_weights, schedule={"freq_steps": 2}, execution={"mode": "async"}
+    )
     module = CountingModule()
     environ = dict(os.environ)  # the strategy sets MASTER_ADDR, MASTER_PORT, ... for its process group
     try:
@@ -322,7 +343,9 @@ sys.path.insert(0, {tests!r})
 from callback_helpers import CountingModule, make_trainer, probe_weights
 from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
 
-callback = EvaluationCallback({{"probe": [1, 2]}}, probe_weights, freq_steps=2, mode="async", on_busy="wait")
+callback = EvaluationCallback(
+    {{"probe": [1, 2]}}, probe_weights, schedule={{"freq_steps": 2}}, execution={{"mode": "async", "on_busy": "wait"}}
+)
 make_trainer({root!r}, [callback], 2).fit(CountingModule(epoch_len=5))
 """
 
@@ -348,15 +371,19 @@ def matmul_dtype(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("precision", [32, "bf16"])
 def test_the_worker_evaluates_at_the_eval_precision(tmp_path: Path, precision: Any) -> None:
     callback = EvaluationCallback(
-        {"probe": PROBES}, matmul_dtype, freq_steps=2, mode="async", on_busy="wait", precision=precision
+        {"probe": PROBES},
+        matmul_dtype,
+        schedule={"freq_steps": 2},
+        execution={"mode": "async", "on_busy": "wait"},
+        rounds={"precision": precision},
     )
     make_trainer(tmp_path, [callback], 2).fit(CountingModule(epoch_len=5))
     assert metric_by_step(tmp_path, "bf16") == [(2, 1.0 if precision == "bf16" else 0.0)]
 
 
 def test_the_result_cache_with_async_is_refused_naming_both() -> None:
-    with pytest.raises(ValueError, match=r"`EvaluationCallback\(use_cache=True\)` does not work with mode='async'"):
-        EvaluationCallback({"probe": PROBES}, probe_weights, mode="async", use_cache=True)
+    with pytest.raises(ValueError, match="cache=True does not work with execution mode='async'"):
+        EvaluationCallback({"probe": PROBES}, probe_weights, execution={"mode": "async"}, rounds={"cache": True})
     with pytest.raises(ConfigError, match="evaluator cannot use cache: true with mode: async"):
         load_config(None, ["eval_sets.easy.size=4", "evaluator.mode=async", "evaluator.cache=true"])
 
@@ -378,8 +405,9 @@ class WaitForWorkerStart(Callback):
         self.callback = callback
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
-        evaluator, deadline = self.callback._async, time.monotonic() + GATE_TIMEOUT_S
-        assert evaluator is not None
+        runner, deadline = self.callback.runner, time.monotonic() + GATE_TIMEOUT_S
+        assert isinstance(runner, AsyncRunner)
+        evaluator = runner.evaluator
         while trainer.global_step == 1 and evaluator._starting:
             assert time.monotonic() < deadline, "the worker never started"
             evaluator.poll_start()
@@ -388,7 +416,9 @@ class WaitForWorkerStart(Callback):
 
 def test_training_lends_the_worker_its_threads_while_it_starts_and_evaluates(tmp_path: Path) -> None:
     gate, log = tmp_path / "gate", ThreadLog()
-    callback = EvaluationCallback(_gated_set(gate, gate_step=4, open_at=6), gated_probe, freq_steps=4, mode="async")
+    callback = EvaluationCallback(
+        _gated_set(gate, gate_step=4, open_at=6), gated_probe, schedule={"freq_steps": 4}, execution={"mode": "async"}
+    )
     before = torch.get_num_threads()
     torch.set_num_threads(3)
     try:

@@ -35,7 +35,7 @@ def _slow(clock: FakeClock) -> Any:
 
 def _fit(root: Path, budget: float | None) -> tuple[EvaluationCallback, list[dict[str, Any]]]:
     clock = FakeClock()
-    cb = EvaluationCallback({"easy": [0, 1]}, _slow(clock), freq_steps=1, budget=budget, clock=clock)
+    cb = EvaluationCallback({"easy": [0, 1]}, _slow(clock), schedule={"freq_steps": 1, "budget": budget}, clock=clock)
     make_trainer(root, [cb], MAX_STEPS).fit(CountingModule(epoch_len=1000, clock=clock, step_secs=STEP_SECS))
     return cb, eval_rows(read_history(root))
 
@@ -68,7 +68,7 @@ def test_without_budget_every_step_is_evaluated(tmp_path: Path) -> None:
 @pytest.mark.parametrize("bad", [0, 1.5, -0.1, True])
 def test_bad_budget_is_refused(bad: Any) -> None:
     with pytest.raises(ArgumentError, match=r"budget=...\)` must be a share of wall time in \(0, 1\] or None"):
-        EvaluationCallback({"easy": [0]}, lambda m, b, c: {}, budget=bad)
+        EvaluationCallback({"easy": [0]}, lambda m, b, c: {}, schedule={"budget": bad})
 
 
 ASYNC_ROUND_SECS = 0.2
@@ -86,11 +86,8 @@ def test_async_rounds_are_charged_what_training_waited_for(tmp_path: Path, monke
     cb = EvaluationCallback(
         {"easy": [0, 1]},
         sleepy_round,
-        freq_steps=1,
-        mode="async",
-        on_busy="wait",
-        budget=BUDGET,
-        eval_at_end=False,
+        schedule={"freq_steps": 1, "budget": BUDGET, "eval_at_end": False},
+        execution={"mode": "async", "on_busy": "wait"},
         clock=time.monotonic,
     )
     # On the callback's own clock: how long its hooks held training up, and how long training sat
@@ -118,9 +115,17 @@ def test_async_rounds_are_charged_what_training_waited_for(tmp_path: Path, monke
     assert rows[0]["budget_share"] > BUDGET  # the first round waited for the worker to start
     assert cb.deferred_steps and len(rows) < 20
     assert sum(r["deferred"] for r in rows) <= len(cb.deferred_steps)
-    assert cb.budget is not None
-    charged = cb.budget.state_dict()["eval_secs"]
+    charged = cb.state_dict()["budget"]["eval_secs"]
     assert waited[0] > 0 and waited[0] <= charged <= held[0]
+
+
+def test_a_resumed_callback_keeps_the_time_its_budget_has_spent(tmp_path: Path) -> None:
+    cb, rows = _fit(tmp_path, BUDGET)
+    saved = cb.state_dict()["budget"]
+    assert saved["eval_secs"] == EVAL_SECS * len(rows)  # every round charged its 5 s
+    resumed = EvaluationCallback({"easy": [0, 1]}, _slow(FakeClock()), schedule={"freq_steps": 1, "budget": BUDGET})
+    resumed.load_state_dict(cb.state_dict())
+    assert resumed.state_dict()["budget"] == saved  # a resume does not forget evaluation time spent
 
 
 class _Crash(RuntimeError):
@@ -146,7 +151,9 @@ DOWNTIME_SECS = 1e5
 
 
 def _budget_fit(root: Path, clock: FakeClock, *callbacks: Callback, ckpt_path: Path | None = None) -> None:
-    cb = EvaluationCallback({"easy": [0, 1]}, _slow(clock), freq_steps=1, budget=RESUME_BUDGET, clock=clock)
+    cb = EvaluationCallback(
+        {"easy": [0, 1]}, _slow(clock), schedule={"freq_steps": 1, "budget": RESUME_BUDGET}, clock=clock
+    )
     module = CountingModule(epoch_len=1000, clock=clock, step_secs=STEP_SECS)
     make_trainer(root, [cb, *callbacks], RESUME_MAX_STEPS).fit(module, ckpt_path=ckpt_path)
 

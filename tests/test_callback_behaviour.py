@@ -44,28 +44,40 @@ EVAL_SET = {"probe": [1, 2, 3]}
     ("kwargs", "message"),
     [
         (
-            {"threshold_action": "panic"},
+            {"decisions": {"threshold_action": "panic"}},
             "Unsupported parameter value `EvaluationCallback(threshold_action='panic')`. "
             "Possible choices are: alert, stop",
         ),
         (
-            {"on_error": "ignore"},
+            {"rounds": {"on_error": "ignore"}},
             "Unsupported parameter value `EvaluationCallback(on_error='ignore')`. Possible choices are: log, raise",
         ),
         (
-            {"mode": "background"},
+            {"execution": {"mode": "background"}},
             "Unsupported parameter value `EvaluationCallback(mode='background')`. Possible choices are: sync",
         ),
         ({"evaluate_fn": 42}, "`EvaluationCallback(evaluate_fn=...)` must be callable or None, got 42"),
-        ({"max_table_rows": -1}, "`EvaluationCallback(max_table_rows=...)` must be a non-negative integer, got -1"),
+        (
+            {"rounds": {"max_table_rows": -1}},
+            "`EvaluationCallback(max_table_rows=...)` must be a non-negative integer, got -1",
+        ),
         ({"run_id": ""}, "`EvaluationCallback(run_id=...)` must be a non-empty string or None, got ''"),
         (
-            {"metric_thresholds": {"accuracy": "high"}},
+            {"decisions": {"metric_thresholds": {"accuracy": "high"}}},
             "`metric_thresholds['accuracy']` must be a finite number, got 'high'",
         ),
-        ({"freq_steps": 0}, "`HybridTrigger(freq_steps=...)` must be a positive integer or None, got 0"),
-        ({"eval_at_end": False}, "would never evaluate anything"),
+        ({"schedule": {"freq_steps": 0}}, "`HybridTrigger(freq_steps=...)` must be a positive integer or None, got 0"),
+        ({"schedule": {"eval_at_end": False}}, "would never evaluate anything"),
         ({"eval_sets": {}}, "`eval_sets` is empty; give at least one eval set"),
+        (
+            {"schedule": {"freq_step": 5}},
+            "`EvaluationCallback(schedule=...)` must be a mapping of the keys freq_epochs, freq_steps, freq_secs, "
+            "eval_before_train, eval_at_end, adaptive, budget; unknown: freq_step",
+        ),
+        (
+            {"rounds": "fast"},
+            "`EvaluationCallback(rounds=...)` must be a RoundSettings, a mapping of its fields or None, got 'fast'",
+        ),
         (
             {"eval_sets": ["1+1="]},
             "`eval_sets` must be a mapping name -> samples or a list of EvalSet, got items of type ['str']",
@@ -81,7 +93,7 @@ def test_constructor_rejects_bad_arguments_with_a_message_naming_them(kwargs: di
 
 def test_no_evaluate_fn_for_a_module_without_evaluate_fails_before_training(tmp_path: Path) -> None:
     module = CountingModule()
-    trainer = make_trainer(tmp_path, [EvaluationCallback(EVAL_SET, freq_steps=1)], 3)
+    trainer = make_trainer(tmp_path, [EvaluationCallback(EVAL_SET, schedule={"freq_steps": 1})], 3)
     message = (
         "`EvaluationCallback(evaluate_fn=None)` needs a module with an `evaluate(batches, ctx)` method, "
         "and CountingModule has none; pass evaluate_fn=..."
@@ -115,7 +127,7 @@ def user_evaluate(module: CountingModule, batches: Any, ctx: Any) -> dict[str, A
 
 def test_user_module_with_metric_classes_and_plain_values(tmp_path: Path) -> None:
     eval_sets = [EvalSet("short", list(range(5)), batch_size=2), EvalSet("long", list(range(3, 14)), batch_size=4)]
-    callback = EvaluationCallback(eval_sets, user_evaluate, freq_steps=3)
+    callback = EvaluationCallback(eval_sets, user_evaluate, schedule={"freq_steps": 3})
     make_trainer(tmp_path, [callback], 3).fit(CountingModule())
 
     records = eval_rows(read_history(tmp_path))
@@ -148,7 +160,7 @@ def test_user_module_with_metric_classes_and_plain_values(tmp_path: Path) -> Non
 def test_every_logger_gets_eval_set_metric_at_the_evaluated_step(tmp_path: Path) -> None:
     loggers = [CSVLogger(tmp_path, name="first"), CSVLogger(tmp_path, name="second")]
     eval_sets = {"easy": [1.0, 2.0], "hard": [10.0, 30.0, 50.0]}
-    callback = EvaluationCallback(eval_sets, probe_weights, freq_steps=2, eval_before_train=True)
+    callback = EvaluationCallback(eval_sets, probe_weights, schedule={"freq_steps": 2, "eval_before_train": True})
     make_trainer(tmp_path, [callback], 5, logger=loggers, log_every_n_steps=1).fit(CountingModule())
 
     expected_steps = [0, 2, 4, 5]
@@ -185,7 +197,10 @@ def _noisy_evaluate(module: CountingModule, batches: Any, ctx: Any) -> dict[str,
 
 def test_evaluation_that_uses_the_global_rng_does_not_change_training(tmp_path: Path) -> None:
     weights = []
-    for callbacks in ([], [EvaluationCallback(EVAL_SET, _noisy_evaluate, freq_steps=1, eval_before_train=True)]):
+    for callbacks in (
+        [],
+        [EvaluationCallback(EVAL_SET, _noisy_evaluate, schedule={"freq_steps": 1, "eval_before_train": True})],
+    ):
         L.seed_everything(7, verbose=False)
         module = DropoutModule(epoch_len=4)
         make_trainer(tmp_path / str(len(callbacks)), callbacks, 6).fit(module)
@@ -220,7 +235,11 @@ def test_grpo_run_with_evaluation_ends_with_the_same_weights_as_without(tmp_path
         module = GRPOModule.from_config(cfg)
         callbacks = []
         if with_eval:  # the default evaluation: the module's own rollouts, every 2 steps and before training
-            callbacks = [build_callback(cfg, build_eval_sets(cfg, module.task), freq_steps=2, eval_before_train=True)]
+            callbacks = [
+                build_callback(
+                    cfg, build_eval_sets(cfg, module.task), schedule={"freq_steps": 2, "eval_before_train": True}
+                )
+            ]
         make_trainer(cfg.output_dir, callbacks, GRPO_STEPS).fit(module)
         weights.append(state_copy(module))
 

@@ -28,6 +28,7 @@ from callback_helpers import (
     QUIET_WARNINGS,
     CountingModule,
     FakeClock,
+    grouped,
     history_steps,
     make_trainer,
     metric_by_step,
@@ -102,35 +103,38 @@ def _fits(rank: int, world_size: int, root: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
 
     clock = FakeClock()
-    callback = EvaluationCallback(EVAL_SET, probe_weights, clock=clock, **TRIGGERS)
+    callback = EvaluationCallback(EVAL_SET, probe_weights, **grouped(clock=clock, **TRIGGERS))
     module = CountingModule(epoch_len=SAMPLES_PER_EPOCH, clock=clock, step_secs=STEP_SECS[rank])
     trainer = _ddp_trainer(Path(root) / "triggers", [callback], MAX_STEPS)
     trainer.fit(module)
     out["triggers"] = (callback.evaluated_steps, trainer.global_step, float(module.w))
 
     callback = EvaluationCallback(
-        EVAL_SET, _stop_script, freq_steps=2, metric_thresholds={"reward": THRESHOLD}, threshold_action="stop"
+        EVAL_SET,
+        _stop_script,
+        schedule={"freq_steps": 2},
+        decisions={"metric_thresholds": {"reward": THRESHOLD}, "threshold_action": "stop"},
     )
     trainer = _ddp_trainer(Path(root) / "stop", [callback], 20)
     trainer.fit(CountingModule(epoch_len=SAMPLES_PER_EPOCH))
     out["stop"] = (callback.evaluated_steps, trainer.global_step)
 
-    callback = EvaluationCallback(EVAL_SET, _fails_on_rank_1, freq_steps=2)
+    callback = EvaluationCallback(EVAL_SET, _fails_on_rank_1, schedule={"freq_steps": 2})
     trainer = _ddp_trainer(Path(root) / "error", [callback], 6)
     trainer.fit(CountingModule(epoch_len=SAMPLES_PER_EPOCH))
     out["error"] = (callback.evaluated_steps, trainer.global_step)
 
-    callback = EvaluationCallback(TINY_SET, _metrics_before_the_loop, freq_steps=2)
+    callback = EvaluationCallback(TINY_SET, _metrics_before_the_loop, schedule={"freq_steps": 2})
     trainer = _ddp_trainer(Path(root) / "idle_rank", [callback], 6)
     trainer.fit(CountingModule(epoch_len=SAMPLES_PER_EPOCH))
     out["idle_rank"] = (callback.evaluated_steps, trainer.global_step)
 
-    callback = EvaluationCallback(TINY_SET, _metrics_in_the_loop, freq_steps=3)
+    callback = EvaluationCallback(TINY_SET, _metrics_in_the_loop, schedule={"freq_steps": 3})
     trainer = _ddp_trainer(Path(root) / "in_loop", [callback], 6)
     trainer.fit(CountingModule(epoch_len=SAMPLES_PER_EPOCH))
     out["in_loop"] = (callback.evaluated_steps, trainer.global_step)
 
-    callback = EvaluationCallback(TINY_SET, _uncopyable_in_the_loop, freq_steps=3)
+    callback = EvaluationCallback(TINY_SET, _uncopyable_in_the_loop, schedule={"freq_steps": 3})
     trainer = _ddp_trainer(Path(root) / "uncopyable", [callback], 6)
     try:
         trainer.fit(CountingModule(epoch_len=SAMPLES_PER_EPOCH))

@@ -20,6 +20,7 @@ from callback_helpers import (
     START_TIME,
     CountingModule,
     FakeClock,
+    grouped,
     history_steps,
     make_trainer,
     metric_by_step,
@@ -59,7 +60,7 @@ class KillAfterStep(Callback):
 
 
 def _callback(clock: FakeClock, **kwargs: Any) -> EvaluationCallback:
-    return EvaluationCallback(EVAL_SET, probe_weights, clock=clock, **{**TRIGGERS, **kwargs})
+    return EvaluationCallback(EVAL_SET, probe_weights, **grouped(clock=clock, **{**TRIGGERS, **kwargs}))
 
 
 def _fit(
@@ -118,7 +119,9 @@ def _scripted_score(module: CountingModule, batches: Any, ctx: Any) -> dict[str,
 
 def test_threshold_state_survives_a_resume(tmp_path: Path) -> None:
     def callback() -> EvaluationCallback:
-        return EvaluationCallback(EVAL_SET, _scripted_score, freq_steps=2, metric_thresholds={"accuracy": 0.7})
+        return EvaluationCallback(
+            EVAL_SET, _scripted_score, schedule={"freq_steps": 2}, decisions={"metric_thresholds": {"accuracy": 0.7}}
+        )
 
     ckpt = ModelCheckpoint(
         dirpath=tmp_path / "checkpoints",
@@ -138,7 +141,7 @@ def test_threshold_state_survives_a_resume(tmp_path: Path) -> None:
 
 
 def test_load_state_dict_tolerates_missing_keys() -> None:
-    callback = EvaluationCallback(EVAL_SET, probe_weights, freq_steps=2)
+    callback = EvaluationCallback(EVAL_SET, probe_weights, schedule={"freq_steps": 2})
     callback.load_state_dict({})
     assert callback.trigger.last_evaluated_step is None
     saved = {"trigger": {"last_evaluated_step": 4}}

@@ -51,7 +51,9 @@ def expected_alerts(threshold: float) -> list[tuple[int, str, float]]:
 
 
 def test_alert_is_recorded_once_per_downward_crossing(tmp_path: Path) -> None:
-    callback = EvaluationCallback(EVAL_SETS, scripted_rewards, freq_steps=1, metric_thresholds={"reward": THRESHOLD})
+    callback = EvaluationCallback(
+        EVAL_SETS, scripted_rewards, schedule={"freq_steps": 1}, decisions={"metric_thresholds": {"reward": THRESHOLD}}
+    )
     trainer = make_trainer(tmp_path, [callback], len(SCRIPT["easy"]))
     trainer.fit(CountingModule())
 
@@ -68,7 +70,10 @@ def test_alert_is_recorded_once_per_downward_crossing(tmp_path: Path) -> None:
 def test_threshold_action_stop_stops_training_cleanly_after_the_alert(tmp_path: Path) -> None:
     max_steps = 20
     callback = EvaluationCallback(
-        EVAL_SETS, scripted_rewards, freq_steps=1, metric_thresholds={"reward": THRESHOLD}, threshold_action="stop"
+        EVAL_SETS,
+        scripted_rewards,
+        schedule={"freq_steps": 1},
+        decisions={"metric_thresholds": {"reward": THRESHOLD}, "threshold_action": "stop"},
     )
     trainer = make_trainer(tmp_path, [callback], max_steps)
     trainer.fit(CountingModule())  # returns normally
@@ -83,7 +88,10 @@ def test_threshold_action_stop_stops_training_cleanly_after_the_alert(tmp_path: 
 
 def test_unknown_threshold_metric_raises_at_the_first_evaluation_listing_the_metrics(tmp_path: Path) -> None:
     callback = EvaluationCallback(
-        EVAL_SETS, scripted_rewards, freq_steps=2, metric_thresholds={"reward": THRESHOLD, "acc": 0.5}
+        EVAL_SETS,
+        scripted_rewards,
+        schedule={"freq_steps": 2},
+        decisions={"metric_thresholds": {"reward": THRESHOLD, "acc": 0.5}},
     )
     trainer = make_trainer(tmp_path, [callback], 6)
     message = (
@@ -104,7 +112,9 @@ def _fails_at_step_4(module: Any, batches: Any, ctx: Any) -> dict[str, float]:
 
 def test_a_failing_evaluate_fn_is_recorded_and_training_goes_on(tmp_path: Path) -> None:
     module = CountingModule()
-    trainer = make_trainer(tmp_path, [EvaluationCallback({"probe": [1, 2]}, _fails_at_step_4, freq_steps=2)], 7)
+    trainer = make_trainer(
+        tmp_path, [EvaluationCallback({"probe": [1, 2]}, _fails_at_step_4, schedule={"freq_steps": 2})], 7
+    )
     trainer.fit(module)
 
     assert trainer.global_step == 7
@@ -117,7 +127,9 @@ def test_a_failing_evaluate_fn_is_recorded_and_training_goes_on(tmp_path: Path) 
 
 
 def test_on_error_raise_fails_fast(tmp_path: Path) -> None:
-    callback = EvaluationCallback({"probe": [1, 2]}, _fails_at_step_4, freq_steps=2, on_error="raise")
+    callback = EvaluationCallback(
+        {"probe": [1, 2]}, _fails_at_step_4, schedule={"freq_steps": 2}, rounds={"on_error": "raise"}
+    )
     trainer = make_trainer(tmp_path, [callback], 7)
     with pytest.raises(EvalRoundError, match=r"eval set 'probe' failed: rank 0: ValueError: no answer could be parsed"):
         trainer.fit(CountingModule())
@@ -134,7 +146,9 @@ def _vector_metric(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
 
 
 def test_a_metric_that_does_not_compute_a_scalar_is_a_recorded_error(tmp_path: Path) -> None:
-    trainer = make_trainer(tmp_path, [EvaluationCallback({"probe": [1, 2]}, _vector_metric, freq_steps=2)], 4)
+    trainer = make_trainer(
+        tmp_path, [EvaluationCallback({"probe": [1, 2]}, _vector_metric, schedule={"freq_steps": 2})], 4
+    )
     with pytest.raises(EvalRoundError, match="sanity round"):  # the first round's failure stops training
         trainer.fit(CountingModule())
 

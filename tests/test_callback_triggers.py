@@ -17,6 +17,7 @@ from callback_helpers import (
     QUIET_WARNINGS,
     CountingModule,
     FakeClock,
+    grouped,
     history_steps,
     make_trainer,
     metric_by_step,
@@ -65,7 +66,7 @@ def test_evaluates_exactly_at_the_expected_steps_for_the_expected_causes(
 ) -> None:
     clock = FakeClock()
     module = CountingModule(epoch_len=samples, clock=clock, step_secs=STEP_SECS)
-    callback = EvaluationCallback(EVAL_SET, probe_weights, clock=clock, **triggers)
+    callback = EvaluationCallback(EVAL_SET, probe_weights, **grouped(clock=clock, **triggers))
     trainer = make_trainer(tmp_path, [callback], max_steps, **trainer_kwargs)
     trainer.fit(module)
 
@@ -87,9 +88,9 @@ def test_eval_before_train_evaluates_the_initial_weights_before_the_first_optimi
         seen.append((ctx.global_step, state_copy(m), m.training))
         return {"w": float(m.w)}
 
-    make_trainer(tmp_path, [EvaluationCallback(EVAL_SET, snapshot, freq_steps=2, eval_before_train=True)], 4).fit(
-        module
-    )
+    make_trainer(
+        tmp_path, [EvaluationCallback(EVAL_SET, snapshot, schedule={"freq_steps": 2, "eval_before_train": True})], 4
+    ).fit(module)
 
     assert [step for step, _, _ in seen] == [0, 2, 4]
     step0_weights = seen[0][1]
@@ -107,7 +108,7 @@ def test_history_records_carry_the_documented_fields(tmp_path: Path) -> None:
     module = CountingModule(epoch_len=4)
     eval_sets = {"small": [1.0, 2.0, 3.0], "large": [10.0, 20.0, 30.0, 40.0, 50.0]}
     started = time.perf_counter()
-    make_trainer(tmp_path, [EvaluationCallback(eval_sets, probe_weights, freq_steps=3)], 3).fit(module)
+    make_trainer(tmp_path, [EvaluationCallback(eval_sets, probe_weights, schedule={"freq_steps": 3})], 3).fit(module)
     elapsed = time.perf_counter() - started
 
     records = read_history(tmp_path)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from callback_helpers import QUIET_WARNINGS, CountingModule, make_trainer, quiet
+from callback_helpers import QUIET_WARNINGS, CountingModule, grouped, make_trainer, quiet
 from ddp_utils import run_ddp
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
@@ -42,7 +42,7 @@ def scripted_accuracy(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
 
 
 def _callback(**kwargs: Any) -> EvaluationCallback:
-    return EvaluationCallback({"easy": list(range(PROMPTS))}, scripted_accuracy, eval_at_end=False, **kwargs)
+    return EvaluationCallback({"easy": list(range(PROMPTS))}, scripted_accuracy, **grouped(eval_at_end=False, **kwargs))
 
 
 @pytest.mark.parametrize("when", ["every_n_train_steps", "train_epoch_end"])

@@ -61,7 +61,9 @@ def _bar(kind: str) -> L.Callback:
 
 
 def _fit_with_defaults(bar: str, mode: str) -> tuple[EvaluationCallback, ModelCheckpoint, L.Trainer]:
-    evaluation = EvaluationCallback({"easy": eval_samples()}, boring_evaluate, freq_steps=FREQ_STEPS, mode=mode)
+    evaluation = EvaluationCallback(
+        {"easy": eval_samples()}, boring_evaluate, schedule={"freq_steps": FREQ_STEPS}, execution={"mode": mode}
+    )
     best = ModelCheckpoint(monitor=MONITOR, mode="max")
     stop = EarlyStopping(monitor=MONITOR, mode="max", patience=10)
     trainer = L.Trainer(max_steps=MAX_STEPS, callbacks=[evaluation, best, stop, _bar(bar)])
@@ -107,7 +109,10 @@ def _fit_on_two_ranks(rank: int, world_size: int, root: str) -> list[tuple[str, 
     for bar, mode in (("tqdm", "sync"), ("rich", "async")):
         run_dir = Path(root) / f"{bar}-{mode}"
         evaluation = EvaluationCallback(
-            {"easy": eval_samples()}, boring_evaluate, freq_steps=10, eval_before_train=True, mode=mode
+            {"easy": eval_samples()},
+            boring_evaluate,
+            schedule={"freq_steps": 10, "eval_before_train": True},
+            execution={"mode": mode},
         )
         trainer = L.Trainer(
             max_steps=20,
@@ -147,7 +152,9 @@ def test_fast_dev_run_evaluates_a_first_batch_and_writes_nothing(
         seen.append(sum(len(b.indices) for b in batches))
         return boring_evaluate(module, batches, ctx)
 
-    evaluation = EvaluationCallback({"easy": eval_samples()}, counting, freq_steps=1, eval_before_train=True)
+    evaluation = EvaluationCallback(
+        {"easy": eval_samples()}, counting, schedule={"freq_steps": 1, "eval_before_train": True}
+    )
     L.Trainer(fast_dev_run=True, callbacks=[evaluation]).fit(BoringModel())
     assert evaluation.evaluated_steps == [0, 1]
     assert seen == [BATCH_SIZE, BATCH_SIZE]
@@ -161,7 +168,7 @@ def _fails(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
 
 def test_fast_dev_run_surfaces_a_broken_evaluate_fn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    evaluation = EvaluationCallback({"easy": eval_samples()}, _fails, freq_steps=1)
+    evaluation = EvaluationCallback({"easy": eval_samples()}, _fails, schedule={"freq_steps": 1})
     with pytest.raises(EvalRoundError, match="a bug in evaluate_fn"):
         L.Trainer(fast_dev_run=True, callbacks=[evaluation]).fit(BoringModel())
 
@@ -171,7 +178,9 @@ def test_a_failing_first_round_stops_training_whatever_on_error_says(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, on_error: str
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    evaluation = EvaluationCallback({"easy": eval_samples()}, _fails, freq_steps=5, on_error=on_error)
+    evaluation = EvaluationCallback(
+        {"easy": eval_samples()}, _fails, schedule={"freq_steps": 5}, rounds={"on_error": on_error}
+    )
     trainer = L.Trainer(max_steps=20, callbacks=[evaluation])
     with pytest.raises(EvalRoundError, match="sanity round") as caught:
         trainer.fit(BoringModel())
@@ -188,7 +197,7 @@ def _fails_after_the_first_round(module: Any, batches: Any, ctx: Any) -> dict[st
 
 def test_later_failures_follow_on_error_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    evaluation = EvaluationCallback({"easy": eval_samples()}, _fails_after_the_first_round, freq_steps=5)
+    evaluation = EvaluationCallback({"easy": eval_samples()}, _fails_after_the_first_round, schedule={"freq_steps": 5})
     trainer = L.Trainer(max_steps=15, callbacks=[evaluation])
     trainer.fit(BoringModel())
     assert trainer.global_step == 15

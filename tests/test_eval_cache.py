@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from callback_helpers import CountingModule, make_trainer
+from callback_helpers import CountingModule, grouped, make_trainer
 
 from areal_lightning.callbacks import EvaluationCallback
 from areal_lightning.eval_round import EvalBatch, EvalContext, EvalSet
@@ -54,7 +54,7 @@ class CountingEvaluate:
 
 def _fit(root: Path, fn: CountingEvaluate, eval_set: EvalSet, **kwargs: Any) -> list[dict[str, Any]]:
     torch.manual_seed(0)  # the same initial Linear weights in every fit
-    cb = EvaluationCallback([eval_set], fn, freq_steps=2, eval_before_train=True, use_cache=True, **kwargs)
+    cb = EvaluationCallback([eval_set], fn, **grouped(freq_steps=2, eval_before_train=True, cache=True, **kwargs))
     make_trainer(root, [cb], MAX_STEPS).fit(CountingModule())
     return eval_rows(read_history(root))
 
@@ -88,7 +88,7 @@ def test_cache_off_evaluates_every_time(tmp_path: Path) -> None:
     fn = CountingEvaluate()
     for _ in range(2):
         torch.manual_seed(0)
-        cb = EvaluationCallback([EvalSet("easy", [0])], fn, freq_steps=2, eval_before_train=True)
+        cb = EvaluationCallback([EvalSet("easy", [0])], fn, schedule={"freq_steps": 2, "eval_before_train": True})
         make_trainer(tmp_path, [cb], MAX_STEPS).fit(CountingModule())
     assert fn.count == 6 and not (tmp_path / "eval_cache").exists()
 
@@ -179,7 +179,7 @@ class HoldsALock(CountingEvaluate):
 
 
 def test_an_evaluate_fn_the_cache_cannot_key_is_refused_with_the_way_out() -> None:
-    with pytest.raises(ValueError, match=r"use_cache=True\)` cannot key evaluate_fn: evaluate_fn.lock holds a "
-                       r"_thread.lock.*pass use_cache=False"):  # fmt: skip
-        EvaluationCallback([EvalSet("easy", [0])], HoldsALock(), use_cache=True)
+    with pytest.raises(ValueError, match=r"rounds=\{'cache': True\}\)` cannot key evaluate_fn: evaluate_fn.lock "
+                       r"holds a _thread.lock.*pass cache=False"):  # fmt: skip
+        EvaluationCallback([EvalSet("easy", [0])], HoldsALock(), rounds={"cache": True})
     EvaluationCallback([EvalSet("easy", [0])], HoldsALock())  # without the cache nothing needs a key

@@ -35,7 +35,7 @@ def _output_dtype(module: Any, batches: list[EvalBatch], ctx: EvalContext) -> di
 
 def test_bf16_evaluation_autocasts_the_round_only(tmp_path: Path) -> None:
     module = DtypeProbe()
-    cb = EvaluationCallback({"easy": [0]}, _output_dtype, freq_steps=2, precision="bf16")
+    cb = EvaluationCallback({"easy": [0]}, _output_dtype, schedule={"freq_steps": 2}, rounds={"precision": "bf16"})
     make_trainer(tmp_path, [cb], 4).fit(module)
     assert [r["metrics"]["bf16"] for r in eval_rows(read_history(tmp_path))] == [1.0, 1.0]
     assert module.train_dtypes == {torch.float32} and module.layer.weight.dtype == torch.float32
@@ -78,7 +78,7 @@ def test_precision_in_yaml_and_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"evaluator\.precision must be one of 32, bf16, 16; got 'fp8'"):
         load_config(None, ["eval_sets.easy.size=4", "evaluator.precision=fp8"])
     with pytest.raises(ValueError, match=r"precision=...\)` must be one of 32, bf16, 16, got 'half'"):
-        EvaluationCallback({"easy": [0]}, _output_dtype, precision="half")
+        EvaluationCallback({"easy": [0]}, _output_dtype, rounds={"precision": "half"})
 
 
 def _sum(module: Any, batches: list[EvalBatch], ctx: EvalContext) -> dict[str, float]:
@@ -86,7 +86,7 @@ def _sum(module: Any, batches: list[EvalBatch], ctx: EvalContext) -> dict[str, f
 
 
 def _fit(root: Path, samples: list[int], max_steps: int, ckpt: Path | None) -> None:
-    callbacks: list[Any] = [EvaluationCallback({"easy": samples}, _sum, freq_steps=2)]
+    callbacks: list[Any] = [EvaluationCallback({"easy": samples}, _sum, schedule={"freq_steps": 2})]
     if ckpt is None:
         callbacks.append(
             ModelCheckpoint(

@@ -20,13 +20,12 @@ from areal_lightning.tracking.history import (
     EvalHistory,
     TruncatedHistoryWarning,
     drop_superseded,
-    eval_record,
     eval_rows,
-    event_record,
     event_rows,
     read_history,
     split_runs,
 )
+from areal_lightning.tracking.records import eval_record, event_record
 
 # The example line of docs/eval_history.md (the public format), kept equal to the doc below.
 DOC_EXAMPLE = (

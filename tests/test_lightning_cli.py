@@ -61,9 +61,11 @@ def _config(tmp_path: Path, evaluate_fn: str) -> Path:
               init_args:
                 eval_sets: user_evals.eval_sets
                 evaluate_fn: {evaluate_fn}
-                freq_steps: 2
-                eval_before_train: true
-                metric_thresholds: {{abs_error: 2.0}}
+                schedule:
+                  freq_steps: 2
+                  eval_before_train: true
+                decisions:
+                  metric_thresholds: {{abs_error: 2.0}}
                 output_dir: {tmp_path / "run"}
         model:
           lr: 0.1

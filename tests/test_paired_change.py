@@ -106,7 +106,9 @@ def _step_evaluate(module: CountingModule, batches: list[EvalBatch], ctx: EvalCo
 
 
 def test_callback_logs_the_change_since_the_previous_and_the_best_round(tmp_path) -> None:
-    cb = EvaluationCallback({"easy": list(range(PROMPTS))}, _step_evaluate, freq_steps=1, eval_at_end=False)
+    cb = EvaluationCallback(
+        {"easy": list(range(PROMPTS))}, _step_evaluate, schedule={"freq_steps": 1, "eval_at_end": False}
+    )
     make_trainer(tmp_path, [cb], max_steps=3).fit(CountingModule())
     rows = eval_rows(read_history(tmp_path))
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -128,7 +130,9 @@ def test_a_resumed_run_pairs_its_first_round_with_the_round_in_the_checkpoint(tm
     step 3, and the change since the best round, as an uninterrupted run does."""
 
     def callback() -> EvaluationCallback:
-        return EvaluationCallback({"easy": list(range(PROMPTS))}, _step_evaluate, freq_steps=1, eval_at_end=False)
+        return EvaluationCallback(
+            {"easy": list(range(PROMPTS))}, _step_evaluate, schedule={"freq_steps": 1, "eval_at_end": False}
+        )
 
     uninterrupted = tmp_path / "uninterrupted"
     make_trainer(uninterrupted, [callback()], max_steps=5).fit(CountingModule())

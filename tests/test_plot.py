@@ -16,10 +16,9 @@ import pytest
 from areal_lightning.tracking.history import (
     HISTORY_FILENAME,
     EvalHistory,
-    eval_record,
-    event_record,
     read_history,
 )
+from areal_lightning.tracking.records import eval_record, event_record
 from areal_lightning.viz.plot import (
     FIGURE_DPI,
     FIGURE_SIZE_IN,

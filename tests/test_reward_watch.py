@@ -85,7 +85,9 @@ def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ArgumentError, match="eval_metric"):
         RewardWatch("")
     with pytest.raises(ArgumentError, match="reward_watch"):
-        EvaluationCallback({"easy": [1]}, lambda m, b, c: {}, freq_steps=1, reward_watch="accuracy")
+        EvaluationCallback(
+            {"easy": [1]}, lambda m, b, c: {}, schedule={"freq_steps": 1}, decisions={"reward_watch": "accuracy"}
+        )
 
 
 # ---- with a Trainer: a module whose training reward rises every step, scripted eval outcomes ----
@@ -125,9 +127,8 @@ def test_trainer_alerts_on_a_scripted_divergence_and_not_on_noise(
     cb = EvaluationCallback(
         {"easy": list(range(PROMPTS))},
         _scripted(script),
-        freq_steps=2,
-        eval_at_end=False,
-        reward_watch={"eval_metric": "task_accuracy", "min_train_rise": 0.1},
+        schedule={"freq_steps": 2, "eval_at_end": False},
+        decisions={"reward_watch": {"eval_metric": "task_accuracy", "min_train_rise": 0.1}},
     )
     with caplog.at_level(logging.WARNING):
         make_trainer(tmp_path, [cb], max_steps=10).fit(RewardRising(epoch_len=10))

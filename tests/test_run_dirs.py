@@ -22,7 +22,8 @@ from areal_lightning.app.runs import (
     run_id_in_dir,
     used_dir_message,
 )
-from areal_lightning.tracking.history import EvalHistory, eval_record, event_record
+from areal_lightning.tracking.history import EvalHistory
+from areal_lightning.tracking.records import eval_record, event_record
 
 
 def _loader(tmp_path: Path, trial: str, output_dir: str = "${trial_name}"):

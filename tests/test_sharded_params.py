@@ -18,13 +18,13 @@ import pytest
 import torch
 from callback_helpers import QUIET_WARNINGS, make_trainer, quiet, round_metrics
 from ddp_utils import run_ddp
-from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy, SingleDeviceStrategy
 from typing_extensions import override
 
 from areal_lightning.app.builders import build_eval_sets
 from areal_lightning.app.config import Config, load_config
 from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
-from areal_lightning.callbacks.parallelism import UnsupportedStrategyError, forwards_in_lockstep
+from areal_lightning.callbacks.parallelism import UnsupportedStrategyError, forwards_in_lockstep, refuse_for_async
 from areal_lightning.eval_round import EvalSet, run_round
 from areal_lightning.eval_round.round import local_batches, padding_batches
 from areal_lightning.rl.grpo import GRPOModule
@@ -98,7 +98,11 @@ def _fit_sharded(rank: int, world_size: int, tensor_parallel: bool = False) -> A
     sizes = (1, world_size) if tensor_parallel else (world_size, 1)
     with tempfile.TemporaryDirectory() as run_dir:
         callback = EvaluationCallback(
-            eval_sets, eval_before_train=True, eval_at_end=False, output_dir=run_dir, seed=cfg.seed, on_error="raise"
+            eval_sets,
+            schedule={"eval_before_train": True, "eval_at_end": False},
+            rounds={"on_error": "raise"},
+            output_dir=run_dir,
+            seed=cfg.seed,
         )
         strategy = ModelParallelStrategy(data_parallel_size=sizes[0], tensor_parallel_size=sizes[1])
         trainer = make_trainer(run_dir, [callback], max_steps=1, strategy=strategy, devices=world_size)
@@ -147,6 +151,22 @@ def test_lockstep_follows_the_strategy() -> None:
     assert not forwards_in_lockstep(SingleDeviceStrategy(torch.device("cpu")), layer)
     assert not forwards_in_lockstep(DDPStrategy(), layer)
     assert forwards_in_lockstep(ModelParallelStrategy(), layer)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_deepspeed_stages_get_one_answer_for_lockstep_and_async(stage: int) -> None:
+    # DeepSpeed is not installed here, so the strategy is built without its constructor (which
+    # imports it); `zero_stage_3` is Lightning's own property reading the ZeRO config.
+    strategy = object.__new__(DeepSpeedStrategy)
+    strategy.config = {"zero_optimization": {"stage": stage}}
+    layer = torch.nn.Linear(2, 2)
+    sharded = stage == 3  # stages 1-2 shard optimizer state and gradients, never the parameters
+    assert forwards_in_lockstep(strategy, layer) is sharded
+    if sharded:
+        with pytest.raises(ValueError, match="does not support DeepSpeedStrategy: its parameters are sharded"):
+            refuse_for_async(strategy)
+    else:
+        refuse_for_async(strategy)  # whole weights on every rank: a snapshot can be copied
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4, 7])

@@ -10,7 +10,8 @@ import torch
 import yaml
 
 from areal_lightning.app.cli import main
-from areal_lightning.tracking.history import EvalHistory, eval_record
+from areal_lightning.tracking.history import EvalHistory
+from areal_lightning.tracking.records import eval_record
 from areal_lightning.tracking.writable import directory_problem, file_problem
 
 CONFIG = {

@@ -43,9 +43,9 @@ from areal_lightning.tracking.wandb_logger import (
     SafeWandbLogger,
     finish_wandb,
     last_logged_step,
-    samples_table,
     wandb_failure,
 )
+from areal_lightning.tracking.wandb_rounds import samples_table
 
 MAX_STEPS = 6
 # global step at which the callback logs -> the evaluated steps it logs then. The round for

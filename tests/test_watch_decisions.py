@@ -24,7 +24,8 @@ from areal_lightning.app.watch import (
     read_step,
     wandb_run_id,
 )
-from areal_lightning.tracking.history import EvalHistory, eval_record, event_record, event_rows, read_history
+from areal_lightning.tracking.history import EvalHistory, event_rows, read_history
+from areal_lightning.tracking.records import eval_record, event_record
 
 
 def _ckpt(directory: Path, name: str, step: int, epoch: int | None = 0) -> Path:

@@ -105,7 +105,7 @@ def build_callback(
 ) -> EvaluationCallback:
     """`EvaluationCallback` from the config's `evaluator` block, `output_dir` and `seed`; unless
     `eval_sets` is given, the `eval_sets` block's sets (`build_eval_sets`).
-    Keyword `overrides` replace single arguments.
+    Keyword `overrides` replace single arguments (a whole group, e.g. ``schedule=...``, or ``clock``).
 
     Example:
         >>> from areal_lightning.app.config import load_config
@@ -118,32 +118,7 @@ def build_callback(
 
     if eval_sets is None:
         eval_sets = build_eval_sets(cfg)
-    ev = cfg.evaluator
-    options: dict[str, Any] = dict(
-        freq_epochs=ev.freq_epochs,
-        freq_steps=ev.freq_steps,
-        freq_secs=ev.freq_secs,
-        eval_before_train=ev.eval_before_train,
-        eval_at_end=ev.eval_at_end,
-        metric_thresholds=dict(ev.metric_thresholds),
-        threshold_action=ev.threshold_action,
-        on_error=ev.on_error,
-        output_dir=cfg.output_dir,
-        seed=cfg.seed,
-        max_table_rows=ev.max_table_rows,
-        mode=ev.mode,
-        run_id=cfg.run_id,
-        adaptive=ev.adaptive.build() if ev.adaptive is not None else None,
-        budget=ev.budget,
-        use_cache=ev.cache,
-        precision=ev.precision,
-        best_metrics=dict(ev.best_metrics) if ev.best_metrics is not None else None,
-        reward_watch=ev.reward_watch.build() if ev.reward_watch is not None else None,
-        on_busy=ev.on_busy,
-        async_device=ev.async_device,
-        async_threads=ev.async_threads,
-        max_snapshot_mb=ev.max_snapshot_mb,
-    )
+    options: dict[str, Any] = dict(cfg.evaluator.groups(), output_dir=cfg.output_dir, seed=cfg.seed, run_id=cfg.run_id)
     options.update(overrides)
     return EvaluationCallback(eval_sets, evaluate_fn, **options)
 

@@ -22,32 +22,10 @@ from typing import TYPE_CHECKING, Any, Optional, cast
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf, errors as oc_errors
 
-from areal_lightning.callbacks.adaptive import AdaptiveSchedule
-from areal_lightning.callbacks.best import BestValues
-from areal_lightning.callbacks.budget import EvalBudget
-from areal_lightning.callbacks.options import (
-    DEFAULT_ASYNC_THREADS,
-    DEFAULT_MAX_SNAPSHOT_MB,
-    DEFAULT_TABLE_ROWS,
-    Direction,
-    ErrorPolicy,
-    EvalMode,
-    OnBusy,
-    ThresholdAction,
-    WatchReference,
-    check_async_options,
-    check_cache_mode,
-)
-from areal_lightning.callbacks.reward_watch import (
-    DEFAULT_MIN_TRAIN_RISE,
-    DEFAULT_TRAIN_METRIC,
-    RewardWatch,
-)
-from areal_lightning.callbacks.thresholds import ThresholdMonitor
-from areal_lightning.callbacks.trigger import HybridTrigger
+from areal_lightning.callbacks.options import ThresholdAction
+from areal_lightning.callbacks.settings import EvaluatorSettings, validate_together
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round.eval_set import EvalSet
-from areal_lightning.eval_round.precision import EvalPrecision
 from areal_lightning.eval_round.sampling import SamplingParams
 from areal_lightning.eval_round.subsample import Subsample
 from areal_lightning.metrics.options import AdvantageStd
@@ -67,14 +45,12 @@ RUN_ENV = "AREAL_LIGHTNING_RUN"
 """How the process a user started hands its run decision (run id, trial name) to the processes
 Lightning starts for the other devices: they run the same command again and inherit its environment."""
 LIGHTNING_PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true")
+"""The precisions a message suggests (Lightning also takes its aliases, such as ``32``)."""
 
 
 def lightning_precision(precision: str) -> _PRECISION_INPUT:
     """`precision` typed as the Trainer and Fabric take it; `TrainerConfig.check` has run Lightning's parser on it."""
     return cast("_PRECISION_INPUT", precision)
-
-
-"""The precisions a message suggests (Lightning also takes its aliases, such as ``32``)."""
 
 
 class PolicyKind(str, Enum):
@@ -501,125 +477,23 @@ class EvalSetConfig:
 
 
 @dataclass
-class AdaptiveConfig:
-    """Adaptive frequency: the next round comes sooner while `metric` moves by more than its paired
-    95% interval, later while it stays within it."""
-
-    metric: str = "accuracy"
-    """The watched metric."""
-    min_steps: int = 10
-    """Shortest interval between adaptive rounds."""
-    max_steps: int = 200
-    """Longest interval between adaptive rounds."""
-    dataset: Optional[str] = None
-    """The watched eval set; null: any eval set."""
-    factor: float = 2.0
-    """How much the interval shrinks or grows after a round, > 1."""
-
-    def build(self) -> AdaptiveSchedule:
-        return AdaptiveSchedule(self.metric, self.min_steps, self.max_steps, dataset=self.dataset, factor=self.factor)
-
-
-@dataclass
-class RewardWatchConfig:
-    """The reward-hacking watch: alert when the training reward rises while an eval metric falls
-    beyond its noise (docs/decisions.md)."""
-
-    eval_metric: str = "accuracy"
-    """The watched eval metric (higher is better), as the evaluation logs it."""
-    train_metric: str = DEFAULT_TRAIN_METRIC
-    """The training reward's name in Lightning's callback_metrics (GRPOModule logs train/reward)."""
-    eval_set: Optional[str] = None
-    """The watched eval set; null: every eval set, each on its own."""
-    min_train_rise: float = DEFAULT_MIN_TRAIN_RISE
-    """The least rise of the training reward since the reference round that counts."""
-    tolerance: Optional[float] = None
-    """For a metric without per-prompt outcomes (no paired interval): the least fall that counts; null: never."""
-    since: WatchReference = WatchReference.PREVIOUS
-    """previous: compare with the previous round; best: with the best round of the eval metric."""
-
-    def build(self) -> RewardWatch:
-        return RewardWatch(
-            self.eval_metric,
-            self.train_metric,
-            eval_set=self.eval_set,
-            min_train_rise=self.min_train_rise,
-            tolerance=self.tolerance,
-            since=self.since,
-        )
-
-
-@dataclass
-class EvaluatorConfig:
-    """When and how to evaluate (the seed's `evaluator` block)."""
-
-    freq_epochs: Optional[int] = None
-    """Evaluate at the end of every N-th epoch; null: off."""
-    freq_steps: Optional[int] = None
-    """Evaluate after every N-th optimizer step (global step multiples); null: off."""
-    freq_secs: Optional[float] = None
-    """Evaluate after N seconds of training since the last evaluation; null: off."""
-    eval_before_train: bool = False
-    """Evaluate the initial weights (step 0) before the first optimizer step."""
-    eval_at_end: bool = True
-    """Evaluate the final weights, unless the last step was just evaluated."""
-    mode: EvalMode = EvalMode.SYNC
-    """sync: training waits for the evaluation; async: a worker process evaluates a snapshot of the weights
-    while training goes on (results are recorded at the snapshot's step)."""
-    on_busy: OnBusy = OnBusy.SKIP
-    """async: a round that falls due while the previous one runs is skipped (a `skipped` event) or waits for it."""
-    async_device: Optional[str] = None
-    """async: where the worker evaluates (cpu, cuda:1); null: the training device."""
-    async_threads: int = DEFAULT_ASYNC_THREADS
-    """async: torch threads of the worker process."""
-    max_snapshot_mb: Optional[float] = DEFAULT_MAX_SNAPSHOT_MB
-    """async: the most MiB the weight snapshot may take (the run stops before training if it would
-    not fit); null: no bound."""
-    metric_thresholds: dict[str, float] = field(default_factory=dict)
-    """Alert when a metric that reached its threshold falls below it, e.g. {accuracy: 0.7}."""
-    threshold_action: ThresholdAction = ThresholdAction.ALERT
-    """alert: log, record and alert; stop: also stop training cleanly."""
-    on_error: ErrorPolicy = ErrorPolicy.LOG
-    """log: a failed round is recorded and training goes on; raise: fail fast. The first round of a
-    fit is a sanity round: its failure stops training either way."""
-    max_table_rows: int = DEFAULT_TABLE_ROWS
-    """Sample generations per eval set kept for the W&B table."""
-    adaptive: Optional[AdaptiveConfig] = None
-    """Adaptive frequency, e.g. {metric: accuracy, min_steps: 10, max_steps: 200}; null: off."""
-    budget: Optional[float] = None
-    """Largest share of training wall time spent evaluating (e.g. 0.1); rounds are deferred to keep it."""
-    cache: bool = False
-    """Answer a round from <output_dir>/eval_cache when the same weights, eval set and settings were evaluated."""
-    precision: EvalPrecision = EvalPrecision.FP32
-    """32, bf16 or 16: autocast during evaluation only (training precision unchanged)."""
-    best_metrics: Optional[dict[str, Direction]] = None
-    """Metrics whose best value and step are kept (across a resume) and logged as eval/<set>/<metric>/best,
-    e.g. {accuracy: max}; null: accuracy and reward/mean (max); {}: none."""
-    reward_watch: Optional[RewardWatchConfig] = None
-    """The reward-hacking watch, e.g. {eval_metric: accuracy, min_train_rise: 0.1}; null: off."""
+class EvaluatorConfig(EvaluatorSettings):
+    """When and how to evaluate (the seed's `evaluator` block): `EvaluationCallback`'s settings,
+    each option declared once in `callbacks.settings`; the metric and eval set names they give are
+    checked against the rest of the config in `Config._check_thresholds`."""
 
     def check(self, path: str) -> None:
         # The callback's own checks, at load time and with the config's key names.
         with _owned_by(path):
-            HybridTrigger(
-                freq_epochs=self.freq_epochs,
-                freq_steps=self.freq_steps,
-                freq_secs=self.freq_secs,
-                eval_before_train=self.eval_before_train,
-                eval_at_end=self.eval_at_end,
-            )
-            ThresholdMonitor(self.metric_thresholds)
-            check_async_options(self.async_device, self.async_threads, self.max_snapshot_mb)
-            check_cache_mode(self.mode, self.cache)
-        _at_least(f"{path}.max_table_rows", self.max_table_rows, 0)
+            self.trigger()
+            self.validate()
+            validate_together(self, self)
+            self.eval_budget()
+            self.thresholds()
+            self.best()
         if self.adaptive is not None:
             with _owned_by(f"{path}.adaptive"):
                 self.adaptive.build()
-        if self.budget is not None:
-            with _owned_by(path):
-                EvalBudget(self.budget)
-        with _owned_by(path):
-            BestValues(self.best_metrics)
         if self.reward_watch is not None:
             with _owned_by(f"{path}.reward_watch"):
                 self.reward_watch.build()

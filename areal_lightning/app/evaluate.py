@@ -231,7 +231,7 @@ def _history(cfg: Config, args: argparse.Namespace) -> EvalHistory:
 
 def _record_failure(cfg: Config, args: argparse.Namespace, step: int, run_id: str | None, err: Exception) -> Path:
     """One ``error`` event for the failed round (as training records one), so the history says it."""
-    from areal_lightning.tracking.history import event_record
+    from areal_lightning.tracking.records import event_record
 
     history = _history(cfg, args)
     history.append(
@@ -263,7 +263,7 @@ def _record(
     results: Sequence[SetResult],
     world_size: int,
 ) -> Path:
-    from areal_lightning.tracking.history import eval_record
+    from areal_lightning.tracking.records import eval_record
 
     history = _history(cfg, args)
     history.append_many(

@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from areal_lightning.app.config import (
     CONFIG_FILENAME,
@@ -152,7 +152,8 @@ def _save_config(run: _Run) -> Path:
 
 
 def _record_resume(run: _Run, ckpt: str) -> None:
-    from areal_lightning.tracking.history import EvalHistory, event_record
+    from areal_lightning.tracking.history import EvalHistory
+    from areal_lightning.tracking.records import event_record
 
     assert run.resumed_from_step is not None
     EvalHistory.in_run_dir(run.cfg.output_dir).append(
@@ -186,9 +187,8 @@ def fit_main(args: argparse.Namespace) -> int:
     import lightning as L
 
     from areal_lightning.app.builders import build_callback, build_trainer
-    from areal_lightning.app.interrupt import StopOnSignal, signal_exit_status
+    from areal_lightning.app.interrupt import StopOnSignal
     from areal_lightning.app.runs import CHECKPOINT_DIRNAME, LAST_CHECKPOINT, last_logged_eval_step, latest_csv_version
-    from areal_lightning.eval_round import EvalRoundError
     from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.tracking.wandb_logger import finish_wandb
 
@@ -211,39 +211,18 @@ def fit_main(args: argparse.Namespace) -> int:
         if resumed:
             _record_resume(run, args.ckpt)
     records_before = _count_records(cfg.output_dir) if trainer.is_global_zero else 0
-    saved_env = os.environ.get(RUN_ENV)
-    os.environ[RUN_ENV] = json.dumps({"run_id": cfg.run_id, "trial_name": cfg.trial_name})
-    status = 0
-    try:
-        trainer.fit(module, ckpt_path=args.ckpt)
-    except EvalRoundError:
-        # The sanity round (or on_error: raise) stopped training; the error is logged and recorded.
-        status = ROUNDS_FAILED
-    except BaseException:
-        # Lightning ends a Ctrl-C with sys.exit(1) and re-raises SIGTERMException: `stop` saw which.
-        if stop.stopped_by is None:
-            finish_wandb(trainer.loggers, exit_code=1)
-            raise
-        status = signal_exit_status(stop.stopped_by)
-    finally:
-        if saved_env is None:
-            os.environ.pop(RUN_ENV, None)
-        else:
-            os.environ[RUN_ENV] = saved_env
+    status = _fit_as_run(trainer, module, args.ckpt, cfg, stop)
     finish_wandb(trainer.loggers, exit_code=status)  # Lightning leaves the W&B run open
-    if status == ROUNDS_FAILED:
-        if not trainer.is_global_zero:
-            return status
-        failed, total = _rounds_since(cfg.output_dir, records_before, cfg.run_id)
-        return report_rounds(max(failed, 1), max(total, 1), _history_file(cfg.output_dir))
-    if status:
-        if trainer.is_global_zero:
-            _report_stop(args, cfg, stop, trainer.global_step)
-        return status
     if not trainer.is_global_zero:
-        return 0  # rank 0 reports for every rank: the rounds and their failures are the same on all
-    _plot_run(Path(cfg.output_dir))
+        return status  # rank 0 reports for every rank: the rounds and their failures are the same on all
+    if status and status != ROUNDS_FAILED:
+        _report_stop(args, cfg, stop, trainer.global_step)
+        return status
+    if not status:
+        _plot_run(Path(cfg.output_dir))
     failed, total = _rounds_since(cfg.output_dir, records_before, cfg.run_id)
+    if status:  # a round stopped training (the sanity round, or on_error: raise)
+        failed, total = max(failed, 1), max(total, 1)
     return report_rounds(failed, total, _history_file(cfg.output_dir))
 
 
@@ -274,11 +253,40 @@ def _rounds_since(output_dir: str, records_before: int, run_id: str) -> tuple[in
     return failed, failed + len({r["step"] for r in eval_rows(new)})
 
 
+def _fit_as_run(trainer: Any, module: Any, ckpt: str | None, cfg: Config, stop: Any) -> int:
+    """`trainer.fit` with the run's identity in the environment (processes the launcher starts
+    inherit it); the exit status: 0, `ROUNDS_FAILED` when a failed round stopped training, or the
+    signal's status when `stop` saw one end training."""
+    from areal_lightning.app.interrupt import signal_exit_status
+    from areal_lightning.eval_round import EvalRoundError
+    from areal_lightning.tracking.wandb_logger import finish_wandb
+
+    saved_env = os.environ.get(RUN_ENV)
+    os.environ[RUN_ENV] = json.dumps({"run_id": cfg.run_id, "trial_name": cfg.trial_name})
+    try:
+        trainer.fit(module, ckpt_path=ckpt)
+    except EvalRoundError:
+        return ROUNDS_FAILED  # the sanity round (or on_error: raise) stopped training; logged and recorded
+    except BaseException:
+        # Lightning ends a Ctrl-C with sys.exit(1) and re-raises SIGTERMException: `stop` saw which.
+        if stop.stopped_by is None:
+            finish_wandb(trainer.loggers, exit_code=1)
+            raise
+        return signal_exit_status(stop.stopped_by)
+    finally:
+        if saved_env is None:
+            os.environ.pop(RUN_ENV, None)
+        else:
+            os.environ[RUN_ENV] = saved_env
+    return 0
+
+
 def _report_stop(args: argparse.Namespace, cfg: Config, stop: StopOnSignal, step: int) -> None:
     """The stop in the eval history (an ``interrupted`` event) and on stderr, with the command that
     resumes the run from the newest checkpoint."""
     from areal_lightning.app.runs import resume_command
-    from areal_lightning.tracking.history import EvalHistory, event_record
+    from areal_lightning.tracking.history import EvalHistory
+    from areal_lightning.tracking.records import event_record
 
     assert stop.stopped_by is not None
     name = stop.stopped_by.name

@@ -231,7 +231,8 @@ class _Watch:
 
     def decide(self, stop: StopRequest) -> Decision:
         """Rank 0: what to do next."""
-        from areal_lightning.tracking.history import EvalHistory, event_record
+        from areal_lightning.tracking.history import EvalHistory
+        from areal_lightning.tracking.records import event_record
 
         if stop.requested:
             return Decision("stop", reason="stop requested")
@@ -298,24 +299,20 @@ def _load_on_every_rank(
 
 def _watch_on_rank(fabric: Fabric, watch: _Watch) -> int:
     from areal_lightning.app.builders import build_eval_sets
-    from areal_lightning.app.evaluate import format_table
-    from areal_lightning.eval_round import EvalRoundError, check_eval_sets_consistent, run_round
+    from areal_lightning.eval_round import check_eval_sets_consistent
     from areal_lightning.rl.grpo import GRPOModule
-    from areal_lightning.rl.rollout_eval import rollout_evaluate
-    from areal_lightning.tracking.history import EvalHistory, eval_record, event_record
-    from areal_lightning.tracking.loggers import log_eval_results
+    from areal_lightning.tracking.history import EvalHistory
     from areal_lightning.tracking.wandb_logger import finish_wandb
 
-    cfg = watch.cfg
-    module = GRPOModule.from_config(cfg)
+    module = GRPOModule.from_config(watch.cfg)
     converted = fabric.strategy.precision.convert_module(module)
     assert isinstance(converted, GRPOModule)  # precision plugins convert in place, they do not wrap
     module = converted.to(fabric.device)
-    eval_sets = build_eval_sets(cfg, module.task)
+    eval_sets = build_eval_sets(watch.cfg, module.task)
     check_eval_sets_consistent(eval_sets)
-    loggers: list[Logger] | None = None
     from areal_lightning.app.console import report_rounds
 
+    loggers: list[Logger] | None = None  # built at the first round, under the checkpoint's run id
     history = EvalHistory(watch.history_file)
     evaluated = failed = 0
     with StopRequest() as stop:
@@ -335,67 +332,96 @@ def _watch_on_rank(fabric: Fabric, watch: _Watch) -> int:
                         return 0  # rank 0 reports: every rank saw the same rounds fail
                     print(f"watch stopped: {decision.reason}; {evaluated} checkpoint(s) evaluated", flush=True)
                     return report_rounds(failed, evaluated + failed, watch.history_file)
-                if decision.action == "wait":
+                ok, run_id = (False, None)
+                if decision.action == "eval":
+                    assert decision.path is not None
+                    ok, run_id = _load_on_every_rank(fabric, module, decision.path, decision.step, watch.trust)
+                if not ok:  # waiting for a checkpoint, or this one did not load
                     if fabric.global_rank == 0:
                         time.sleep(watch.poll_secs)
                     continue
-                assert decision.path is not None
-                ok, run_id = _load_on_every_rank(fabric, module, decision.path, decision.step, watch.trust)
-                if not ok:
-                    if fabric.global_rank == 0:
-                        time.sleep(watch.poll_secs)
-                    continue
-                try:
-                    with fabric.autocast():
-                        results = run_round(
-                            module,
-                            eval_sets,
-                            rollout_evaluate,
-                            seed=cfg.seed,
-                            global_step=decision.step,
-                            epoch=decision.epoch,
-                        )
-                except EvalRoundError as err:
+                results = _evaluate_checkpoint(fabric, watch, module, eval_sets, decision, history)
+                if results is None:
                     failed += 1
-                    if fabric.global_rank == 0:  # recorded, so that a restart does not retry it forever
-                        log.error("evaluation of %s failed: %s", decision.path, err)
-                        history.append(
-                            event_record(
-                                "error", decision.step, message=str(err), source=WATCH_TRIGGER, checkpoint=decision.path
-                            )
-                        )
                     continue
                 evaluated += 1
-                if fabric.global_rank != 0:
-                    continue
-                watch.last_progress = time.monotonic()
-                records = [
-                    eval_record(
-                        decision.step,
-                        decision.epoch,
-                        r.dataset,
-                        r.metrics,
-                        trigger=[WATCH_TRIGGER],
-                        num_samples=r.num_samples,
-                        num_prompts=r.num_prompts,
-                        eval_secs=r.eval_secs,
-                        mode="sync",
-                        world_size=fabric.world_size,
-                        sampling=r.sampling,
-                        run_id=run_id,
-                        source="standalone",
-                    )
-                    for r in results
-                ]
-                history.append_many({**rec, "checkpoint": decision.path} for rec in records)
-                if loggers is None:
-                    loggers = watch_loggers(cfg, Path(cfg.output_dir), wandb_run_id(run_id, Path(cfg.output_dir)))
-                log_eval_results(loggers, results, decision.step)
-                print(f"checkpoint {decision.path} (step {decision.step}, epoch {decision.epoch}):", flush=True)
-                print(format_table(results), flush=True)
+                if fabric.global_rank == 0:
+                    loggers = _report_checkpoint(fabric, watch, decision, results, run_id, history, loggers)
         finally:
             if loggers:
                 finish_wandb(loggers)
+
+
+def _evaluate_checkpoint(
+    fabric: Fabric, watch: _Watch, module: GRPOModule, eval_sets: list[Any], decision: Decision, history: Any
+) -> list[Any] | None:
+    """The loaded checkpoint's round on every rank; None when it failed (recorded by rank 0, so that a
+    restart does not retry it forever)."""
+    from areal_lightning.eval_round import EvalRoundError, run_round
+    from areal_lightning.rl.rollout_eval import rollout_evaluate
+    from areal_lightning.tracking.records import event_record
+
+    try:
+        with fabric.autocast():
+            return run_round(
+                module,
+                eval_sets,
+                rollout_evaluate,
+                seed=watch.cfg.seed,
+                global_step=decision.step,
+                epoch=decision.epoch,
+            )
+    except EvalRoundError as err:
+        if fabric.global_rank == 0:
+            log.error("evaluation of %s failed: %s", decision.path, err)
+            history.append(
+                event_record("error", decision.step, message=str(err), source=WATCH_TRIGGER, checkpoint=decision.path)
+            )
+        return None
+
+
+def _report_checkpoint(
+    fabric: Fabric,
+    watch: _Watch,
+    decision: Decision,
+    results: list[Any],
+    run_id: str | None,
+    history: Any,
+    loggers: list[Logger] | None,
+) -> list[Logger]:
+    """Rank 0: the round's records (with the checkpoint's path), the loggers (built at the first
+    round, under the checkpoint's run id; returned) and a table on stdout."""
+    from areal_lightning.app.evaluate import format_table
+    from areal_lightning.tracking.loggers import log_eval_results
+    from areal_lightning.tracking.records import eval_record
+
+    cfg = watch.cfg
+    watch.last_progress = time.monotonic()
+    records = [
+        eval_record(
+            decision.step,
+            decision.epoch,
+            r.dataset,
+            r.metrics,
+            trigger=[WATCH_TRIGGER],
+            num_samples=r.num_samples,
+            num_prompts=r.num_prompts,
+            eval_secs=r.eval_secs,
+            mode="sync",
+            world_size=fabric.world_size,
+            sampling=r.sampling,
+            run_id=run_id,
+            source="standalone",
+        )
+        for r in results
+    ]
+    history.append_many({**rec, "checkpoint": decision.path} for rec in records)
+    if loggers is None:
+        loggers = watch_loggers(cfg, Path(cfg.output_dir), wandb_run_id(run_id, Path(cfg.output_dir)))
+    log_eval_results(loggers, results, decision.step)
+    print(f"checkpoint {decision.path} (step {decision.step}, epoch {decision.epoch}):", flush=True)
+    print(format_table(results), flush=True)
+    return loggers
 
 
 def add_watch_arguments(parser: argparse.ArgumentParser, ckpt_group: argparse._MutuallyExclusiveGroup) -> None:

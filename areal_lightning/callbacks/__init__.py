@@ -6,12 +6,12 @@ option Enums are pure Python and import without it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS, ErrorPolicy, EvalMode, OnBusy, ThresholdAction
 from areal_lightning.callbacks.thresholds import Alert, ThresholdMonitor
 from areal_lightning.callbacks.trigger import Cause, HybridTrigger
+from areal_lightning.lazy import lazy_exports
 
 if TYPE_CHECKING:  # type checkers see the class; at run time `__getattr__` loads it (and Lightning)
     from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
@@ -30,9 +30,6 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name != "EvaluationCallback":
-        raise AttributeError(f"module 'areal_lightning.callbacks' has no attribute {name!r}")
-    value = importlib.import_module("areal_lightning.callbacks.evaluation_callback").EvaluationCallback
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(
+    __name__, {"EvaluationCallback": "areal_lightning.callbacks.evaluation_callback"}, globals()
+)

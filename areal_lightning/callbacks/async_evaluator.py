@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 _MB = 2**20
 _POLL_SECS = 0.05  # how often a waiting training thread checks that the worker is still alive
 _STOP_SECS = 10.0  # how long a closing worker may take to finish before it is terminated
-SHARDED_STRATEGIES = ("FSDPStrategy", "ModelParallelStrategy", "DeepSpeedStrategy")
 
 
 @dataclass(frozen=True)
@@ -123,22 +122,6 @@ def _exit_message(code: int | None) -> str:
             "script's module, as DataLoader workers do"
         )
     return message
-
-
-def refuse_sharded(strategy: Any) -> None:
-    """Async evaluation copies whole weights; a strategy that shards parameters has none to copy.
-
-    Raises:
-        ValueError: for FSDP, ModelParallel and DeepSpeed strategies.
-    """
-    names = {cls.__name__ for cls in type(strategy).__mro__}
-    sharded = names.intersection(SHARDED_STRATEGIES)
-    if sharded:
-        raise ValueError(
-            f"`EvaluationCallback(mode='async')` does not support {type(strategy).__name__}: its parameters are "
-            "sharded over the ranks, and the worker needs whole weights to evaluate a snapshot. Use mode='sync' "
-            "(every rank runs the same forwards) or an unsharded strategy (ddp)."
-        )
 
 
 class AsyncEvaluator:
@@ -295,11 +278,6 @@ class AsyncEvaluator:
         if self._lent_threads is not None:
             torch.set_num_threads(self._lent_threads)
             self._lent_threads = None
-
-    @property
-    def worker_pid(self) -> int | None:
-        """The worker process's id while it runs (tests check that none is left)."""
-        return self._process.pid if self._process is not None else None
 
     # ---- rounds ---------------------------------------------------------------------------------
 

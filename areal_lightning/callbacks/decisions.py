@@ -26,10 +26,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
-from areal_lightning.callbacks.reward_watch import ALERT_KIND, HackingAlert, RewardWatch
 from areal_lightning.eval_round import SetResult
-from areal_lightning.tracking.history import EvalHistory, event_record
-from areal_lightning.tracking.loggers import EVAL_PREFIX, eval_metric_dict, send_alert
+from areal_lightning.tracking.loggers import EVAL_PREFIX, eval_metric_dict
 
 log = logging.getLogger(__name__)
 
@@ -114,57 +112,3 @@ def read_train_metric(trainer: L.Trainer, name: str) -> float | None:
     number = float(value) if value is not None and torch.as_tensor(value).numel() == 1 else math.nan
     number = trainer.strategy.broadcast(number, src=0)
     return None if math.isnan(number) else number
-
-
-def report_alert(
-    trainer: L.Trainer,
-    history: EvalHistory | None,
-    step: int,
-    *,
-    dataset: str,
-    message: str,
-    title: str,
-    run_id: str | None,
-    source: str,
-    **fields: Any,
-) -> None:
-    """Rank 0: a warning in the log (``source: message``), an ``alert`` record in the eval history
-    with `fields`, and an alert to every logger that takes one (W&B)."""
-    if not trainer.is_global_zero:
-        return
-    log.warning("%s: %s", source, message)
-    if history is not None:
-        history.append(event_record("alert", step, dataset=dataset, message=message, run_id=run_id, **fields))
-    send_alert(trainer.loggers, title=title, text=message)
-
-
-def watch_round(
-    trainer: L.Trainer,
-    watch: RewardWatch,
-    results: Sequence[SetResult],
-    step: int,
-    history: EvalHistory | None,
-    run_id: str | None,
-) -> list[HackingAlert]:
-    """Runs the reward watch on a round (every rank) and reports its alerts (rank 0)."""
-    train_value = read_train_metric(trainer, watch.train_metric)
-    alerts = watch.observe(step, train_value, {r.dataset: r.metrics for r in results})
-    for alert in alerts:
-        report_alert(
-            trainer,
-            history,
-            alert.step,
-            dataset=alert.dataset,
-            message=alert.message,
-            title=f"areal-lightning: possible reward hacking on {alert.dataset}",
-            run_id=run_id,
-            source="reward watch",
-            kind=ALERT_KIND,
-            metric=alert.metric,
-            train_metric=alert.train_metric,
-            train_rise=alert.train_rise,
-            change=alert.eval_change,
-            change_ci_high=alert.eval_change_ci_high,
-            reference_step=alert.reference_step,
-        )
-    return alerts

@@ -59,3 +59,18 @@ def import_object(path: str, owner: str, arg: str) -> Any:
             return obj
         break
     raise ArgumentError(owner, arg, path, ACCEPTED, f"`{owner}({arg}={path!r})`: {failure}")
+
+
+def named(value: Any, arg: str, *, call: bool = False) -> Any:
+    """`EvaluationCallback`'s argument `arg` as given, or, for a string, the object it names (a YAML
+    file, e.g. LightningCLI's ``init_args``, names a user's ``my_project.evals.evaluate``); with
+    `call`, a named callable is called (a factory of eval sets).
+
+    Example:
+        >>> named("os.path:join", "evaluate_fn")("a", "b"), named(max, "evaluate_fn") is max
+        ('a/b', True)
+    """
+    if not isinstance(value, str):
+        return value
+    found = import_object(value, "EvaluationCallback", arg)
+    return found() if call and callable(found) else found

@@ -105,19 +105,19 @@ def check_async_options(device: Any, threads: Any, max_snapshot_mb: Any) -> None
         )
 
 
-def check_cache_mode(mode: EvalMode, use_cache: bool) -> None:
+def check_cache_mode(mode: EvalMode, cache: bool) -> None:
     """The result cache answers sync rounds only: the async worker evaluates every snapshot it gets.
 
     Raises:
-        ArgumentError: for ``use_cache=True`` with ``mode="async"``.
+        ArgumentError: for ``cache=True`` with ``mode="async"``.
     """
-    if use_cache and mode is EvalMode.ASYNC:
+    if cache and mode is EvalMode.ASYNC:
         raise ArgumentError(
             "EvaluationCallback",
             "",
-            use_cache,
+            cache,
             "cannot use cache: true with mode: async (the result cache answers sync rounds only; the async "
             "worker evaluates every snapshot); set cache: false or mode: sync",
-            "`EvaluationCallback(use_cache=True)` does not work with mode='async': the result cache answers sync "
-            "rounds only, and the async worker evaluates every snapshot; pass use_cache=False or mode='sync'",
+            "`EvaluationCallback`: rounds cache=True does not work with execution mode='async': the result cache "
+            "answers sync rounds only, and the async worker evaluates every snapshot; pass cache=False or mode='sync'",
         )

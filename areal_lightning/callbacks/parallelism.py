@@ -1,5 +1,6 @@
-"""Does the module's forward run collectives under this strategy? The answer decides whether the
-eval round keeps every rank's forwards in lockstep (see `eval_round.run_round(lockstep=...)`).
+"""How the strategy holds the parameters (`strategy_parameters`), the one answer behind two
+decisions: whether the eval round keeps every rank's forwards in lockstep
+(`eval_round.run_round(lockstep=...)`), and whether async evaluation can copy whole weights.
 
 Sharded parameters (FSDP2 `fully_shard` under `ModelParallelStrategy`, Lightning's `FSDPStrategy`,
 DeepSpeed ZeRO stage 3) are all-gathered inside every forward: a rank that runs one forward more
@@ -11,6 +12,7 @@ must all see the same batch, and the round deals every rank different batches.
 from __future__ import annotations
 
 import logging
+from enum import Enum
 
 from lightning.pytorch.strategies import (
     DDPStrategy,
@@ -48,6 +50,48 @@ def _has_sharded_params(module: nn.Module) -> bool:
     return any(isinstance(p, DTensor) and p.device_mesh.size() > 1 for p in module.parameters())
 
 
+class Parameters(str, Enum):
+    """How a strategy holds the module's parameters on each rank."""
+
+    WHOLE = "whole"
+    """Every rank holds every parameter: single device, DDP, DeepSpeed ZeRO stages 1-2."""
+    SHARDED = "sharded"
+    """Each rank holds a shard, all-gathered inside every forward: FSDP, ModelParallel, ZeRO stage 3."""
+    UNKNOWN = "unknown"
+    """A strategy this module does not know."""
+
+
+def strategy_parameters(strategy: Strategy, module: nn.Module | None = None) -> Parameters:
+    """How `strategy` holds the parameters; with `module`, sharded (DTensor) parameters left in it
+    count as sharded whatever the strategy.
+
+    Example:
+        >>> strategy_parameters(DDPStrategy()), strategy_parameters(FSDPStrategy())
+        (<Parameters.WHOLE: 'whole'>, <Parameters.SHARDED: 'sharded'>)
+    """
+    if isinstance(strategy, (ModelParallelStrategy, FSDPStrategy)) or getattr(strategy, "zero_stage_3", False):
+        return Parameters.SHARDED
+    if module is not None and _has_sharded_params(module):
+        return Parameters.SHARDED
+    if isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)):  # DDP, DDP-spawn, XLA, DeepSpeed stage 1-2
+        return Parameters.WHOLE
+    return Parameters.UNKNOWN
+
+
+def refuse_for_async(strategy: Strategy) -> None:
+    """Async evaluation copies whole weights; a strategy that shards parameters has none to copy.
+
+    Raises:
+        ValueError: for a strategy whose parameters are sharded (FSDP, ModelParallel, DeepSpeed ZeRO stage 3).
+    """
+    if strategy_parameters(strategy) is Parameters.SHARDED:
+        raise ValueError(
+            f"`EvaluationCallback(mode='async')` does not support {type(strategy).__name__}: its parameters are "
+            "sharded over the ranks, and the worker needs whole weights to evaluate a snapshot. Use mode='sync' "
+            "(every rank runs the same forwards) or an unsharded strategy (ddp)."
+        )
+
+
 def forwards_in_lockstep(strategy: Strategy, module: nn.Module) -> bool:
     """True when every rank must run the same number of forward passes in an eval round.
 
@@ -59,16 +103,14 @@ def forwards_in_lockstep(strategy: Strategy, module: nn.Module) -> bool:
         module: the LightningModule the round evaluates.
 
     Returns:
-        True for `ModelParallelStrategy`, `FSDPStrategy`, DeepSpeed ZeRO stage 3 and any strategy
-        that left sharded (DTensor) parameters in the module; False for single-device and DDP-like
-        strategies (whole parameters on every rank). Another strategy gets True: lockstep is correct
-        whenever each forward runs the same collectives, and costs only the padding forwards.
+        False when every rank holds whole parameters (`strategy_parameters`), True otherwise: an
+        unknown strategy gets lockstep too, which is correct whenever each forward runs the same
+        collectives, and costs only the padding forwards.
 
     Raises:
         UnsupportedStrategyError: a parameter is split over a tensor-parallel mesh dimension.
 
     Example:
-        >>> from lightning.pytorch.strategies import DDPStrategy
         >>> forwards_in_lockstep(DDPStrategy(), nn.Linear(2, 2))
         False
     """
@@ -81,14 +123,10 @@ def forwards_in_lockstep(strategy: Strategy, module: nn.Module) -> bool:
             "eval round deals every rank its own batches. Shard with fully_shard (FSDP2) only, e.g. "
             "ModelParallelStrategy(data_parallel_size=<world size>, tensor_parallel_size=1)"
         )
-    if isinstance(strategy, (ModelParallelStrategy, FSDPStrategy)) or getattr(strategy, "zero_stage_3", False):
-        return True
-    if _has_sharded_params(module):
-        return True
-    if isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)):  # DDP, DDP-spawn, XLA, DeepSpeed stage 1-2
-        return False
-    log.info(
-        "strategy %s is unknown to EvaluationCallback: evaluating with every rank's forwards in lockstep",
-        type(strategy).__name__,
-    )
-    return True
+    kind = strategy_parameters(strategy, module)
+    if kind is Parameters.UNKNOWN:
+        log.info(
+            "strategy %s is unknown to EvaluationCallback: evaluating with every rank's forwards in lockstep",
+            type(strategy).__name__,
+        )
+    return kind is not Parameters.WHOLE

@@ -8,8 +8,9 @@ an `EvalSet`'s arguments does not pay for torch, torchmetrics and Lightning.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from areal_lightning.lazy import lazy_exports
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` imports on first use
     from areal_lightning.eval_round.context import (
@@ -27,12 +28,11 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
         EvalSetMismatchError as EvalSetMismatchError,
         check_eval_sets_consistent as check_eval_sets_consistent,
     )
+    from areal_lightning.eval_round.reduction import LocalSetResult as LocalSetResult, reduce_set as reduce_set
     from areal_lightning.eval_round.round import (
-        LocalSetResult as LocalSetResult,
         evaluate_local as evaluate_local,
         evaluate_set as evaluate_set,
         local_batches as local_batches,
-        reduce_set as reduce_set,
         run_round as run_round,
     )
     from areal_lightning.eval_round.sampling import (
@@ -51,10 +51,10 @@ _EXPORTS = {
     "as_eval_sets": "areal_lightning.eval_round.eval_set",
     "EvalSetMismatchError": "areal_lightning.eval_round.fingerprint",
     "check_eval_sets_consistent": "areal_lightning.eval_round.fingerprint",
-    "LocalSetResult": "areal_lightning.eval_round.round",
+    "LocalSetResult": "areal_lightning.eval_round.reduction",
     "evaluate_local": "areal_lightning.eval_round.round",
     "evaluate_set": "areal_lightning.eval_round.round",
-    "reduce_set": "areal_lightning.eval_round.round",
+    "reduce_set": "areal_lightning.eval_round.reduction",
     "local_batches": "areal_lightning.eval_round.round",
     "run_round": "areal_lightning.eval_round.round",
     "SamplingParams": "areal_lightning.eval_round.sampling",
@@ -64,13 +64,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'areal_lightning.eval_round' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -26,6 +26,15 @@ class EvalRoundError(RuntimeError):
     """`evaluate_fn` failed on at least one rank; raised on every rank, so none is left waiting."""
 
 
+def metric_to(metric: Metric, device: torch.device) -> Metric:
+    """`metric` on `device`, its dtype kept (torchmetrics' ``.to()`` resets a float64 metric to float32)."""
+    dtype = metric.dtype
+    metric = metric.to(device)
+    if metric.dtype != dtype:
+        metric.set_dtype(dtype)
+    return metric
+
+
 @dataclass
 class EvalContext:
     """What `evaluate_fn` knows about the round besides the module and its batches.
@@ -62,12 +71,7 @@ class EvalContext:
     def metric(self, name: str, factory: Callable[[], Metric]) -> Metric:
         """The metric called `name`, created on this round's device on first use."""
         if name not in self.metrics:
-            metric = factory()
-            dtype = metric.dtype
-            metric = metric.to(self.device)
-            if metric.dtype != dtype:  # torchmetrics' .to() resets a float64 metric to float32
-                metric.set_dtype(dtype)
-            self.metrics[name] = metric
+            self.metrics[name] = metric_to(factory(), self.device)
         return self.metrics[name]
 
     def record_outcomes(self, name: str, indices: Sequence[int], values: Any) -> None:

@@ -15,8 +15,9 @@ The names below load on first use (PEP 562): `options` is pure Python, so the ap
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from areal_lightning.lazy import lazy_exports
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` imports on first use
     from areal_lightning.metrics.accuracy import (
@@ -93,13 +94,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'areal_lightning.metrics' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

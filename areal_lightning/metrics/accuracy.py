@@ -9,14 +9,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from areal_lightning.metrics.checks import NanStrategy, _apply_nan_strategy, _check_confidence, _check_nan_strategy
 from areal_lightning.metrics.float64_states import Float64StateMetric
-from areal_lightning.metrics.functional import (
-    NanStrategy,
-    _apply_nan_strategy,
-    _check_confidence,
-    _check_nan_strategy,
-    wilson_interval,
-)
+from areal_lightning.metrics.functional import wilson_interval
 
 DEFAULT_THRESHOLD: float = 0.8
 """The seed's success criterion: ``rewards > 0.8``."""

@@ -8,11 +8,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from areal_lightning.metrics.checks import _check_rewards_2d
 from areal_lightning.metrics.exact import add_squares, add_values, mean_float, merge_sums, new_sum, std_float
 from areal_lightning.metrics.float64_states import Float64StateMetric
 from areal_lightning.metrics.functional import (
     ADVANTAGE_EPS,
-    _check_rewards_2d,
     _check_std,
     _group_advantages,
     _zero_std_groups,

@@ -20,9 +20,9 @@ from typing import Any, NamedTuple, TypeAlias
 import torch
 from torch import Tensor
 
+from areal_lightning.metrics.checks import _check_confidence
 from areal_lightning.metrics.exact import add_squares, add_values, merge_sums, new_sum, sum_count, sum_float
 from areal_lightning.metrics.float64_states import Float64StateMetric
-from areal_lightning.metrics.functional import _check_confidence
 
 DEFAULT_CONFIDENCE = 0.95
 _KEY_PREVIOUS = "previous"

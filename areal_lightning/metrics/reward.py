@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from areal_lightning.metrics.checks import NanStrategy, _apply_nan_strategy, _check_nan_strategy
 from areal_lightning.metrics.exact import add_squares, add_values, mean_float, merge_sums, new_sum, std_float, sum_count
 from areal_lightning.metrics.float64_states import Float64StateMetric
-from areal_lightning.metrics.functional import NanStrategy, _apply_nan_strategy, _check_nan_strategy
 
 
 class RewardMetric(Float64StateMetric):

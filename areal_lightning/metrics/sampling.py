@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from areal_lightning.metrics.functional import _check_k, _maj_at_k_per_prompt, _pass_at_k_per_prompt
+from areal_lightning.metrics.checks import _check_k
+from areal_lightning.metrics.functional import _maj_at_k_per_prompt, _pass_at_k_per_prompt
 from areal_lightning.metrics.mean import ExactMean
 
 

@@ -2,23 +2,20 @@
 
 from typing import TYPE_CHECKING
 
+from areal_lightning.lazy import lazy_exports
 from areal_lightning.tracking.history import (
-    EVAL_MODES,
-    EVENT_KINDS,
     HISTORY_FILENAME,
-    RECORD_SOURCES,
     EvalHistory,
     TruncatedHistoryWarning,
     drop_superseded,
-    eval_record,
     eval_rows,
-    event_record,
     event_rows,
     history_path,
     new_run_id,
     read_history,
     split_runs,
 )
+from areal_lightning.tracking.records import EVAL_MODES, EVENT_KINDS, RECORD_SOURCES, eval_record, event_record
 
 __all__ = [
     "EVAL_MODES",
@@ -63,11 +60,4 @@ _LAZY_EXPORTS = {
 __all__ += sorted(_LAZY_EXPORTS)
 
 
-def __getattr__(name: str) -> object:
-    if name not in _LAZY_EXPORTS:
-        raise AttributeError(f"module 'areal_lightning.tracking' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(_LAZY_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY_EXPORTS, globals())

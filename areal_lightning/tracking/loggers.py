@@ -15,7 +15,7 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
 from areal_lightning.eval_round import SetResult
-from areal_lightning.tracking.wandb_logger import alert_level, log_eval_round, send_wandb_alert
+from areal_lightning.tracking.wandb_rounds import alert_level, log_eval_round, send_wandb_alert
 
 if TYPE_CHECKING:
     from wandb.sdk.wandb_alerts import AlertLevel

@@ -142,6 +142,23 @@ def build_figure(runs: Mapping[str, Sequence[Mapping[str, Any]]], metric: str = 
         >>> [l.get_label() for l in build_figure({"demo": recs}).axes[0].get_lines()]
         ['easy']
     """
+    all_series = _collect_series(runs, metric)
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    run_names = list(runs)
+    single = len(runs) == 1
+    _draw_series(ax, all_series, run_names, single)
+    _style_axes(ax, metric, all_series, run_names, single)
+    return fig
+
+
+def _collect_series(runs: Mapping[str, Sequence[Mapping[str, Any]]], metric: str) -> list[Series]:
+    """Every run's series of `metric`; a `PlotError` when there is nothing to draw."""
     if not runs:
         raise PlotError("build_figure(runs=...) needs at least one run, got none")
     for name, records in runs.items():
@@ -152,7 +169,7 @@ def build_figure(runs: Mapping[str, Sequence[Mapping[str, Any]]], metric: str = 
         found = metric_series(name, records, metric)
         if not found and len(runs) > 1:
             warnings.warn(
-                f"run {name!r} has no metric {metric!r}; it is left out of the figure", UserWarning, stacklevel=2
+                f"run {name!r} has no metric {metric!r}; it is left out of the figure", UserWarning, stacklevel=3
             )
         all_series.extend(found)
     if not all_series:
@@ -162,19 +179,13 @@ def build_figure(runs: Mapping[str, Sequence[Mapping[str, Any]]], metric: str = 
         raise PlotError(
             f"metric {metric!r} has no finite value in any eval record (every one is null: NaN); nothing to draw"
         )
+    return all_series
 
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
-    from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    run_names = list(runs)
+def _draw_series(ax: Any, all_series: Sequence[Series], run_names: list[str], single: bool) -> None:
+    """A line (and a band where there is a CI) per series: colour per eval set (one run) or per run."""
     datasets = list(dict.fromkeys(s.dataset for s in all_series))
     palette = [f"C{i}" for i in range(PALETTE_SIZE)]  # matplotlib's default colour cycle
-    single = len(runs) == 1
     for s in all_series:
         d_index, r_index = datasets.index(s.dataset), run_names.index(s.run)
         color = palette[(d_index if single else r_index) % len(palette)]
@@ -203,6 +214,12 @@ def build_figure(runs: Mapping[str, Sequence[Mapping[str, Any]]], metric: str = 
                 s.steps, s.ci_low, s.ci_high, color=color, alpha=BAND_ALPHA, linewidth=0, label=f"_ci {label}", zorder=2
             )
 
+
+def _style_axes(ax: Any, metric: str, all_series: Sequence[Series], run_names: list[str], single: bool) -> None:
+    """Title, labels, grid and the legend (outside the axes when it is long)."""
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
+
     ax.set_title(_title(metric, run_names))
     ax.set_xlabel(X_LABEL)
     ax.set_ylabel(metric)
@@ -223,7 +240,6 @@ def build_figure(runs: Mapping[str, Sequence[Mapping[str, Any]]], metric: str = 
         ax.legend(handles, labels, title=legend_title, loc="best", frameon=False)
     else:
         ax.legend(handles, labels, title=legend_title, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    return fig
 
 
 def run_names(run_dirs: Sequence[Path]) -> list[str]:

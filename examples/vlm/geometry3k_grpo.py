@@ -240,9 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     evaluation = EvaluationCallback(
         {"geometry3k": load_problems(args.eval_data or args.data)},
         evaluate_fn,
-        freq_steps=args.eval_every,
-        eval_before_train=True,
-        metric_thresholds={"reward": 0.85, "accuracy": 0.7},
+        schedule={"freq_steps": args.eval_every, "eval_before_train": True},
+        decisions={"metric_thresholds": {"reward": 0.85, "accuracy": 0.7}},
         output_dir=args.output_dir,
     )
     trainer = L.Trainer(

@@ -31,7 +31,9 @@ def fails_on_rank_1(module: Any, batches: Any, ctx: Any) -> dict[str, float]:
 
 def main(root: Path, on_error: str) -> None:
     quiet()
-    callback = EvaluationCallback({"probe": list(range(7))}, fails_on_rank_1, freq_steps=1, on_error=on_error)
+    callback = EvaluationCallback(
+        {"probe": list(range(7))}, fails_on_rank_1, schedule={"freq_steps": 1}, rounds={"on_error": on_error}
+    )
     trainer = make_trainer(root, [callback], MAX_STEPS, strategy="ddp", accelerator="cpu", devices=2)
     try:
         trainer.fit(CountingModule(epoch_len=8))

@@ -77,7 +77,7 @@ def _always_seven(module: GRPOModule) -> None:
 @pytest.mark.parametrize("samples", [[], ()])
 def test_an_empty_eval_set_is_refused_when_the_callback_is_built(samples: Any) -> None:
     with pytest.raises(ValueError, match=r"`EvalSet\(name='easy'\)` has no samples; give at least one"):
-        EvaluationCallback({"easy": samples}, evaluate_fn=lambda m, b, c: {}, freq_steps=1)
+        EvaluationCallback({"easy": samples}, schedule={"freq_steps": 1}, evaluate_fn=lambda m, b, c: {})
 
 
 def test_samples_without_indexing_are_refused_naming_what_is_accepted() -> None:
@@ -168,7 +168,9 @@ def _nan_rewards(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
 
 
 def test_a_nan_reward_in_a_users_reward_metric_fails_the_round_naming_the_count(tmp_path: Path) -> None:
-    callback = EvaluationCallback({"probe": [0, 1, 2]}, _nan_rewards, freq_steps=2, on_error="log")
+    callback = EvaluationCallback(
+        {"probe": [0, 1, 2]}, _nan_rewards, schedule={"freq_steps": 2}, rounds={"on_error": "log"}
+    )
     trainer = make_trainer(tmp_path, [callback], max_steps=6)
     trainer.fit(CountingModule(epoch_len=8))
     assert trainer.global_step == 6  # training went on

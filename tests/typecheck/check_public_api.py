@@ -17,16 +17,20 @@ from typing_extensions import assert_type
 
 from areal_lightning import (
     AccuracyMetric,
+    Decisions,
     EvalBatch,
     EvalContext,
     EvalHistory,
     EvalSet,
     EvaluateFn,
     EvaluationCallback,
+    Execution,
     GRPOModule,
     HybridTrigger,
     PassAtK,
     RewardMetric,
+    RoundSettings,
+    Schedule,
     SetResult,
     __version__,
     load_config,
@@ -35,6 +39,8 @@ from areal_lightning import (
     run_round,
     wilson_interval,
 )
+from areal_lightning.callbacks.options import EvalMode
+from areal_lightning.eval_round.precision import EvalPrecision
 
 
 def evaluate_with_any_module(module: Any, batches: Sequence[EvalBatch], ctx: EvalContext) -> dict[str, float]:
@@ -52,11 +58,21 @@ def evaluate_grpo(module: GRPOModule, batches: Sequence[EvalBatch], ctx: EvalCon
 def use_the_callback(tmp: Path) -> list[EvaluationCallback]:
     as_protocol: EvaluateFn = evaluate_with_any_module
     return [
-        EvaluationCallback({"easy": ["1+1=", "2+2="]}, evaluate_with_any_module, freq_steps=10, output_dir=tmp),
-        EvaluationCallback([EvalSet("easy", ["1+1="], batch_size=2)], evaluate_a_lightning_module, freq_epochs=1),
-        EvaluationCallback({"easy": [1, 2]}, evaluate_grpo, metric_thresholds={"accuracy": 0.7}),
-        EvaluationCallback({"easy": [1, 2]}, lambda module, batches, ctx: {"n": len(batches)}, freq_secs=60.0),
-        EvaluationCallback({"easy": [1, 2]}, "my_project.evals.evaluate", eval_at_end=True),  # a dotted path
+        EvaluationCallback(
+            {"easy": ["1+1=", "2+2="]}, evaluate_with_any_module, schedule=Schedule(freq_steps=10), output_dir=tmp
+        ),
+        EvaluationCallback(
+            [EvalSet("easy", ["1+1="], batch_size=2)], evaluate_a_lightning_module, schedule={"freq_epochs": 1}
+        ),
+        EvaluationCallback({"easy": [1, 2]}, evaluate_grpo, decisions=Decisions(metric_thresholds={"accuracy": 0.7})),
+        EvaluationCallback(
+            {"easy": [1, 2]},
+            lambda module, batches, ctx: {"n": len(batches)},
+            schedule=Schedule(freq_secs=60.0),
+            execution=Execution(mode=EvalMode.SYNC),
+            rounds=RoundSettings(precision=EvalPrecision.BF16, cache=True),
+        ),
+        EvaluationCallback({"easy": [1, 2]}, "my_project.evals.evaluate"),  # a dotted path
         EvaluationCallback({"easy": [1, 2]}, as_protocol),
     ]
 

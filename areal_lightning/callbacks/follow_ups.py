@@ -1,0 +1,261 @@
+"""What follows a round: each `FollowUp` observes every finished round at the step of its weights.
+
+`EvaluationCallback` concludes a round in one fixed order: the follow-ups with
+``after_record = False`` in list order (they add metrics, ``extras`` and record ``fields`` to the
+round), then the round is published to ``trainer.callback_metrics`` and recorded, then the
+follow-ups with ``after_record = True`` in list order (they read the recorded round and raise
+alerts or stop training). `build_follow_ups` makes the list; its order is:
+
+1. `DriftCheck`: at training start only, reports eval sets whose content changed.
+2. `PairedDeltas`: ``<metric>/delta`` and ``delta_best`` with their paired 95% intervals.
+3. `BudgetShare`: charges the round to the eval-time budget (``budget_share``, ``deferred``).
+4. `AdaptiveInterval`: the adaptive schedule's next interval, from the paired intervals.
+5. `BestMetrics`: ``<metric>/best`` and ``best_step``.
+6. `ThresholdAlerts` (after the record): threshold alerts, and the stop they may ask for.
+7. `RewardHackingWatch` (after the record): the reward-hacking watch's alerts.
+
+Every follow-up runs on every rank with the same reduced results; `state_dict` goes into the
+callback's checkpoint state under `state_key` (None: nothing to keep). To add one, write its class
+(in its own module) and add it to `build_follow_ups`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import lightning as L
+
+from areal_lightning.callbacks.adaptive import AdaptiveSchedule
+from areal_lightning.callbacks.best import BestValues
+from areal_lightning.callbacks.budget import EvalBudget
+from areal_lightning.callbacks.decisions import read_train_metric
+from areal_lightning.callbacks.options import ThresholdAction
+from areal_lightning.callbacks.reward_watch import ALERT_KIND, RewardWatch
+from areal_lightning.callbacks.runners import Finished
+from areal_lightning.callbacks.settings import Decisions, Schedule
+from areal_lightning.callbacks.thresholds import ThresholdMonitor
+from areal_lightning.eval_round import EvalSet
+from areal_lightning.eval_round.drift import DriftMonitor
+from areal_lightning.metrics.paired import PairedRounds
+from areal_lightning.tracking.recorder import EvalRecorder
+
+
+class FollowUp:
+    """Observes finished rounds; every method is a no-op unless overridden."""
+
+    state_key: ClassVar[str | None] = None
+    """The key of `state_dict` in the callback's state; None: the follow-up keeps nothing."""
+    after_record: ClassVar[bool] = False
+    """Runs after the round is recorded (reads it) rather than before (adds to it)."""
+    keeps: ClassVar[str | None] = None
+    """The attribute holding the object whose `state_dict` this follow-up checkpoints."""
+
+    def start(self, trainer: L.Trainer, eval_sets: Sequence[EvalSet], recorder: EvalRecorder) -> None:
+        """Training (re)starts."""
+
+    def observe(self, trainer: L.Trainer, done: Finished, recorder: EvalRecorder) -> None:
+        """A round finished; `done.results` are the same on every rank."""
+
+    def stop(self) -> None:
+        """Training ended."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(getattr(self, self.keeps).state_dict()) if self.keeps else {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores a `state_dict`; missing keys keep their current values."""
+        if self.keeps:
+            getattr(self, self.keeps).load_state_dict(state)
+
+
+class DriftCheck(FollowUp):
+    """Compares each eval set with the one the checkpoint saw; a changed set starts its pairing anew."""
+
+    state_key = "drift"
+    keeps = "monitor"
+
+    def __init__(self, pairs: PairedRounds) -> None:
+        self.monitor = DriftMonitor()
+        self.pairs = pairs
+
+    def start(self, trainer: L.Trainer, eval_sets: Sequence[EvalSet], recorder: EvalRecorder) -> None:
+        for name, message in self.monitor.check(eval_sets).items():
+            self.pairs.reset(name)  # the new content has nothing to pair with
+            recorder.drift(trainer, trainer.global_step, name, message)
+
+
+class PairedDeltas(FollowUp):
+    """Adds the paired change since the previous and the best round to the sets evaluated now; its
+    state (every rank's outcomes: a collective under DDP) lets the first round after a resume pair."""
+
+    state_key = "pairs"
+    keeps = "pairs"
+
+    def __init__(self, pairs: PairedRounds) -> None:
+        self.pairs = pairs
+
+    def observe(self, trainer: L.Trainer, done: Finished, recorder: EvalRecorder) -> None:
+        device = trainer.strategy.root_device
+        for r in done.results:  # every rank, the same sets: one reduction per metric and reference
+            r.metrics.update(self.pairs.update(r.dataset, r.outcomes, r.outcome_names, r.metrics, device))
+
+
+class BudgetShare(FollowUp):
+    """Keeps evaluation within a share of the wall time: `allows` defers rounds, `observe` charges them."""
+
+    state_key = "budget"
+    keeps = "budget"
+
+    def __init__(self, budget: EvalBudget) -> None:
+        self.budget = budget
+        self.deferred_steps: list[int] = []
+
+    def allows(self, step: int) -> bool:
+        """A round at `step` keeps the budget; a deferred step is remembered."""
+        if self.budget.allows():
+            return True
+        self.deferred_steps.append(step)
+        self.budget.defer()
+        return False
+
+    def start(self, trainer: L.Trainer, eval_sets: Sequence[EvalSet], recorder: EvalRecorder) -> None:
+        self.budget.start()
+
+    def observe(self, trainer: L.Trainer, done: Finished, recorder: EvalRecorder) -> None:
+        deferred = self.budget.add_round(done.blocked_secs)  # rounds deferred since the previous one
+        share = self.budget.spent_share()
+        done.extras["budget_share"] = share
+        done.fields.update(budget_share=share, deferred=deferred)
+
+    def stop(self) -> None:
+        self.budget.stop()
+
+
+class AdaptiveInterval(FollowUp):
+    """Moves the adaptive schedule's interval after each round; each change is logged and recorded."""
+
+    state_key = "adaptive"
+    keeps = "schedule"
+
+    def __init__(self, schedule: AdaptiveSchedule, pairs: PairedRounds) -> None:
+        self.schedule = schedule
+        self.pairs = pairs
+
+    def observe(self, trainer: L.Trainer, done: Finished, recorder: EvalRecorder) -> None:
+        changes = self.pairs.last_changes
+        intervals = {
+            r.dataset: {m: (c.low, c.high) for m, c in changes.get(r.dataset, {}).items()} for r in done.results
+        }
+        change = self.schedule.observe(done.step, intervals)
+        done.extras["adaptive_interval"] = float(self.schedule.interval)
+        if change.old == change.new:
+            return
+        how = "moved beyond" if change.moved else "stayed within"
+        message = (
+            f"{self.schedule.metric} {how} its paired 95% interval: the next adaptive round comes "
+            f"{change.new} steps after step {done.step} (was {change.old})"
+        )
+        fields = dict(metric=self.schedule.metric, old_interval=change.old, new_interval=change.new)
+        recorder.event(trainer, "adaptive", done.step, message, level=logging.INFO, **fields, moved=change.moved)
+
+
+class BestMetrics(FollowUp):
+    """Adds each watched metric's best value and step so far to every set's metrics."""
+
+    state_key = "best"
+    keeps = "best"
+
+    def __init__(self, best: BestValues) -> None:
+        self.best = best
+
+    def observe(self, trainer: L.Trainer, done: Finished, recorder: EvalRecorder) -> None:
+        for r in done.all_results:
+            r.metrics.update(self.best.update(r.dataset, r.metrics, done.step))
+
+
+class ThresholdAlerts(FollowUp):
+    """One alert per crossing below a threshold; with ``stop``, training stops after it."""
+
+    state_key = "thresholds"
+    keeps = "monitor"
+    after_record = True
+
+    def __init__(self, monitor: ThresholdMonitor, action: ThresholdAction) -> None:
+        self.monitor = monitor
+        self.action = action
+
+    def observe(self, trainer: L.Trainer, done: Finished, recorder: EvalRecorder) -> None:
+        if not self.monitor.thresholds:
+            return
+        results = done.all_results
+        if not self.monitor.resolved:
+            self.monitor.resolve({name for r in results for name in r.metrics})
+        alerts = [a for r in results for a in self.monitor.check(r.dataset, r.metrics, done.step)]
+        for alert in alerts:
+            recorder.alert(
+                trainer,
+                done.step,
+                dataset=alert.dataset,
+                message=alert.message,
+                title=f"areal-lightning: {alert.dataset}/{alert.metric} below threshold",
+                source="threshold alert",
+                metric=alert.metric,
+                value=alert.value,
+                threshold=alert.threshold,
+            )
+        # Reduced metrics are identical on every rank, but a stop decided alone would leave the
+        # other ranks in the next step's collectives: agree explicitly.
+        if self.action is ThresholdAction.STOP and trainer.strategy.reduce_boolean_decision(bool(alerts), all=False):
+            trainer.should_stop = True
+
+
+class RewardHackingWatch(FollowUp):
+    """Alerts when the training reward rises while an eval metric falls beyond its noise."""
+
+    state_key = "reward_watch"
+    keeps = "watch"
+    after_record = True
+
+    def __init__(self, watch: RewardWatch) -> None:
+        self.watch = watch
+
+    def observe(self, trainer: L.Trainer, done: Finished, recorder: EvalRecorder) -> None:
+        train_value = read_train_metric(trainer, self.watch.train_metric)
+        results = done.all_results
+        for alert in self.watch.observe(done.step, train_value, {r.dataset: r.metrics for r in results}):
+            recorder.alert(
+                trainer,
+                alert.step,
+                dataset=alert.dataset,
+                message=alert.message,
+                title=f"areal-lightning: possible reward hacking on {alert.dataset}",
+                source="reward watch",
+                kind=ALERT_KIND,
+                metric=alert.metric,
+                train_metric=alert.train_metric,
+                train_rise=alert.train_rise,
+                change=alert.eval_change,
+                change_ci_high=alert.eval_change_ci_high,
+                reference_step=alert.reference_step,
+            )
+
+
+def build_follow_ups(
+    schedule: Schedule, decisions: Decisions, clock: Callable[[], float] = time.monotonic
+) -> list[FollowUp]:
+    """The follow-ups the settings ask for, in the order they observe each round (the module docstring)."""
+    pairs = PairedRounds()
+    budget = schedule.eval_budget(clock)
+    follow_ups: list[FollowUp | None] = [
+        DriftCheck(pairs),
+        PairedDeltas(pairs),
+        BudgetShare(budget) if budget is not None else None,
+        AdaptiveInterval(schedule.adaptive.build(), pairs) if schedule.adaptive is not None else None,
+        BestMetrics(decisions.best()),
+        ThresholdAlerts(decisions.thresholds(), decisions.threshold_action),
+        RewardHackingWatch(decisions.reward_watch.build()) if decisions.reward_watch is not None else None,
+    ]
+    return [f for f in follow_ups if f is not None]

@@ -1,0 +1,316 @@
+"""How a round runs: on the training thread (`SyncRunner`) or in a worker process on a snapshot of
+the weights (`AsyncRunner`).
+
+The callback holds one runner and asks it three things: `submit` a round when a trigger fires,
+`poll` every step, `finish` at the end or before a checkpoint. Each call returns the rounds that
+ended during it, reduced on every rank (`Finished`), or that were not run (`Skipped`); the callback
+concludes them the same way whichever runner produced them, and never asks which mode it is in.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import lightning as L
+
+from areal_lightning.callbacks.async_evaluator import AsyncEvaluator, module_evaluate
+from areal_lightning.callbacks.options import EvalMode, OnBusy
+from areal_lightning.callbacks.parallelism import refuse_for_async
+from areal_lightning.callbacks.progress import trainer_progress
+from areal_lightning.callbacks.trigger import Cause
+from areal_lightning.eval_round import EvalRoundError, EvalSet, EvaluateFn, SetResult, reduce_set, run_round
+from areal_lightning.eval_round.cache import (
+    ResultCache,
+    UncacheableError,
+    function_identity,
+    result_key,
+    weights_digest,
+)
+from areal_lightning.eval_round.precision import EvalPrecision, eval_precision
+
+if TYPE_CHECKING:
+    from areal_lightning.callbacks.settings import Execution
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RoundSpec:
+    """What every round of a fit evaluates, fixed when training starts."""
+
+    eval_sets: list[EvalSet]
+    evaluate_fn: EvaluateFn | None
+    seed: int
+    max_table_rows: int
+    precision: EvalPrecision
+    lockstep: bool = False
+    """Every rank runs the same number of forwards (sharded parameters)."""
+    cache_dir: Path | None = None
+    """Where the result cache lives; None: no cache."""
+
+
+@dataclass
+class Finished:
+    """A round that ended: its reduced results (the same on every rank), or its error.
+
+    `results` are the sets evaluated now, `cached` the ones the result cache answered; the
+    follow-ups may add metrics to both, and `extras` (run-level numbers, logged as ``eval/<name>``)
+    and `fields` (keys of every history record of the round).
+    """
+
+    step: int
+    epoch: int
+    causes: list[Cause]
+    results: list[SetResult] = field(default_factory=list)
+    cached: dict[str, SetResult] = field(default_factory=dict)
+    blocked_secs: float = 0.0
+    """How long the round held training up (the budget charges this)."""
+    fields: dict[str, Any] = field(default_factory=dict)
+    extras: dict[str, float] = field(default_factory=dict)
+    error: EvalRoundError | None = None
+    order: list[str] = field(default_factory=list)
+    """The eval sets' names in their order; empty: the order of `results`."""
+
+    @property
+    def all_results(self) -> list[SetResult]:
+        """Every set's result, fresh or cached, in the eval sets' order."""
+        if not self.cached:
+            return self.results
+        by_name = {r.dataset: r for r in self.results} | self.cached
+        return [by_name[name] for name in self.order]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A round that fell due while another was in flight, and was not run (``on_busy="skip"``)."""
+
+    step: int
+    running_step: int
+    causes: list[Cause]
+
+
+Outcome = Finished | Skipped
+
+
+class Runner(Protocol):
+    """Runs rounds for `EvaluationCallback`; every method is called on every rank alike."""
+
+    mode: EvalMode
+
+    @property
+    def busy(self) -> bool:
+        """A round is in flight (the same on every rank)."""
+
+    def setup(self, trainer: L.Trainer) -> None:
+        """Refuses a strategy the runner cannot work with, before training starts."""
+
+    def start(self, trainer: L.Trainer, pl_module: L.LightningModule, spec: RoundSpec) -> None:
+        """Training starts: what the rounds of this fit evaluate."""
+
+    def submit(self, trainer: L.Trainer, pl_module: L.LightningModule, causes: list[Cause]) -> list[Outcome]:
+        """A round of the current weights is due."""
+
+    def poll(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[Outcome]:
+        """Every optimizer step: the rounds that ended since; never waits."""
+
+    def finish(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[Outcome]:
+        """Waits for the round in flight, if any."""
+
+    def close(self, cancel: bool = False) -> None:
+        """Training ended (or crashed, with `cancel`): release what the runner holds."""
+
+
+class SyncRunner:
+    """Runs each round at once on the training thread, answering eval sets from the result cache
+    when the spec names a cache directory."""
+
+    mode = EvalMode.SYNC
+    busy = False
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._spec: RoundSpec | None = None
+
+    def setup(self, trainer: L.Trainer) -> None:
+        pass
+
+    def start(self, trainer: L.Trainer, pl_module: L.LightningModule, spec: RoundSpec) -> None:
+        self._spec = spec
+
+    def submit(self, trainer: L.Trainer, pl_module: L.LightningModule, causes: list[Cause]) -> list[Outcome]:
+        spec = self._spec
+        assert spec is not None, "start() comes first"
+        step, epoch = trainer.global_step, trainer.current_epoch
+        started = self._clock()
+        # The module's own method as a plain function: its qualified name and code key the cache.
+        evaluate_fn = (
+            spec.evaluate_fn
+            or getattr(type(pl_module), "evaluate", None)
+            or (lambda module, batches, ctx: module.evaluate(batches, ctx))
+        )
+        cached, keys = self._cached_results(trainer, pl_module, evaluate_fn)
+        try:
+            with eval_precision(pl_module, spec.precision):
+                fresh = run_round(
+                    pl_module,
+                    [s for s in spec.eval_sets if s.name not in cached],
+                    evaluate_fn,
+                    seed=spec.seed,
+                    global_step=step,
+                    epoch=epoch,
+                    max_table_rows=spec.max_table_rows,
+                    progress=trainer_progress(trainer),
+                    lockstep=spec.lockstep,
+                )
+        except EvalRoundError as err:
+            return [Finished(step, epoch, causes, error=err)]
+        if keys:
+            assert spec.cache_dir is not None  # keys exist only with the cache on
+            for r in fresh:
+                ResultCache(spec.cache_dir).put(keys[r.dataset], r)  # rank 0 only: `keys` is empty elsewhere
+        order = [s.name for s in spec.eval_sets]
+        return [Finished(step, epoch, causes, fresh, cached, blocked_secs=self._clock() - started, order=order)]
+
+    def poll(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[Outcome]:
+        return []
+
+    def finish(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[Outcome]:
+        return []
+
+    def close(self, cancel: bool = False) -> None:
+        pass
+
+    def _cache_keys(self, pl_module: L.LightningModule, evaluate_fn: EvaluateFn) -> dict[str, str]:
+        assert self._spec is not None
+        weights = weights_digest(pl_module)
+        settings = {
+            "seed": self._spec.seed,
+            "precision": str(self._spec.precision.value),
+            "evaluate_fn": function_identity(evaluate_fn),
+            "max_table_rows": self._spec.max_table_rows,
+        }
+        return {s.name: result_key(weights, s, **settings) for s in self._spec.eval_sets}
+
+    def _cached_results(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, evaluate_fn: EvaluateFn
+    ) -> tuple[dict[str, SetResult], dict[str, str]]:
+        """The eval sets answered from the cache (rank 0 looks, every rank gets its answer) and,
+        on rank 0, every set's key."""
+        cache_dir = self._spec.cache_dir if self._spec is not None else None
+        if cache_dir is None:
+            return {}, {}
+        keys: dict[str, str] = {}
+        hits: dict[str, SetResult] = {}
+        if trainer.is_global_zero:
+            try:
+                keys = self._cache_keys(pl_module, evaluate_fn)
+            except UncacheableError as err:  # state changed since construction: evaluate, cache nothing
+                warnings.warn(f"result cache skipped this round: {err}", stacklevel=2)
+            cache = ResultCache(cache_dir)
+            hits = {name: r for name, key in keys.items() if (r := cache.get(key)) is not None}
+        # Every rank must skip the same eval sets, or the ranks that evaluate wait for the others.
+        return trainer.strategy.broadcast(hits, src=0), keys
+
+
+class AsyncRunner:
+    """Hands each round to an `AsyncEvaluator` worker and reduces its results at a step every rank
+    agrees on; at most one round in flight, the next one skipped or waiting per `on_busy`."""
+
+    mode = EvalMode.ASYNC
+
+    def __init__(
+        self, evaluator: AsyncEvaluator, on_busy: OnBusy = OnBusy.SKIP, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.evaluator = evaluator
+        self.on_busy = on_busy
+        self._clock = clock
+        self._eval_sets: list[EvalSet] = []
+        self._blocked_secs = 0.0  # training time the round in flight has taken so far (its copy)
+
+    @property
+    def busy(self) -> bool:
+        return self.evaluator.in_flight is not None
+
+    def setup(self, trainer: L.Trainer) -> None:
+        refuse_for_async(trainer.strategy)
+
+    def start(self, trainer: L.Trainer, pl_module: L.LightningModule, spec: RoundSpec) -> None:
+        self._eval_sets = list(spec.eval_sets)
+        self.evaluator.start(
+            pl_module,
+            spec.eval_sets,
+            spec.evaluate_fn or module_evaluate,
+            seed=spec.seed,
+            rank=trainer.global_rank,
+            world_size=trainer.world_size,
+            max_table_rows=spec.max_table_rows,
+            precision=spec.precision,
+        )
+
+    def submit(self, trainer: L.Trainer, pl_module: L.LightningModule, causes: list[Cause]) -> list[Outcome]:
+        step = trainer.global_step
+        running = self.evaluator.in_flight
+        if running is not None and self.on_busy is OnBusy.SKIP:
+            # Whether a round is in flight is the same on every rank (rounds start and finish at
+            # agreed steps), so every rank skips alike.
+            return [Skipped(step, running.step, causes)]
+        done = self.finish(trainer, pl_module)
+        copy_started = self._clock()
+        snapshot = self.evaluator.submit(pl_module, step, trainer.current_epoch, causes)
+        self._blocked_secs += self._clock() - copy_started
+        log.info(
+            "async evaluation of step %d started: %.2f MiB snapshot copied in %.4f s",
+            step,
+            snapshot.mb,
+            snapshot.copy_secs,
+        )
+        return done
+
+    def poll(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[Outcome]:
+        if self.evaluator.in_flight is None:
+            self.evaluator.poll_start()
+            return []
+        # Each rank's worker finishes on its own clock, and the reduction is collective: a rank
+        # that reduced alone would wait for the others. Reduce when every rank is ready.
+        if not trainer.strategy.reduce_boolean_decision(self.evaluator.ready(), all=True):
+            return []
+        return self._collect(trainer, pl_module)
+
+    def finish(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[Outcome]:
+        return self._collect(trainer, pl_module) if self.evaluator.in_flight is not None else []
+
+    def close(self, cancel: bool = False) -> None:
+        self.evaluator.close(cancel=cancel)
+
+    def _collect(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[Outcome]:
+        """Reduces the round in flight on every rank, at its snapshot's step; the budget is charged
+        what held training up: the snapshot's copy, the wait for the worker, the reduction."""
+        started = self._clock()
+        snapshot, local = self.evaluator.collect(self._eval_sets)
+        blocked, self._blocked_secs = self._blocked_secs, 0.0
+        causes = [Cause(c) for c in snapshot.causes]
+        try:
+            results = [reduce_set(r, s, device=pl_module.device) for r, s in zip(local, self._eval_sets, strict=True)]
+        except EvalRoundError as err:
+            return [Finished(snapshot.step, snapshot.epoch, causes, error=err)]
+        fields: Mapping[str, Any] = {
+            "lag_steps": trainer.global_step - snapshot.step,
+            "snapshot_mb": snapshot.mb,
+            "snapshot_secs": snapshot.copy_secs,
+        }
+        blocked += self._clock() - started
+        return [Finished(snapshot.step, snapshot.epoch, causes, results, blocked_secs=blocked, fields=dict(fields))]
+
+
+def make_runner(execution: Execution, clock: Callable[[], float] = time.monotonic) -> Runner:
+    """The runner of `execution.mode`: the one place that looks at the mode."""
+    if execution.mode is EvalMode.ASYNC:
+        evaluator = AsyncEvaluator(execution.async_device, execution.async_threads, execution.max_snapshot_mb)
+        return AsyncRunner(evaluator, execution.on_busy, clock)
+    return SyncRunner(clock)

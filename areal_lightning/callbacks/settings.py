@@ -1,0 +1,330 @@
+"""The options of `EvaluationCallback`, in four groups, each a dataclass with one name, one default
+and one check per option.
+
+`EvaluationCallback(schedule=..., execution=..., rounds=..., decisions=...)` takes these groups (or
+mappings of their fields); the app's YAML ``evaluator`` block is `EvaluatorSettings`, the four
+groups' fields side by side under the same names (``evaluator.freq_steps``, ``evaluator.cache``),
+plus the two nested sections ``evaluator.adaptive`` and ``evaluator.reward_watch``.
+
+* `Schedule`: when rounds run (the triggers, the adaptive schedule, the eval-time budget);
+* `Execution`: where they run (``sync`` on the training thread, ``async`` in a worker process);
+* `RoundSettings`: what each round does (autocast precision, result cache, table rows, errors);
+* `Decisions`: what follows a round (threshold alerts, best values, the reward-hacking watch).
+
+The dataclasses are plain Python (OmegaConf reads them as a schema; their annotations use
+``Optional`` for it); `validate` runs the checks of the classes that own the values.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional, TypeVar
+
+from areal_lightning.callbacks.adaptive import DEFAULT_FACTOR, AdaptiveSchedule
+from areal_lightning.callbacks.best import DEFAULT_BEST_METRICS, BestValues
+from areal_lightning.callbacks.budget import EvalBudget
+from areal_lightning.callbacks.options import (
+    DEFAULT_ASYNC_THREADS,
+    DEFAULT_MAX_SNAPSHOT_MB,
+    DEFAULT_TABLE_ROWS,
+    Direction,
+    ErrorPolicy,
+    EvalMode,
+    OnBusy,
+    ThresholdAction,
+    WatchReference,
+    check_async_options,
+    check_cache_mode,
+    choice,
+)
+from areal_lightning.callbacks.reward_watch import DEFAULT_MIN_TRAIN_RISE, DEFAULT_TRAIN_METRIC, RewardWatch
+from areal_lightning.callbacks.thresholds import ThresholdMonitor
+from areal_lightning.callbacks.trigger import HybridTrigger
+from areal_lightning.errors import ArgumentError
+from areal_lightning.eval_round.precision import EvalPrecision
+
+OWNER = "EvaluationCallback"
+S = TypeVar("S")
+
+
+def as_settings(cls: type[S], value: S | Mapping[str, Any] | None, arg: str) -> S:
+    """`value` as a `cls`: itself, built from a mapping of its fields, or the defaults for None.
+
+    Raises:
+        ArgumentError: for another type, or a mapping with a key `cls` does not have.
+
+    Example:
+        >>> as_settings(Schedule, {"freq_steps": 5}, "schedule").freq_steps
+        5
+    """
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, Mapping):
+        raise ArgumentError(OWNER, arg, value, f"a {cls.__name__}, a mapping of its fields or None")
+    known = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise ArgumentError(
+            OWNER, arg, value, f"a mapping of the keys {', '.join(known)}; unknown: {', '.join(unknown)}"
+        )
+    return cls(**value)
+
+
+@dataclass
+class AdaptiveSettings:
+    """Adaptive frequency: the next round comes sooner while `metric` moves by more than its paired
+    95% interval, later while it stays within it."""
+
+    metric: str = "accuracy"
+    """The watched metric."""
+    min_steps: int = 10
+    """Shortest interval between adaptive rounds."""
+    max_steps: int = 200
+    """Longest interval between adaptive rounds."""
+    dataset: Optional[str] = None
+    """The watched eval set; null: any eval set."""
+    factor: float = DEFAULT_FACTOR
+    """How much the interval shrinks or grows after a round, > 1."""
+    start_steps: Optional[int] = None
+    """The first interval; null: min_steps (early training moves fastest)."""
+
+    def build(self) -> AdaptiveSchedule:
+        """The schedule (its constructor checks these values)."""
+        return AdaptiveSchedule(
+            self.metric,
+            self.min_steps,
+            self.max_steps,
+            dataset=self.dataset,
+            factor=self.factor,
+            start_steps=self.start_steps,
+        )
+
+
+@dataclass
+class RewardWatchSettings:
+    """The reward-hacking watch: alert when the training reward rises while an eval metric falls
+    beyond its noise (docs/decisions.md)."""
+
+    eval_metric: str = "accuracy"
+    """The watched eval metric (higher is better), as the evaluation logs it."""
+    train_metric: str = DEFAULT_TRAIN_METRIC
+    """The training reward's name in Lightning's callback_metrics (GRPOModule logs train/reward)."""
+    eval_set: Optional[str] = None
+    """The watched eval set; null: every eval set, each on its own."""
+    min_train_rise: float = DEFAULT_MIN_TRAIN_RISE
+    """The least rise of the training reward since the reference round that counts."""
+    tolerance: Optional[float] = None
+    """For a metric without per-prompt outcomes (no paired interval): the least fall that counts; null: never."""
+    since: WatchReference = WatchReference.PREVIOUS
+    """previous: compare with the previous round; best: with the best round of the eval metric."""
+
+    def build(self) -> RewardWatch:
+        """The watch (its constructor checks these values)."""
+        return RewardWatch(
+            self.eval_metric,
+            self.train_metric,
+            eval_set=self.eval_set,
+            min_train_rise=self.min_train_rise,
+            tolerance=self.tolerance,
+            since=self.since,
+        )
+
+
+@dataclass
+class Schedule:
+    """When rounds run: any trigger that fires starts one (`HybridTrigger`)."""
+
+    freq_epochs: Optional[int] = None
+    """Evaluate at the end of every N-th epoch; null: off."""
+    freq_steps: Optional[int] = None
+    """Evaluate after every N-th optimizer step (global step multiples); null: off."""
+    freq_secs: Optional[float] = None
+    """Evaluate after N seconds of training since the last evaluation; null: off."""
+    eval_before_train: bool = False
+    """Evaluate the initial weights (step 0) before the first optimizer step."""
+    eval_at_end: bool = True
+    """Evaluate the final weights, unless the last step was just evaluated."""
+    adaptive: Optional[AdaptiveSettings] = None
+    """Adaptive frequency, e.g. {metric: accuracy, min_steps: 10, max_steps: 200}; null: off."""
+    budget: Optional[float] = None
+    """Largest share of training wall time spent evaluating (e.g. 0.1); rounds are deferred to keep it."""
+
+    def __post_init__(self) -> None:
+        if self.adaptive is not None:
+            self.adaptive = as_settings(AdaptiveSettings, self.adaptive, "adaptive")
+
+    def trigger(self, clock: Callable[[], float] = time.monotonic) -> HybridTrigger:
+        """The trigger of these settings (its constructor checks them)."""
+        return HybridTrigger(
+            freq_epochs=self.freq_epochs,
+            freq_steps=self.freq_steps,
+            freq_secs=self.freq_secs,
+            eval_before_train=self.eval_before_train,
+            eval_at_end=self.eval_at_end,
+            clock=clock,
+        )
+
+    def eval_budget(self, clock: Callable[[], float] = time.monotonic) -> EvalBudget | None:
+        return EvalBudget(self.budget, clock) if self.budget is not None else None
+
+
+@dataclass
+class Execution:
+    """Where rounds run: on the training thread, or in a worker process beside training."""
+
+    mode: EvalMode = EvalMode.SYNC
+    """sync: training waits for the evaluation; async: a worker process evaluates a snapshot of the weights
+    while training goes on (results are recorded at the snapshot's step)."""
+    on_busy: OnBusy = OnBusy.SKIP
+    """async: a round that falls due while the previous one runs is skipped (a `skipped` event) or waits for it."""
+    async_device: Optional[str] = None
+    """async: where the worker evaluates (cpu, cuda:1); null: the training device."""
+    async_threads: int = DEFAULT_ASYNC_THREADS
+    """async: torch threads of the worker process."""
+    max_snapshot_mb: Optional[float] = DEFAULT_MAX_SNAPSHOT_MB
+    """async: the most MiB the weight snapshot may take (the run stops before training if it would
+    not fit); null: no bound."""
+
+    def __post_init__(self) -> None:
+        self.mode = choice("mode", self.mode, EvalMode)
+        self.on_busy = choice("on_busy", self.on_busy, OnBusy)
+
+    def validate(self) -> None:
+        check_async_options(self.async_device, self.async_threads, self.max_snapshot_mb)
+
+
+@dataclass
+class RoundSettings:
+    """What each round does besides calling `evaluate_fn`."""
+
+    precision: EvalPrecision = EvalPrecision.FP32
+    """32, bf16 or 16: autocast during evaluation only (training precision unchanged)."""
+    cache: bool = False
+    """Answer a round from the result cache when the same weights, eval set and settings were evaluated."""
+    cache_dir: Optional[str] = None
+    """Where the result cache lives; null: <output_dir>/eval_cache."""
+    max_table_rows: int = DEFAULT_TABLE_ROWS
+    """Sample generations per eval set kept for the W&B table."""
+    on_error: ErrorPolicy = ErrorPolicy.LOG
+    """log: an exception in an evaluation is recorded and training goes on; raise: fail fast. The first
+    round of a fit is a sanity round: its failure stops training either way."""
+
+    def __post_init__(self) -> None:
+        self.precision = EvalPrecision.parse(self.precision)
+        self.on_error = choice("on_error", self.on_error, ErrorPolicy)
+        if isinstance(self.cache_dir, Path):
+            self.cache_dir = str(self.cache_dir)
+
+    def cache_path(self, output_dir: Path) -> Path | None:
+        """Where the result cache lives under a run's `output_dir`; None with the cache off."""
+        from areal_lightning.eval_round.cache import CACHE_DIRNAME  # torch: not when a config only loads
+
+        if not self.cache:
+            return None
+        return Path(self.cache_dir) if self.cache_dir is not None else output_dir / CACHE_DIRNAME
+
+    def validate(self) -> None:
+        if not isinstance(self.cache, bool):
+            raise ArgumentError(OWNER, "cache", self.cache, "true or false")
+        rows = self.max_table_rows
+        # Checked here, not at the first round: a negative count would silently keep no table rows.
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+            raise ArgumentError(OWNER, "max_table_rows", rows, "a non-negative integer")
+
+
+@dataclass
+class Decisions:
+    """What follows a round: alerts, best values, the reward-hacking watch."""
+
+    metric_thresholds: dict[str, float] = field(default_factory=dict)
+    """Alert when a metric that reached its threshold falls below it, e.g. {accuracy: 0.7}."""
+    threshold_action: ThresholdAction = ThresholdAction.ALERT
+    """alert: log, record and alert; stop: also stop training cleanly."""
+    best_metrics: Optional[dict[str, Direction]] = None
+    """Metrics whose best value and step are kept (across a resume) and logged as eval/<set>/<metric>/best,
+    e.g. {accuracy: max}; null: accuracy and reward/mean (max); {}: none."""
+    reward_watch: Optional[RewardWatchSettings] = None
+    """The reward-hacking watch, e.g. {eval_metric: accuracy, min_train_rise: 0.1}; null: off."""
+
+    def __post_init__(self) -> None:
+        self.threshold_action = choice("threshold_action", self.threshold_action, ThresholdAction)
+        if self.reward_watch is not None:
+            self.reward_watch = as_settings(RewardWatchSettings, self.reward_watch, "reward_watch")
+
+    def thresholds(self) -> ThresholdMonitor:
+        return ThresholdMonitor(self.metric_thresholds)
+
+    def best(self) -> BestValues:
+        return BestValues(DEFAULT_BEST_METRICS if self.best_metrics is None else self.best_metrics)
+
+
+def validate_together(execution: Execution, rounds: RoundSettings) -> None:
+    """The checks that span two groups."""
+    check_cache_mode(execution.mode, rounds.cache)
+
+
+def check_cacheable(rounds: RoundSettings, evaluate_fn: Callable[..., Any] | None) -> None:
+    """With the cache on, `evaluate_fn` must have an identity the cache can key (else a cached
+    result could be stale).
+
+    Raises:
+        ValueError: naming what the cache cannot key and the way out.
+    """
+    if rounds.cache and evaluate_fn is not None:
+        from areal_lightning.eval_round.cache import UncacheableError, function_identity  # torch: only here
+
+        try:
+            function_identity(evaluate_fn)
+        except UncacheableError as err:
+            raise ValueError(
+                f"`EvaluationCallback(rounds={{'cache': True}})` cannot key evaluate_fn: {err}; pass cache=False"
+            ) from None
+
+
+def resolve_settings(
+    schedule: Schedule | Mapping[str, Any] | None,
+    execution: Execution | Mapping[str, Any] | None,
+    rounds: RoundSettings | Mapping[str, Any] | None,
+    decisions: Decisions | Mapping[str, Any] | None,
+    evaluate_fn: Callable[..., Any] | None = None,
+) -> tuple[Schedule, Execution, RoundSettings, Decisions]:
+    """`EvaluationCallback`'s four groups as dataclasses, their values checked (the schedule's and
+    the decisions' checks run where their objects are built)."""
+    out = (
+        as_settings(Schedule, schedule, "schedule"),
+        as_settings(Execution, execution, "execution"),
+        as_settings(RoundSettings, rounds, "rounds"),
+        as_settings(Decisions, decisions, "decisions"),
+    )
+    out[1].validate()  # checked in either mode: a config error shows before the mode is switched
+    out[2].validate()
+    validate_together(out[1], out[2])
+    check_cacheable(out[2], evaluate_fn)
+    return out
+
+
+@dataclass
+class EvaluatorSettings(Decisions, RoundSettings, Execution, Schedule):
+    """Every option of `EvaluationCallback` side by side, as the YAML ``evaluator`` block holds them
+    (fields in the order Schedule, Execution, RoundSettings, Decisions)."""
+
+    def __post_init__(self) -> None:
+        Schedule.__post_init__(self)
+        Execution.__post_init__(self)
+        RoundSettings.__post_init__(self)
+        Decisions.__post_init__(self)
+
+    def validate(self) -> None:
+        """Every group's checks (the groups' own `validate` would each hide the others')."""
+        Execution.validate(self)
+        RoundSettings.validate(self)
+
+    def groups(self) -> dict[str, Any]:
+        """The four groups, as `EvaluationCallback`'s keyword arguments."""
+        groups = {"schedule": Schedule, "execution": Execution, "rounds": RoundSettings, "decisions": Decisions}
+        return {arg: cls(**{f.name: getattr(self, f.name) for f in fields(cls)}) for arg, cls in groups.items()}

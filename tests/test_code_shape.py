@@ -1,0 +1,62 @@
+"""The package stays readable: modules of the plugin layer under 400 lines, the callback under 300,
+no function longer than 60 lines of code (its docstring not counted)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "areal_lightning"
+PLUGIN = ("callbacks", "metrics", "eval_round", "tracking", "viz")
+MAX_PLUGIN_MODULE_LINES = 400
+MAX_CALLBACK_LINES = 300
+MAX_FUNCTION_LINES = 60
+
+
+def _modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def _code_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    body = node.body
+    first = body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        body = body[1:]
+    if not body:
+        return 0
+    assert node.end_lineno is not None
+    return node.end_lineno - body[0].lineno + 1
+
+
+def long_functions(source: str) -> list[tuple[str, int]]:
+    """(name, lines) of each function or method over the limit."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _code_lines(node) > MAX_FUNCTION_LINES:
+            found.append((node.name, _code_lines(node)))
+    return found
+
+
+def test_plugin_modules_stay_under_400_lines() -> None:
+    lines = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in _modules()}
+    plugin = {name: n for name, n in lines.items() if name.split("/")[0] in PLUGIN}
+    assert {name: n for name, n in plugin.items() if n > MAX_PLUGIN_MODULE_LINES} == {}
+
+
+def test_the_callback_is_a_thin_hook_layer() -> None:
+    lines = len((PACKAGE / "callbacks" / "evaluation_callback.py").read_text().splitlines())
+    assert lines < MAX_CALLBACK_LINES
+
+
+@pytest.mark.parametrize("module", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_function_is_longer_than_60_lines(module: Path) -> None:
+    assert long_functions(module.read_text()) == []
+
+
+def test_the_function_length_check_counts_code_not_docstrings() -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    docstring = '    """' + "\n".join(["doc"] * 20) + '"""\n'
+    assert long_functions(f"def f():\n{docstring}{body}\n") == []
+    assert long_functions(f"def f():\n{body}\n    return 0\n") == [("f", MAX_FUNCTION_LINES + 1)]
