@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
 
-from areal_lightning.callbacks.async_evaluator import _exit_message, module_evaluate, refuse_sharded
+from areal_lightning.callbacks.async_evaluator import _exit_message, module_evaluate
+from areal_lightning.callbacks.parallelism import refuse_for_async as refuse_sharded
 
 
 def test_a_killed_worker_is_named_with_its_exit_code() -> None:
