@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from areal_lightning.lazy import lazy_exports
+from areal_lightning.lazy import lazy_exports as _lazy_exports
 
 __version__ = "0.2.0.dev0"
 
@@ -98,4 +98,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())

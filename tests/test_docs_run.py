@@ -151,7 +151,7 @@ SLOW = {"README.md", "evaluate_watch.md", "hf_models.md", "eval_history.md"}
 # Every block the docs mark as not runnable here: a new mark is a decision, taken here too.
 SKIPPED = {
     "README.md": ["pip install areal-lightning", "make demo"],
-    "development.md": ["make lint", ".venv/bin/pre-commit install", "make wheel"],
+    "development.md": ["make lint", ".venv/bin/pre-commit install", "make wheel", "make mutation"],
     "hf_models.md": ["huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir models/Qwen2.5-0.5B-Instruct"],
 }
 

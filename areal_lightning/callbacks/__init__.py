@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS, ErrorPolicy, EvalMode, OnBusy, ThresholdAction
 from areal_lightning.callbacks.thresholds import Alert, ThresholdMonitor
 from areal_lightning.callbacks.trigger import Cause, HybridTrigger
-from areal_lightning.lazy import lazy_exports
+from areal_lightning.lazy import lazy_exports as _lazy_exports
 
 if TYPE_CHECKING:  # type checkers see the class; at run time `__getattr__` loads it (and Lightning)
     from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
@@ -30,6 +30,6 @@ __all__ = [
 ]
 
 
-__getattr__, __dir__ = lazy_exports(
+__getattr__, __dir__ = _lazy_exports(
     __name__, {"EvaluationCallback": "areal_lightning.callbacks.evaluation_callback"}, globals()
 )

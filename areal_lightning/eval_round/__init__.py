@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from areal_lightning.lazy import lazy_exports
+from areal_lightning.lazy import lazy_exports as _lazy_exports
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` imports on first use
     from areal_lightning.eval_round.context import (
@@ -64,4 +64,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())

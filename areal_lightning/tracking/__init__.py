@@ -2,7 +2,7 @@
 
 from typing import TYPE_CHECKING
 
-from areal_lightning.lazy import lazy_exports
+from areal_lightning.lazy import lazy_exports as _lazy_exports
 from areal_lightning.tracking.history import (
     HISTORY_FILENAME,
     EvalHistory,
@@ -60,4 +60,4 @@ _LAZY_EXPORTS = {
 __all__ += sorted(_LAZY_EXPORTS)
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY_EXPORTS, globals())
+__getattr__, __dir__ = _lazy_exports(__name__, _LAZY_EXPORTS, globals())
