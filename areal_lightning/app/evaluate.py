@@ -197,7 +197,7 @@ def _evaluate_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule, step: int
     """Every rank: check the eval sets agree, run the round on the unwrapped module."""
     from areal_lightning.app.builders import build_eval_sets
     from areal_lightning.eval_round import check_eval_sets_consistent, run_round
-    from areal_lightning.eval_round.progress import TerminalProgress
+    from areal_lightning.eval_round.progress import terminal_progress
     from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.rl.rollout_eval import rollout_evaluate
 
@@ -217,7 +217,7 @@ def _evaluate_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule, step: int
             seed=cfg.seed,
             global_step=step,
             epoch=epoch,
-            progress=TerminalProgress() if show_progress else None,
+            progress=terminal_progress() if show_progress else None,
         )
     fabric.barrier()  # every rank reaches this (run_round returns or raises on all ranks alike)
     return results

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 
+from areal_lightning.eval_round.progress import TqdmProgress, progress_label
+
 if TYPE_CHECKING:
     from areal_lightning.eval_round.progress import RoundProgress
 
@@ -22,31 +24,17 @@ def trainer_progress(trainer: L.Trainer) -> RoundProgress | None:
     bar = trainer.progress_bar_callback
     if not trainer.is_global_zero or not isinstance(bar, (TQDMProgressBar, RichProgressBar)) or bar.is_disabled:
         return None
-    return _TqdmProgress(bar) if isinstance(bar, TQDMProgressBar) else _RichProgress(bar)
+    return _validation_like_bar(bar) if isinstance(bar, TQDMProgressBar) else _RichProgress(bar)
 
 
-def _label(dataset: str) -> str:
-    return f"Evaluating {dataset}"
+def _validation_like_bar(owner: TQDMProgressBar) -> TqdmProgress:
+    def make_bar(dataset: str, total: int) -> Any:
+        bar = owner.init_validation_tqdm()
+        bar.reset(total=total)
+        bar.set_description(progress_label(dataset))
+        return bar
 
-
-class _TqdmProgress:
-    def __init__(self, bar: TQDMProgressBar) -> None:
-        self._owner = bar
-        self._bar: Any = None
-
-    def start(self, dataset: str, total: int) -> None:
-        self._bar = self._owner.init_validation_tqdm()
-        self._bar.reset(total=total)
-        self._bar.set_description(_label(dataset))
-
-    def advance(self) -> None:
-        if self._bar is not None:
-            self._bar.update(1)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
+    return TqdmProgress(make_bar)
 
 
 class _RichProgress:
@@ -66,7 +54,7 @@ class _RichProgress:
             progress = Progress(transient=True)
             progress.start()
         self._progress = progress
-        self._task = progress.add_task(_label(dataset), total=total)
+        self._task = progress.add_task(progress_label(dataset), total=total)
 
     def advance(self) -> None:
         if self._progress is not None:

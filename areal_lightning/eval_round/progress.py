@@ -10,6 +10,7 @@ off with a warning, and the round goes on.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -68,16 +69,20 @@ class GuardedProgress:
         self._call("close")
 
 
-class TerminalProgress:
-    """A tqdm bar per eval set on stderr, for commands that run without a Trainer (``evaluate``)."""
+def progress_label(dataset: str) -> str:
+    """What a progress display calls an eval set's round."""
+    return f"Evaluating {dataset}"
 
-    def __init__(self) -> None:
+
+class TqdmProgress:
+    """A tqdm bar per eval set, made by `make_bar(dataset, total)`."""
+
+    def __init__(self, make_bar: Callable[[str, int], tqdm[Any]]) -> None:
+        self._make_bar = make_bar
         self._bar: tqdm[Any] | None = None
 
     def start(self, dataset: str, total: int) -> None:
-        from tqdm import tqdm  # Lightning's own progress-bar dependency
-
-        self._bar = tqdm(total=total, desc=f"Evaluating {dataset}", unit="batch", leave=False, dynamic_ncols=True)
+        self._bar = self._make_bar(dataset, total)
 
     def advance(self) -> None:
         if self._bar is not None:
@@ -87,3 +92,14 @@ class TerminalProgress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+def terminal_progress() -> TqdmProgress:
+    """A tqdm bar per eval set on stderr, for commands that run without a Trainer (``evaluate``)."""
+
+    def make_bar(dataset: str, total: int) -> tqdm[Any]:
+        from tqdm import tqdm  # Lightning's own progress-bar dependency
+
+        return tqdm(total=total, desc=progress_label(dataset), unit="batch", leave=False, dynamic_ncols=True)
+
+    return TqdmProgress(make_bar)
