@@ -489,5 +489,13 @@ def watch_main(args: argparse.Namespace) -> int:
     history_file = Path(args.history) if args.history else Path(cfg.output_dir) / HISTORY_FILENAME
     watch = _Watch(cfg, directory, history_file, args.poll_secs, args.idle_timeout, args.trust_checkpoint)
     fabric = _build_fabric(cfg)
-    # Fabric.launch passes its *args after the Fabric; its annotation says Callable[[Fabric], Any].
-    return int(fabric.launch(_watch_on_rank, watch))  # type: ignore[arg-type]
+    try:
+        # Fabric.launch passes its *args after the Fabric; its annotation says Callable[[Fabric], Any].
+        return int(fabric.launch(_watch_on_rank, watch))  # type: ignore[arg-type]
+    finally:
+        # As `evaluate` does: a gloo group left to the interpreter's exit can abort a rank
+        # ("terminate called without an active exception") after its work is done.
+        import torch.distributed
+
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
