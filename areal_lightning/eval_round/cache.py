@@ -101,11 +101,30 @@ def _package(obj: Any) -> str:
     return str(getattr(obj, "__module__", None) or "").split(".")[0]
 
 
+def _wrapped(fn: Any) -> Any:
+    """What a partial or a bound method calls in the end: a function, or an instance's class."""
+    while isinstance(fn, (functools.partial, types.MethodType)):
+        fn = fn.func if isinstance(fn, functools.partial) else fn.__func__
+    return fn if isinstance(fn, (types.FunctionType, type)) else type(fn)
+
+
+def _names(code: types.CodeType) -> list[str]:
+    """The global names a code object and the code nested in it (comprehensions, lambdas) use."""
+    nested = [n for c in code.co_consts if isinstance(c, types.CodeType) for n in _names(c)]
+    return list(dict.fromkeys([*code.co_names, *nested]))
+
+
+def _qualified(cls: type) -> str:
+    """`module.qualname` of a class: two installed classes may share a name (`torch.nn.Linear`)."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 class _Keyer:
     """Turns a callable and the state it can read into JSON-able data, or raises `UncacheableError`.
 
-    What is followed: a function's code, defaults and closure cells; the functions and constant
-    values (numbers, strings, tuples of them) it names as globals, when they belong to the same
+    What is followed: a function's code, defaults and closure cells; the functions, partials,
+    classes and constant values (numbers, strings, tuples of them) it or the code nested in it
+    (comprehensions, lambdas) names as globals, when they belong to the same
     top-level package as the callable (code of installed libraries is keyed by name only); the
     class of a callable instance, every function defined on it, and the instance's attributes;
     a bound method's function and its instance; a `functools.partial`'s function and arguments.
@@ -114,9 +133,9 @@ class _Keyer:
     """
 
     def __init__(self, root: Any) -> None:
-        self.package = _package(getattr(root, "func", None) or getattr(root, "__func__", None) or root)
-        if not self.package or self.package == "builtins":
-            self.package = _package(type(root))
+        # The user's code is the package of the function a partial or a bound method wraps, or of the
+        # callable itself (an instance's class); never of an attribute that happens to be named `func`.
+        self.package = _package(_wrapped(root))
         self.seen: dict[int, str] = {}
 
     def callable(self, fn: Any, where: str, depth: int = 0) -> Any:
@@ -153,14 +172,14 @@ class _Keyer:
             return ["name", name]  # installed library code: its name (its version is the installation's)
         cells = [c.cell_contents if c.cell_contents is not fn else "<self>" for c in fn.__closure__ or ()]
         globals_used = {}
-        for global_name in fn.__code__.co_names:
+        for global_name in _names(fn.__code__):
             if global_name not in fn.__globals__:
                 continue
             found = fn.__globals__[global_name]
-            if isinstance(found, (types.FunctionType, functools.partial)) and _package(found) == self.package:
-                globals_used[global_name] = self.callable(found, f"{name}: global {global_name}")
+            if isinstance(found, (types.FunctionType, functools.partial)) and _package(_wrapped(found)) == self.package:
+                globals_used[global_name] = self.callable(found, f"{where}.__globals__[{global_name!r}]")
             elif isinstance(found, type) and _package(found) == self.package:
-                globals_used[global_name] = self.klass(found, f"{name}: global {global_name}")
+                globals_used[global_name] = self.klass(found, f"{where}.__globals__[{global_name!r}]")
             elif self._constant(found):
                 globals_used[global_name] = _stable_repr(found)
             # modules, installed classes and mutable globals are not keyed (documented)
@@ -168,9 +187,12 @@ class _Keyer:
             "function",
             name,
             _code_identity(fn.__code__),
-            [self.value(d, f"{name} default", 1) for d in fn.__defaults__ or ()],
-            {k: self.value(v, f"{name} default {k}", 1) for k, v in sorted((fn.__kwdefaults__ or {}).items())},
-            [self.value(c, f"{name} closure", 1) for c in cells],
+            [self.value(d, f"{where}.__defaults__[{i}]", 1) for i, d in enumerate(fn.__defaults__ or ())],
+            {
+                k: self.value(v, f"{where}.__kwdefaults__[{k!r}]", 1)
+                for k, v in sorted((fn.__kwdefaults__ or {}).items())
+            },
+            [self.value(c, f"{where}.__closure__[{i}]", 1) for i, c in enumerate(cells)],
             globals_used,
         ]
 
@@ -216,7 +238,7 @@ class _Keyer:
         if isinstance(value, types.ModuleType):
             return ["module", value.__name__]
         if isinstance(value, type):
-            return self.klass(value, where) if _package(value) == self.package else ["name", value.__qualname__]
+            return self.klass(value, where) if _package(value) == self.package else ["name", _qualified(value)]
         if isinstance(value, (types.FunctionType, types.MethodType, functools.partial, types.BuiltinFunctionType)):
             return self.callable(value, where, depth)
         if isinstance(value, nn.Module):
@@ -237,7 +259,7 @@ class _Keyer:
                 "read; keep plain values (numbers, strings, tensors, containers) in what evaluate_fn uses, or turn "
                 "the cache off"
             )
-        cls = self.klass(type(value), where) if _package(type(value)) == self.package else type(value).__qualname__
+        cls = self.klass(type(value), where) if _package(type(value)) == self.package else _qualified(type(value))
         return ["object", cls, {k: self.value(v, f"{where}.{k}", depth + 1) for k, v in sorted(state.items())}]
 
 
