@@ -118,7 +118,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/test_async_messages.py",
         ],
     ),
-    "cache": ("areal_lightning/eval_round/cache.py", ["tests/test_result_cache.py"]),
+    "cache": ("areal_lightning/eval_round/cache.py", ["tests/test_result_cache.py", "tests/test_cache_identity.py"]),
     "precision": (
         "areal_lightning/eval_round/precision.py",
         [

@@ -259,7 +259,9 @@ class _Watch:
         done = done_steps(self.history_file)
         # Only files whose step was read at their current, stable size and time (last.ckpt is rewritten).
         present = {
-            p: (s, e) for p, (sig, s, e) in self.state.steps.items() if p in stable and sig == self.state.seen[p]
+            p: (s, e)
+            for p, (sig, s, e) in self.state.steps.items()
+            if p in stable and sig == self.state.seen[p] and p not in self.state.given_up
         }
         found = next_checkpoint(present, done)
         if found is not None:
@@ -274,11 +276,29 @@ class _Watch:
             return Decision("stop", reason=f"no new checkpoint for {self.idle_timeout:g} s")
         return Decision("wait")
 
+    def load_failed(self, decision: Decision, error: str) -> None:
+        """Rank 0: the checkpoint's step was read but its weights did not load (another model, or the
+        file rewritten meanwhile). It is tried again at later polls, then reported and left alone, so
+        that the checkpoints after it are not held up."""
+        from areal_lightning.tracking.history import EvalHistory
+        from areal_lightning.tracking.records import event_record
+
+        assert decision.path is not None
+        path = Path(decision.path)
+        failures = self.state.load_failures[path] = self.state.load_failures.get(path, 0) + 1
+        if failures >= MAX_LOAD_FAILURES:
+            self.state.given_up.add(path)
+            message = f"checkpoint {path} did not load at {failures} tries; left alone: {error}"
+            log.error("%s", message)
+            EvalHistory(self.history_file).append(
+                event_record("error", decision.step, message=message, checkpoint=str(path))
+            )
+
 
 def _load_on_every_rank(
     fabric: Fabric, module: GRPOModule, path: str, step: int, trust: bool
-) -> tuple[bool, str | None]:
-    """Every rank loads the weights; all agree whether it worked (and on the run id)."""
+) -> tuple[str | None, str | None]:
+    """Every rank loads the weights; all agree whether it worked: (the first rank's error or None, the run id)."""
     from areal_lightning.app.evaluate import STATE_DICT_KEY, CheckpointError, load_checkpoint, load_weights
     from areal_lightning.eval_round.ranks import all_gather_object
 
@@ -294,7 +314,7 @@ def _load_on_every_rank(
     errors = [e for e in all_gather_object(error) if e]  # the same collective on every rank
     if errors and fabric.global_rank == 0:
         log.warning("skipping %s for now: %s", path, errors[0])
-    return not errors, run_id
+    return (errors[0] if errors else None), run_id
 
 
 def _watch_on_rank(fabric: Fabric, watch: _Watch) -> int:
@@ -332,12 +352,14 @@ def _watch_on_rank(fabric: Fabric, watch: _Watch) -> int:
                         return 0  # rank 0 reports: every rank saw the same rounds fail
                     print(f"watch stopped: {decision.reason}; {evaluated} checkpoint(s) evaluated", flush=True)
                     return report_rounds(failed, evaluated + failed, watch.history_file)
-                ok, run_id = (False, None)
+                error, run_id = None, None
                 if decision.action == "eval":
                     assert decision.path is not None
-                    ok, run_id = _load_on_every_rank(fabric, module, decision.path, decision.step, watch.trust)
-                if not ok:  # waiting for a checkpoint, or this one did not load
+                    error, run_id = _load_on_every_rank(fabric, module, decision.path, decision.step, watch.trust)
+                if decision.action != "eval" or error is not None:  # waiting, or this one did not load
                     if fabric.global_rank == 0:
+                        if error is not None:
+                            watch.load_failed(decision, error)
                         time.sleep(watch.poll_secs)
                     continue
                 results = _evaluate_checkpoint(fabric, watch, module, eval_sets, decision, history)

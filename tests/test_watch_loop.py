@@ -1,0 +1,217 @@
+"""`areal-lightning evaluate --watch` through its command, in this process, on one CPU device:
+each checkpoint evaluated once, oldest first, recorded with its file, step, epoch and run id; a
+restart evaluates nothing again; the sentinel, the idle timeout and SIGTERM stop it; an
+evaluation that fails is recorded and sets the exit status; a checkpoint of another model is
+reported and left alone; bad options are refused before any work.
+
+The checkpoints hold the weights of the config's model, as built (no training): the watcher's
+decisions do not depend on what the model has learnt.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from areal_lightning.app.cli import main
+from areal_lightning.app.watch import MAX_LOAD_FAILURES, STOP_FILENAME
+from areal_lightning.tracking.history import EvalHistory, eval_rows, event_rows, read_history
+
+SIZE = 4
+CONFIG = {
+    "seed": 2,
+    "policy": {"d_model": 16, "n_layers": 1},
+    "trainer": {"enable_progress_bar": False, "accelerator": "cpu", "devices": 1},
+    "eval_sets": {"w": {"digits": 1, "size": SIZE, "n_samples": 1, "batch_size": SIZE}},
+    "logger": {"csv": False, "wandb": {"mode": "disabled"}},
+}
+POLL = "0.02"
+IDLE = "0.4"
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    from areal_lightning.app.config import load_config
+    from areal_lightning.rl.grpo import GRPOModule
+
+    config = tmp_path_factory.mktemp("weights") / "cfg.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    return GRPOModule.from_config(load_config(config)).state_dict()
+
+
+def _config(tmp_path: Path, **changes: Any) -> Path:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump({**CONFIG, "output_dir": str(tmp_path / "run"), **changes}))
+    return path
+
+
+def _save(directory: Path, name: str, step: int, state: dict[str, torch.Tensor], epoch: int = 0) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    torch.save({"global_step": step, "epoch": epoch, "state_dict": state, "run_id": "run-a"}, path)
+    return path
+
+
+def _watch(config: Path, directory: Path, *extra: str) -> int:
+    return main(["evaluate", "-c", str(config), "--watch", str(directory), "--poll-secs", POLL, *extra])
+
+
+def _history(tmp_path: Path) -> list[dict[str, Any]]:
+    path = tmp_path / "run" / "eval_history.jsonl"
+    return read_history(path) if path.exists() else []
+
+
+def test_each_checkpoint_once_oldest_first_with_its_file_then_idle_stops_and_a_restart_adds_nothing(
+    tmp_path: Path, weights: dict[str, torch.Tensor], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config, ckpts = _config(tmp_path), tmp_path / "ckpts"
+    _save(ckpts, "step4.ckpt", 4, weights, epoch=1)
+    _save(ckpts, "last.ckpt", 4, weights, epoch=1)  # the same step again: evaluated once
+    _save(ckpts, "step2.ckpt", 2, weights)
+    assert _watch(config, ckpts, "--idle-timeout", IDLE) == 0
+    out = capsys.readouterr().out
+    rows = eval_rows(_history(tmp_path))
+    assert [(r["step"], r["epoch"], r["checkpoint"]) for r in rows] == [
+        (2, 0, str(ckpts / "step2.ckpt")),
+        (4, 1, str(ckpts / "step4.ckpt")),
+    ]
+    for row in rows:
+        assert row["trigger"] == ["watch"] and row["source"] == "standalone" and row["run_id"] == "run-a"
+        assert (row["num_prompts"], row["world_size"], row["mode"]) == (SIZE, 1, "sync")
+        assert row["dataset"] == "w" and 0.0 <= row["metrics"]["accuracy"] <= 1.0
+    assert out.startswith(
+        f"watching {ckpts} for checkpoints; stop with Ctrl-C, --idle-timeout or {ckpts / STOP_FILENAME}\n"
+    )
+    assert f"checkpoint {ckpts / 'step2.ckpt'} (step 2, epoch 0):" in out
+    assert out.index("(step 2, epoch 0)") < out.index(f"checkpoint {ckpts / 'step4.ckpt'} (step 4, epoch 1):")
+    assert out.rstrip().endswith(f"watch stopped: no new checkpoint for {float(IDLE):g} s; 2 checkpoint(s) evaluated")
+
+    assert _watch(config, ckpts, "--idle-timeout", IDLE) == 0  # a restart: everything is done
+    assert len(eval_rows(_history(tmp_path))) == 2
+    assert "0 checkpoint(s) evaluated" in capsys.readouterr().out
+
+
+def test_the_sentinel_stops_once_every_checkpoint_is_evaluated(
+    tmp_path: Path, weights: dict[str, torch.Tensor], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config, ckpts = _config(tmp_path), tmp_path / "ckpts"
+    _save(ckpts, "step3.ckpt", 3, weights)
+    (ckpts / STOP_FILENAME).touch()
+    assert _watch(config, ckpts) == 0  # no idle timeout: only the sentinel ends it
+    assert [r["step"] for r in eval_rows(_history(tmp_path))] == [3]
+    assert (
+        capsys.readouterr()
+        .out.rstrip()
+        .endswith(f"watch stopped: {STOP_FILENAME} found and every checkpoint evaluated; 1 checkpoint(s) evaluated")
+    )
+
+
+def test_sigterm_finishes_the_checkpoint_at_hand_and_stops(
+    tmp_path: Path, weights: dict[str, torch.Tensor], capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    config, ckpts = _config(tmp_path), tmp_path / "ckpts"
+    for step in (2, 4, 6):
+        _save(ckpts, f"step{step}.ckpt", step, weights)
+    append_many = EvalHistory.append_many
+
+    def append_then_sigterm(self: EvalHistory, records: Any) -> None:
+        append_many(self, records)
+        os.kill(os.getpid(), signal.SIGTERM)  # as `kill` would, once the first checkpoint is recorded
+
+    monkeypatch.setattr(EvalHistory, "append_many", append_then_sigterm)
+    before = signal.getsignal(signal.SIGTERM)
+    assert _watch(config, ckpts) == 0
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler is put back
+    assert [r["step"] for r in eval_rows(_history(tmp_path))] == [2]
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("watch stopped: stop requested; 1 checkpoint(s) evaluated")
+
+
+def test_a_failed_evaluation_is_recorded_not_retried_and_sets_the_exit_status(
+    tmp_path: Path, weights: dict[str, torch.Tensor], capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    from areal_lightning.rl import rollout_eval
+
+    config, ckpts = _config(tmp_path), tmp_path / "ckpts"
+    _save(ckpts, "step2.ckpt", 2, weights)
+    _save(ckpts, "step4.ckpt", 4, weights)
+    evaluate = rollout_eval.rollout_evaluate
+
+    def out_of_memory_at_step_2(module: Any, batches: Any, ctx: Any) -> Any:
+        if ctx.global_step == 2:  # what a real round can hit; the model here is too small to
+            raise RuntimeError("CUDA out of memory")
+        return evaluate(module, batches, ctx)
+
+    monkeypatch.setattr(rollout_eval, "rollout_evaluate", out_of_memory_at_step_2)
+    assert _watch(config, ckpts, "--idle-timeout", IDLE) == 1
+    history = _history(tmp_path)
+    (error,) = event_rows(history, "error")
+    assert (error["step"], error["source"], error["checkpoint"]) == (2, "watch", str(ckpts / "step2.ckpt"))
+    assert error["message"].startswith("evaluation of eval set 'w' failed") and "CUDA out of memory" in error["message"]
+    assert [r["step"] for r in eval_rows(history)] == [4]
+    captured = capsys.readouterr()
+    assert "watch stopped: no new checkpoint" in captured.out and "1 checkpoint(s) evaluated" in captured.out
+    assert f"1 of 2 rounds failed; see {tmp_path / 'run' / 'eval_history.jsonl'}" in captured.err
+    assert _watch(config, ckpts, "--idle-timeout", IDLE) == 0  # a restart does not try it again
+    assert len(event_rows(_history(tmp_path), "error")) == 1
+
+
+def test_a_checkpoint_of_another_model_is_reported_and_left_alone(
+    tmp_path: Path, weights: dict[str, torch.Tensor], caplog: pytest.LogCaptureFixture
+) -> None:
+    config, ckpts = _config(tmp_path), tmp_path / "ckpts"
+    other = dict(weights)
+    other["extra.weight"] = torch.zeros(2)
+    _save(ckpts, "step2.ckpt", 2, other)
+    _save(ckpts, "step4.ckpt", 4, weights)
+    assert _watch(config, ckpts, "--idle-timeout", IDLE) == 0
+    history = _history(tmp_path)
+    assert [r["step"] for r in eval_rows(history)] == [4]  # the next one is not held up
+    (error,) = event_rows(history, "error")
+    assert (error["step"], error["checkpoint"]) == (2, str(ckpts / "step2.ckpt"))
+    assert error["message"].startswith(f"checkpoint {ckpts / 'step2.ckpt'} did not load at {MAX_LOAD_FAILURES} tries")
+    assert "Unexpected key(s)" in error["message"] and "extra.weight" in error["message"]
+    skipped = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"skipping {ckpts / 'step2.ckpt'}")]
+    assert len(skipped) == MAX_LOAD_FAILURES and "does not match the model of the config" in skipped[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--idle-timeout", "0"], "--idle-timeout must be a positive number of seconds, got 0.0"),
+        (["--poll-secs", "-1"], "--poll-secs must be a positive number of seconds, got -1.0"),
+        (["--poll-secs", "nan"], "--poll-secs must be a positive number of seconds, got nan"),
+    ],
+)
+def test_bad_timings_are_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    assert _watch(_config(tmp_path), tmp_path / "ckpts", *args) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_file_for_the_directory_or_an_unwritable_history_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    afile = tmp_path / "step2.ckpt"
+    afile.write_bytes(b"x")
+    assert _watch(_config(tmp_path), afile) == 2
+    assert (
+        f"--watch {str(afile)!r} is a file; pass the directory the checkpoints are written to, "
+        "e.g. <output_dir>/checkpoints" in capsys.readouterr().err
+    )
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    assert _watch(_config(tmp_path, output_dir=str(blocker / "run")), tmp_path / "ckpts") == 2
+    assert "output_dir" in capsys.readouterr().err
+    assert (
+        main(["evaluate", "-c", str(_config(tmp_path)), "--watch", str(tmp_path), "--history", str(blocker / "h")]) == 2
+    )
+    assert "--history" in capsys.readouterr().err
