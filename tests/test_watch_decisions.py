@@ -194,3 +194,112 @@ def test_a_latest_run_link_that_is_not_a_wandb_run_names_no_run(tmp_path: Path) 
     (tmp_path / "wandb" / "latest-run").unlink()
     (tmp_path / "wandb" / "latest-run").symlink_to(tmp_path / "wandb" / "run-20261130_120000-xyz9")
     assert wandb_run_id(None, tmp_path) == "xyz9"
+
+
+def test_a_file_is_ready_only_when_both_its_size_and_its_time_held(tmp_path: Path) -> None:
+    state = DirectoryState()
+    a = _ckpt(tmp_path, "step2.ckpt", 2)
+    state.poll(tmp_path)
+    assert state.poll(tmp_path) == ([a], [])
+    stat = a.stat()
+    os.utime(a, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # rewritten at the same size
+    assert state.poll(tmp_path) == ([], [a])
+    assert state.poll(tmp_path) == ([a], [])
+    mtime = a.stat().st_mtime_ns
+    with open(a, "ab") as f:
+        f.write(b"0")  # grown, its time set back
+    os.utime(a, ns=(mtime, mtime))
+    assert state.poll(tmp_path) == ([], [a])
+
+
+def test_a_file_gone_between_listing_and_reading_is_skipped_and_one_byte_is_a_file(tmp_path: Path) -> None:
+    state = DirectoryState()
+    (tmp_path / "a_gone.ckpt").symlink_to(tmp_path / "nowhere")  # listed, but stat() finds nothing
+    one_byte = tmp_path / "b.ckpt"
+    one_byte.write_bytes(b"x")
+    c = _ckpt(tmp_path, "step2.ckpt", 2)
+    state.poll(tmp_path)
+    assert state.poll(tmp_path) == ([one_byte, c], [])
+
+
+def test_a_given_up_file_does_not_hold_up_the_others(tmp_path: Path) -> None:
+    watch = _watch(tmp_path)
+    stop = StopRequest()
+    watch.directory.mkdir()
+    (watch.directory / "a_broken.ckpt").write_bytes(b"not a checkpoint")
+    for _ in range(MAX_LOAD_FAILURES + 1):
+        assert watch.decide(stop) == Decision("wait")
+    _ckpt(watch.directory, "step2.ckpt", 2)
+    assert watch.decide(stop) == Decision("wait")
+    assert watch.decide(stop) == Decision("eval", str(watch.directory / "step2.ckpt"), 2, 0)
+
+
+def test_a_checkpoint_whose_weights_do_not_load_is_retried_then_left_alone(tmp_path: Path) -> None:
+    watch = _watch(tmp_path)
+    stop = StopRequest()
+    path = _ckpt(watch.directory, "step2.ckpt", 2)
+    _ckpt(watch.directory, "step4.ckpt", 4)
+    watch.decide(stop)
+    decision = watch.decide(stop)
+    assert decision == Decision("eval", str(path), 2, 0)
+    for _ in range(MAX_LOAD_FAILURES - 1):
+        watch.load_failed(decision, "another model")
+        assert watch.decide(stop) == decision  # tried again
+    assert not watch.history_file.exists()
+    watch.load_failed(decision, "another model")
+    (event,) = event_rows(read_history(watch.history_file), "error")
+    assert event["message"] == f"checkpoint {path} did not load at {MAX_LOAD_FAILURES} tries; left alone: another model"
+    assert (event["step"], event["checkpoint"]) == (2, str(path))
+    assert watch.decide(stop) == Decision("eval", str(watch.directory / "step4.ckpt"), 4, 0)
+
+
+def test_a_file_being_written_counts_as_progress_for_the_idle_timeout(tmp_path: Path) -> None:
+    watch = _watch(tmp_path, idle_timeout=5.0)
+    stop = StopRequest()
+    watch.directory.mkdir()
+    watch.last_progress = time.monotonic() - 6.0
+    partial = watch.directory / "step2.ckpt.tmp.ckpt"
+    partial.write_bytes(b"half")
+    assert watch.decide(stop) == Decision("wait")  # being written
+    partial.unlink()  # moved away under another name
+    assert watch.decide(stop) == Decision("wait")  # the write was progress: not idle yet
+
+
+class _Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_idle_means_more_than_idle_timeout_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from areal_lightning.app import watch as watch_module
+
+    clock = _Clock(1000.0)
+    monkeypatch.setattr(watch_module, "time", clock)
+    watch = _watch(tmp_path, idle_timeout=5.0)
+    watch.directory.mkdir()
+    watch.last_progress = 995.0
+    assert watch.decide(StopRequest()) == Decision("wait")  # exactly 5 s
+    clock.now = 1000.5
+    assert watch.decide(StopRequest()) == Decision("stop", reason="no new checkpoint for 5 s")
+
+
+def test_a_stop_request_is_logged_with_the_signal(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="areal_lightning"), StopRequest():
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert "stop requested (SIGTERM): finishing the checkpoint at hand" in caplog.messages
+
+
+class Odd:
+    """An object the safe loader (``weights_only=True``) refuses to unpickle."""
+
+
+def test_a_checkpoint_holding_other_objects_is_not_unpickled_by_the_watcher(tmp_path: Path) -> None:
+    odd = tmp_path / "odd.ckpt"
+    torch.save({"global_step": 2, "epoch": 0, "extra": Odd()}, odd)
+    assert read_step(odd) is None
+    plain = tmp_path / "plain.ckpt"
+    torch.save({"global_step": 3}, plain)
+    assert read_step(plain) == (3, 0)

@@ -215,3 +215,18 @@ def test_a_file_for_the_directory_or_an_unwritable_history_is_refused(
         main(["evaluate", "-c", str(_config(tmp_path)), "--watch", str(tmp_path), "--history", str(blocker / "h")]) == 2
     )
     assert "--history" in capsys.readouterr().err
+
+
+def test_the_watchers_record_is_what_evaluate_gives_for_the_same_checkpoint(
+    tmp_path: Path, weights: dict[str, torch.Tensor]
+) -> None:
+    """The same seed, step and epoch as `evaluate --ckpt`: the same sampled answers, the same metrics."""
+    config, ckpts = _config(tmp_path), tmp_path / "ckpts"
+    ckpt = _save(ckpts, "step6.ckpt", 6, weights, epoch=2)
+    (ckpts / STOP_FILENAME).touch()
+    assert _watch(config, ckpts) == 0
+    assert main(["evaluate", "-c", str(config), "--ckpt", str(ckpt), "--history", str(tmp_path / "once.jsonl")]) == 0
+    (watched,) = eval_rows(_history(tmp_path))
+    (once,) = eval_rows(read_history(tmp_path / "once.jsonl"))
+    assert (watched["step"], watched["epoch"]) == (once["step"], once["epoch"]) == (6, 2)
+    assert watched["metrics"] == once["metrics"] and watched["sampling"] == once["sampling"]

@@ -133,6 +133,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         [
             "tests/test_watch.py::test_next_checkpoint_takes_the_oldest_step_not_yet_evaluated",
             "tests/test_watch_decisions.py",
+            # the command itself, in this process on one CPU device (a second or two per test)
+            "tests/test_watch_loop.py",
         ],
     ),
 }
