@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "areal_lightning"
-PLUGIN = ("callbacks", "metrics", "eval_round", "tracking", "viz")
+PLUGIN = ("callbacks", "metrics", "eval_round", "scoring", "tracking", "viz")
 MAX_PLUGIN_MODULE_LINES = 400
 MAX_CALLBACK_LINES = 300
 MAX_FUNCTION_LINES = 60

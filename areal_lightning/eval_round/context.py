@@ -10,7 +10,7 @@ import torch
 from torchmetrics import Metric
 
 from areal_lightning.eval_round.progress import RoundProgress
-from areal_lightning.eval_round.sampling import SamplingParams
+from areal_lightning.eval_round.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,10 @@ from dataclasses import dataclass
 from enum import Enum
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-from areal_lightning.metrics.options import NO_ANSWER
-from areal_lightning.metrics.score import DEFAULT_TIMEOUT_S, Score, ScoreStatus
-
-if TYPE_CHECKING:  # torch loads with the scorer's workers, not with the config that names this task's options
-    from areal_lightning.metrics.scoring import SafeScorer
+from areal_lightning.metrics.constants import NO_ANSWER
+from areal_lightning.scoring import DEFAULT_TIMEOUT_S, SafeScorer, Score, ScoreStatus
 
 CORRECT_REWARD = 1.0  # what `rollout_evaluate` counts as correct, as for the arithmetic task
 WRONG_REWARD = 0.0
@@ -245,8 +242,6 @@ class MathTask:
 def _math_verify_scorer(timeout_s: float, workers: int) -> SafeScorer:
     """One pool of math-verify workers per process and setting, shared by every task (workers
     start on the first call, so building a task costs nothing)."""
-    from areal_lightning.metrics.scoring import SafeScorer
-
     return SafeScorer(math_verify_score, timeout_s=timeout_s, workers=workers, wrong_reward=WRONG_REWARD)
 
 
