@@ -75,7 +75,7 @@ class RolloutModule(Protocol):
 
 def sampling_of(ctx: EvalContext) -> SamplingParams:
     """The eval set's sampling settings; an `EvalSet` built without them may give n_samples,
-    temperature and max_new_tokens in its options (the older way)."""
+    temperature and max_new_tokens in its `options` instead."""
     if ctx.sampling is not None:
         return ctx.sampling
     keys = ("n_samples", "temperature", "max_new_tokens")
