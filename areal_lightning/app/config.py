@@ -478,7 +478,7 @@ class EvalSetConfig:
 
 @dataclass
 class EvaluatorConfig(EvaluatorSettings):
-    """When and how to evaluate (the seed's `evaluator` block): `EvaluationCallback`'s settings,
+    """When and how to evaluate (the YAML `evaluator` block): `EvaluationCallback`'s settings,
     each option declared once in `callbacks.settings`; the metric and eval set names they give are
     checked against the rest of the config in `Config._check_thresholds`."""
 

@@ -449,21 +449,11 @@ def math_verify_score(completion: str, reference: str) -> float | None:
     """
     from math_verify import parse, verify  # the `math` extra; imported only when used
 
+    # math-verify times out with SIGALRM, which Python allows on the main thread only.
     timeout = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
     predicted = _math_verify_parse(completion, timeout)
     if not predicted:
         return None
-    gold = parse(f"\\boxed{{{reference}}}", parsing_timeout=timeout)
-    return CORRECT_REWARD if gold and verify(gold, predicted, timeout_seconds=timeout) else WRONG_REWARD
-
-
-def math_verify_equal(completion: str, reference: str) -> bool:
-    """math-verify's verdict: the completion's final answer (`verify_target`) is equivalent to the reference."""
-    from math_verify import parse, verify  # the `math` extra; imported only when used
-
-    # math-verify times out with SIGALRM, which Python allows on the main thread only.
-    timeout = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
     # Boxing makes a bare reference ("72", "\\frac{1}{2}") parse as LaTeX.
     gold = parse(f"\\boxed{{{reference}}}", parsing_timeout=timeout)
-    predicted = _math_verify_parse(completion, timeout)
-    return bool(gold) and bool(predicted) and bool(verify(gold, predicted, timeout_seconds=timeout))
+    return CORRECT_REWARD if gold and verify(gold, predicted, timeout_seconds=timeout) else WRONG_REWARD

@@ -1,4 +1,4 @@
-"""GRPO of a local Hugging Face model on GSM8K with a custom `evaluate_fn` in the seed's four steps.
+"""GRPO of a local Hugging Face model on GSM8K with a custom `evaluate_fn` in four steps.
 
 The config is `examples/math/gsm8k_grpo.yaml` (overrides as ``key=value`` arguments); the module,
 the eval sets, the callback and the Trainer come from our builders, and only the evaluation is
