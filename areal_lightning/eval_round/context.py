@@ -27,7 +27,10 @@ class EvalRoundError(RuntimeError):
 
 
 def metric_to(metric: Metric, device: torch.device) -> Metric:
-    """`metric` on `device`, its dtype kept (torchmetrics' ``.to()`` resets a float64 metric to float32)."""
+    """`metric` on `device`, its dtype kept: torchmetrics' ``.to(device)`` resets any metric's dtype to
+    float32, and an aggregation metric (``SumMetric().set_dtype(torch.float64)``) then casts its inputs
+    to float32. (A dtype conversion is another matter: `metrics.float64_states` keeps our metrics'
+    float64 states through it.)"""
     dtype = metric.dtype
     metric = metric.to(device)
     if metric.dtype != dtype:
