@@ -274,7 +274,7 @@ class _Clock:
 
 
 def test_idle_means_more_than_idle_timeout_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from areal_lightning.app import watch as watch_module
+    from areal_lightning.app import watch_checkpoints as watch_module
 
     clock = _Clock(1000.0)
     monkeypatch.setattr(watch_module, "time", clock)

@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from areal_lightning.app.cli import main
-from areal_lightning.app.watch import MAX_LOAD_FAILURES, STOP_FILENAME
+from areal_lightning.app.watch_checkpoints import MAX_LOAD_FAILURES, STOP_FILENAME
 from areal_lightning.tracking.history import EvalHistory, eval_rows, event_rows, read_history
 
 SIZE = 4
