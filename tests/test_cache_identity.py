@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import json
 import math
 import sys
 import threading
@@ -26,6 +27,7 @@ from torch import nn
 from areal_lightning.eval_round.cache import UncacheableError, function_identity, weights_digest
 
 LIMIT = 8  # how deep the cache follows nested values
+_QuantizedLinear = __import__("torch.ao.nn.quantized", fromlist=["Linear"]).Linear
 
 
 def _evaluate(module: Any, batches: Any, ctx: Any, *args: Any, **kwargs: Any) -> dict[str, float]:
@@ -86,10 +88,12 @@ def _same(a: Any, b: Any) -> bool:
         (nn.ReLU(), nn.Tanh()),  # no weights: the class tells them apart
         (nn.Linear(2, 2), nn.Linear(2, 2)),  # other weights
         (Plain, Other),
-        (nn.Linear, __import__("torch.ao.nn.quantized", fromlist=["Linear"]).Linear),  # one name, two classes
+        (nn.Linear, _QuantizedLinear),  # one name, two classes
         (_evaluate, Holder.run),
         (functools.partial(_evaluate, 1), functools.partial(_evaluate, 2)),
         (math.floor, math.ceil),
+        (json.dumps, json.loads),  # installed Python functions: by name
+        (functools.partial(nn.Linear, 2), functools.partial(_QuantizedLinear, 2)),  # a factory of a class
     ],
     ids=[
         "tensor values",
@@ -114,6 +118,8 @@ def _same(a: Any, b: Any) -> bool:
         "function",
         "partial",
         "builtin",
+        "installed function",
+        "partial of an installed class of the same name",
     ],
 )
 def test_another_value_held_by_the_evaluate_fn_gives_another_identity(one: Any, two: Any) -> None:
@@ -238,8 +244,14 @@ class SelfReferring:
         return {"k": float(isinstance(self, SelfReferring))}
 
 
-def test_functions_and_classes_that_refer_to_themselves_are_keyed() -> None:
+def test_functions_classes_and_objects_that_refer_to_themselves_are_keyed() -> None:
     assert _same(_recursive, _recursive)
+    node, other = Plain(1), Plain(1)
+    node.parent = node.child = Plain(node)  # type: ignore[attr-defined]
+    other.parent = other.child = Plain(other)  # type: ignore[attr-defined]
+    assert _same(Holder(x=node), Holder(x=other))
+    other.v = 2
+    assert not _same(Holder(x=node), Holder(x=other))
 
     def outer() -> Callable[..., dict]:
         def again(m: Any, b: Any, c: Any, n: int = 1) -> dict:
@@ -273,20 +285,27 @@ class Base:
 class Counter:
     def __init__(self):
         self.n = 0
+
+
+class Extra:
+    def value(self):
+        return {extra}
 """,
     "evaluate.py": """
 import contextlib
 from inspect import getattr_static
 
+from {pkg} import helpers
 from {pkg}.helpers import LIMITS, Base, Counter, helper
 
 CALLS = Counter()
+PAIR = (Counter(), 1)
 
 
 class Evaluate(contextlib.ContextDecorator, Base):
     def __call__(self, module, batches, ctx):
         CALLS.n += 1
-        return {{"w": float(len(helper([1.0]))) + self.shift() + len(LIMITS) + {own}}}
+        return {{"w": float(len(helper([1.0]))) + self.shift() + len(LIMITS) + len(PAIR) + {own}}}
 
     @staticmethod
     def tool():
@@ -308,7 +327,7 @@ def evaluate(module, batches, ctx):
     return Evaluate()(module, batches, ctx) if {own} in {{0, 1}} else {{}}
 """,
 }
-DEFAULTS = {"factor": 1.0, "limit": 3, "shift": 0.0, "own": 0, "static": 1, "prop": 1}
+DEFAULTS = {"factor": 1.0, "limit": 3, "shift": 0.0, "own": 0, "static": 1, "prop": 1, "extra": 0}
 _imported = iter(range(1_000_000))
 
 
@@ -338,6 +357,7 @@ def user_package(tmp_path: Path) -> Iterator[Callable[..., types.ModuleType]]:
 
 
 def test_the_unchanged_users_package_imported_again_gives_the_same_identity(user_package: Any) -> None:
+    """Also with a global tuple holding an object (not a constant: not keyed, its repr holds an address)."""
     first, second = user_package(), user_package()
     assert first.Evaluate is not second.Evaluate  # another import: other objects, the same code
     assert function_identity(first.Evaluate()) == function_identity(second.Evaluate())
@@ -387,6 +407,8 @@ def test_a_callable_with_an_attribute_named_func_still_keys_its_own_code(user_pa
     before, after = user_package(), user_package(own=1)
     one, two = before.Evaluate(), after.Evaluate()
     one.func = two.func = torch.sigmoid  # an installed function under the name a partial uses
+    assert function_identity(one) != function_identity(two)
+    one.__module__ = two.__module__ = "torch"  # an instance's own __module__ is not its class's
     assert function_identity(one) != function_identity(two)
 
 
@@ -580,3 +602,56 @@ def test_sharded_weights_are_refused_naming_the_module_and_the_way_out() -> None
         )
     finally:
         dist.destroy_process_group()
+
+
+def _class_with_default(lock: Any) -> type:
+    class Locked:
+        def __call__(self, m: Any, b: Any, c: Any, x: Any = lock) -> dict:
+            return {}
+
+    return Locked
+
+
+def _calling_class(cls: type) -> Callable[..., dict]:
+    """A function that builds `cls` through a global of its module."""
+    global _CLASS
+    _CLASS = cls
+
+    def evaluate(m: Any, b: Any, c: Any) -> dict:
+        return _CLASS()(m, b, c)
+
+    return evaluate
+
+
+_CLASS: type = Plain
+
+
+@pytest.mark.parametrize(
+    ("make", "path"),
+    [
+        (lambda cls: cls(), "evaluate_fn"),
+        (lambda cls: Holder(x=cls()), "evaluate_fn.x"),
+        (lambda cls: Holder(x=cls), "evaluate_fn.x"),
+        (_calling_class, "evaluate_fn.__globals__['_CLASS']"),
+    ],
+    ids=["callable instance", "attribute's object", "class held", "class of a global"],
+)
+def test_a_method_default_the_cache_cannot_key_is_refused_naming_the_method(make: Any, path: str) -> None:
+    cls = _class_with_default(threading.Lock())
+    with pytest.raises(UncacheableError) as err:
+        function_identity(make(cls))
+    assert str(err.value) == f"{path}: {cls.__qualname__}.__call__.__defaults__[0] {_CANNOT_READ}"
+
+
+def test_an_edited_class_held_as_a_value_gives_another_identity(user_package: Any) -> None:
+    """A class of the user's package that the instance holds (not one it calls) is keyed by its code."""
+
+    def holding(module: types.ModuleType) -> Any:
+        evaluate = module.Evaluate()
+        evaluate.kind = module.helpers.Extra
+        return evaluate
+
+    before, after, again = user_package(), user_package(extra=1), user_package()
+    assert function_identity(before.Evaluate()) == function_identity(after.Evaluate())  # not used by Evaluate
+    assert function_identity(holding(before)) != function_identity(holding(after))
+    assert function_identity(holding(before)) == function_identity(holding(again))

@@ -160,7 +160,7 @@ class _Keyer:
         if isinstance(fn, (types.BuiltinFunctionType, type)):
             return ["name", f"{_package(fn)}:{getattr(fn, '__module__', '?')}.{fn.__qualname__}"]
         if callable(fn) and hasattr(fn, "__dict__"):
-            return ["instance", self.klass(type(fn), where), self.state(fn, where, depth)]
+            return ["instance", self.state(fn, where, depth)]  # the state holds the class and its methods
         raise UncacheableError(
             f"{where} is a {type(fn).__name__} whose behaviour cannot be keyed; pass a function, a bound "
             "method, a functools.partial or an instance of a Python class"
@@ -170,7 +170,7 @@ class _Keyer:
         name = f"{fn.__module__}.{fn.__qualname__}"
         if _package(fn) != self.package:
             return ["name", name]  # installed library code: its name (its version is the installation's)
-        cells = [c.cell_contents if c.cell_contents is not fn else "<self>" for c in fn.__closure__ or ()]
+        cells = [c.cell_contents for c in fn.__closure__ or ()]  # a closure over `fn` itself is "seen"
         globals_used = {}
         for global_name in _names(fn.__code__):
             if global_name not in fn.__globals__:
