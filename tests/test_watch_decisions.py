@@ -300,6 +300,7 @@ def test_a_checkpoint_holding_other_objects_is_not_unpickled_by_the_watcher(tmp_
     odd = tmp_path / "odd.ckpt"
     torch.save({"global_step": 2, "epoch": 0, "extra": Odd()}, odd)
     assert read_step(odd) is None
+    assert read_step(odd, trust=True) == (2, 0)  # --trust-checkpoint
     plain = tmp_path / "plain.ckpt"
     torch.save({"global_step": 3}, plain)
     assert read_step(plain) == (3, 0)

@@ -83,12 +83,13 @@ def test_each_checkpoint_once_oldest_first_with_its_file_then_idle_stops_and_a_r
     ]
     for row in rows:
         assert row["trigger"] == ["watch"] and row["source"] == "standalone" and row["run_id"] == "run-a"
-        assert (row["num_prompts"], row["world_size"], row["mode"]) == (SIZE, 1, "sync")
-        assert row["dataset"] == "w" and 0.0 <= row["metrics"]["accuracy"] <= 1.0
+        assert (row["num_prompts"], row["num_samples"], row["world_size"], row["mode"]) == (SIZE, SIZE, 1, "sync")
+        assert row["dataset"] == "w" and 0.0 <= row["metrics"]["accuracy"] <= 1.0 and row["eval_secs"] > 0
     assert out.startswith(
         f"watching {ckpts} for checkpoints; stop with Ctrl-C, --idle-timeout or {ckpts / STOP_FILENAME}\n"
     )
-    assert f"checkpoint {ckpts / 'step2.ckpt'} (step 2, epoch 0):" in out
+    table = out.split(f"checkpoint {ckpts / 'step2.ckpt'} (step 2, epoch 0):\n")[1].split("checkpoint ")[0]
+    assert table.split()[:2] == ["dataset", "accuracy"] and "\nw " in table  # the round's table
     assert out.index("(step 2, epoch 0)") < out.index(f"checkpoint {ckpts / 'step4.ckpt'} (step 4, epoch 1):")
     assert out.rstrip().endswith(f"watch stopped: no new checkpoint for {float(IDLE):g} s; 2 checkpoint(s) evaluated")
 
@@ -230,3 +231,56 @@ def test_the_watchers_record_is_what_evaluate_gives_for_the_same_checkpoint(
     (once,) = eval_rows(read_history(tmp_path / "once.jsonl"))
     assert (watched["step"], watched["epoch"]) == (once["step"], once["epoch"]) == (6, 2)
     assert watched["metrics"] == once["metrics"] and watched["sampling"] == once["sampling"]
+
+
+class Odd:
+    """An object the safe loader refuses: only `--trust-checkpoint` reads a checkpoint holding it."""
+
+
+def test_trust_checkpoint_evaluates_a_checkpoint_the_safe_loader_refuses(
+    tmp_path: Path, weights: dict[str, torch.Tensor]
+) -> None:
+    config, ckpts = _config(tmp_path), tmp_path / "ckpts"
+    ckpts.mkdir()
+    torch.save({"global_step": 2, "epoch": 0, "state_dict": weights, "extra": Odd()}, ckpts / "step2.ckpt")
+    (ckpts / STOP_FILENAME).touch()
+    history = tmp_path / "elsewhere.jsonl"
+    assert _watch(config, ckpts, "--history", str(history)) == 0  # reported and left alone
+    assert eval_rows(read_history(history)) == [] and len(event_rows(read_history(history), "error")) == 1
+    assert _watch(config, ckpts, "--history", str(history), "--trust-checkpoint") == 0
+    assert [r["step"] for r in eval_rows(read_history(history))] == [2]
+    assert not (tmp_path / "run" / "eval_history.jsonl").exists()  # --history chose the file
+
+
+def test_the_options_say_what_they_do_and_default_to_no_timeout_and_2_s_polls(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from areal_lightning.app.cli import build_parser
+
+    args = build_parser().parse_args(["evaluate", "-c", "cfg.yaml", "--watch", "ckpts"])
+    assert (args.watch, args.idle_timeout, args.poll_secs) == ("ckpts", None, 2.0)
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "--watch CHECKPOINT_DIR evaluate each new checkpoint of this directory as it appears, oldest first, "
+        f"once each; stops on Ctrl-C, --idle-timeout or a file {STOP_FILENAME} in the directory" in text
+    )
+    assert "--idle-timeout SECS with --watch: stop after SECS without a new checkpoint (default: never)" in text
+    assert "--poll-secs SECS with --watch: seconds between looks at the directory (default 2)" in text
+    with pytest.raises(SystemExit):
+        main(["evaluate", "-c", "cfg.yaml", "--watch", "ckpts", "--poll-secs", "often"])
+    assert "--poll-secs: invalid float value: 'often'" in capsys.readouterr().err
+
+
+def test_a_config_error_or_an_unwritable_wandb_dir_is_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _watch(_config(tmp_path), tmp_path / "ckpts", "no_such_key=1") == 2
+    assert "no_such_key" in capsys.readouterr().err
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    wandb = {"csv": False, "wandb": {"mode": "offline", "save_dir": str(blocker / "wandb")}}
+    assert _watch(_config(tmp_path, logger=wandb), tmp_path / "ckpts") == 2
+    assert "logger.wandb.save_dir" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -93,12 +93,15 @@ class DirectoryState:
         return stable, unstable
 
 
-def read_step(path: Path) -> tuple[int, int] | None:
-    """(global_step, epoch) of a checkpoint, read lazily (mmap); None when it does not load yet."""
+def read_step(path: Path, trust: bool = False) -> tuple[int, int] | None:
+    """(global_step, epoch) of a checkpoint, read lazily (mmap); None when it does not load yet.
+
+    Only plain values are unpickled unless `trust` (``--trust-checkpoint``), as when the weights load.
+    """
     import torch
 
     try:
-        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=not trust)
         return int(ckpt["global_step"]), int(ckpt.get("epoch", 0))
     except Exception:  # noqa: BLE001 - partial, foreign or unreadable: retried at a later poll
         return None
@@ -242,7 +245,7 @@ class _Watch:
             sig = self.state.seen[path]
             if path in self.state.given_up or self.state.steps.get(path, ((-1, -1),))[0] == sig:
                 continue
-            read = read_step(path)
+            read = read_step(path, self.trust)
             if read is None:
                 failures = self.state.load_failures[path] = self.state.load_failures.get(path, 0) + 1
                 if failures >= MAX_LOAD_FAILURES:
