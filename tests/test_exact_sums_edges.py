@@ -79,3 +79,17 @@ def test_the_exact_fraction_of_a_sum_with_non_finite_values_is_the_ieee_sum() ->
 
     assert math.isnan(sum_fraction(_sum([1.0, math.nan]))) and sum_fraction(_sum([1.0, math.inf])) == math.inf
     assert sum_fraction(_sum([0.5, 0.25])) == Fraction(3, 4)
+
+
+def test_integers_and_half_precision_values_are_summed_exactly() -> None:
+    """Counts beyond float32's 24 bits and float16 rewards: converted to float64 first, exactly."""
+    big = 2**24 + 1  # not a float32
+    assert sum_float(add_values(new_sum(), torch.tensor([big, 2], dtype=torch.int64))) == big + 2
+    half = torch.tensor([0.5, 0.25, 1000.0], dtype=torch.float16)
+    assert sum_float(add_values(new_sum(), half)) == 1000.75
+    assert sum_float(add_squares(new_sum(), half)) == 0.25 + 0.0625 + 1e6
+
+
+def test_the_square_of_either_infinity_is_plus_infinity() -> None:
+    for values in ([-math.inf], [math.inf, -math.inf], [-math.inf, 2.0]):
+        assert sum_float(add_squares(new_sum(), torch.tensor(values, dtype=torch.float64))) == math.inf
