@@ -284,3 +284,25 @@ def test_a_config_error_or_an_unwritable_wandb_dir_is_refused_before_any_work(
     assert _watch(_config(tmp_path, logger=wandb), tmp_path / "ckpts") == 2
     assert "logger.wandb.save_dir" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_checkpoint_rewritten_since_its_step_was_read_is_not_evaluated_as_that_step(
+    tmp_path: Path, weights: dict[str, torch.Tensor], caplog: pytest.LogCaptureFixture
+) -> None:
+    """last.ckpt rewritten between the poll and the load: every rank sees another step and skips it."""
+    from lightning.fabric import Fabric
+
+    from areal_lightning.app.config import load_config
+    from areal_lightning.app.watch_checkpoints import _load_on_every_rank
+    from areal_lightning.rl.grpo import GRPOModule
+
+    module = GRPOModule.from_config(load_config(_config(tmp_path)))
+    fabric = Fabric(accelerator="cpu", devices=1)
+    last = _save(tmp_path / "ckpts", "last.ckpt", 4, weights)
+    assert _load_on_every_rank(fabric, module, str(last), 4, False) == (None, "run-a")
+    error, _ = _load_on_every_rank(fabric, module, str(last), 2, False)
+    assert error == f"{last} now holds step 4, not 2"
+    assert f"skipping {last} for now: {last} now holds step 4, not 2" in caplog.messages
+    torch.save({"global_step": 4, "state_dict": weights, "extra": Odd()}, last)
+    assert _load_on_every_rank(fabric, module, str(last), 4, False)[0] is not None  # the safe loader refuses
+    assert _load_on_every_rank(fabric, module, str(last), 4, True) == (None, None)  # trusted; no run id kept
