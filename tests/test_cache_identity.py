@@ -210,6 +210,7 @@ def test_which_object_an_alias_points_to_is_keyed() -> None:
         "keyword defaults": ((with_kwdefault, with_other_kwdefault), p, q),
         "closures": ((closing(p), closing(q)), p, q),
         "helpers' globals": ((_uses_first_helper, _uses_second_helper), _first_helper, _second_helper),
+        "classes of objects, built again by partials": ((A(), B()), functools.partial(A), functools.partial(B)),
     }
     for what, (parts, one, two) in cases.items():
         attrs = {f"a{i}": part for i, part in enumerate(parts)}
