@@ -81,3 +81,26 @@ def test_under_a_process_group_the_state_is_gathered_from_every_rank() -> None:
 def test_a_bad_confidence_is_named() -> None:
     with pytest.raises(ValueError, match=r"^`paired_change\(confidence=...\)` must be a number in \(0, 1\), got 1.5$"):
         paired_change(4, 0.4, 0.06, confidence=1.5)
+
+
+def test_updates_in_parts_give_the_change_of_all_pairs_at_once() -> None:
+    from areal_lightning.metrics.paired import PairedChange
+
+    current, reference = torch.tensor([0.0, 1.0, 0.5, 0.25]), torch.tensor([1.0, 0.0, 0.0, 0.25])
+    whole, parts = PairedChange(), PairedChange()
+    whole.update(current, reference)
+    parts.update(current[:2], reference[:2])  # differences -1 and 1: their squares are not themselves
+    parts.update(current[2:], reference[2:])
+    assert parts.compute() == whole.compute()
+    assert whole.compute().delta == 0.125 and whole.compute().n == 4
+
+
+def test_outcomes_are_paired_in_float64() -> None:
+    """Per-prompt outcomes that float32 cannot hold (a mean reward of 0.1) change by their float64 difference."""
+    from areal_lightning.metrics.paired import paired_sums
+
+    before, after = {0: 0.1, 1: 1 / 3}, {0: 0.3, 1: 2 / 3}
+    pairs = PairedRounds()
+    pairs.update("easy", {"reward": before}, ["reward"], {"reward": 0.2})
+    out = pairs.update("easy", {"reward": after}, ["reward"], {"reward": 0.5})
+    assert out["reward/delta"] == paired_change(*paired_sums(after, before)).delta
