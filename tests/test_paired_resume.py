@@ -104,3 +104,12 @@ def test_outcomes_are_paired_in_float64() -> None:
     pairs.update("easy", {"reward": before}, ["reward"], {"reward": 0.2})
     out = pairs.update("easy", {"reward": after}, ["reward"], {"reward": 0.5})
     assert out["reward/delta"] == paired_change(*paired_sums(after, before)).delta
+
+
+def test_the_metrics_confidence_sets_its_interval() -> None:
+    from areal_lightning.metrics.paired import PairedChange
+
+    narrow = PairedChange(confidence=0.5)
+    narrow.update(torch.tensor([0.0, 1.0, 0.5, 0.25]), torch.tensor([1.0, 0.0, 0.0, 0.25]))
+    assert narrow.compute() == paired_change(4, 0.5, 2.25, confidence=0.5)
+    assert narrow.compute().high < paired_change(4, 0.5, 2.25).high
