@@ -234,7 +234,9 @@ def test_a_given_up_file_does_not_hold_up_the_others(tmp_path: Path) -> None:
     assert watch.decide(stop) == Decision("eval", str(watch.directory / "step2.ckpt"), 2, 0)
 
 
-def test_a_checkpoint_whose_weights_do_not_load_is_retried_then_left_alone(tmp_path: Path) -> None:
+def test_a_checkpoint_whose_weights_do_not_load_is_retried_then_left_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     watch = _watch(tmp_path)
     stop = StopRequest()
     path = _ckpt(watch.directory, "step2.ckpt", 2)
@@ -249,6 +251,7 @@ def test_a_checkpoint_whose_weights_do_not_load_is_retried_then_left_alone(tmp_p
     watch.load_failed(decision, "another model")
     (event,) = event_rows(read_history(watch.history_file), "error")
     assert event["message"] == f"checkpoint {path} did not load at {MAX_LOAD_FAILURES} tries; left alone: another model"
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [event["message"]]  # on stderr too
     assert (event["step"], event["checkpoint"]) == (2, str(path))
     assert watch.decide(stop) == Decision("eval", str(watch.directory / "step4.ckpt"), 4, 0)
 

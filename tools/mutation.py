@@ -297,11 +297,13 @@ def sample_module(name: str, mutmut: Path, size: int) -> ModuleResult | None:
     codes = json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"]
     checked = sorted(k for k, v in codes.items() if v is not None)
     unchecked = sorted(k for k, v in codes.items() if v is None)
-    chosen = checked + random.Random(0).sample(unchecked, max(0, min(size - len(checked), len(unchecked))))
+    drawn = random.Random(0).sample(unchecked, max(0, min(size - len(checked), len(unchecked))))
+    chosen = checked + drawn
     start = time.monotonic()
     with open(work / "mutmut.log", "a", encoding="utf-8") as log:
+        # Only the drawn ones run: mutmut runs every mutant it is given again, and keeps the others' results.
         proc = subprocess.run(
-            [str(mutmut), "run", "--max-children", "1", *chosen],
+            [str(mutmut), "run", "--max-children", "1", *drawn],
             cwd=work,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -361,7 +363,7 @@ def collect(name: str) -> ModuleResult | None:
     return result
 
 
-def retest(name: str) -> ModuleResult | None:
+def retest(name: str, retest_timeout: float = RETEST_TIMEOUT_S) -> ModuleResult | None:
     """Run the module's current tests against each survivor of its last run, one pytest process per
     mutant (the mutant written into the scratch copy's source, then put back).
 
@@ -409,7 +411,7 @@ def retest(name: str) -> ModuleResult | None:
                     cwd=work,
                     capture_output=True,
                     text=True,
-                    timeout=RETEST_TIMEOUT_S,
+                    timeout=retest_timeout,
                     check=False,
                 )
                 # 0: every test passed; 5: none ran; anything else (failures, an import error): killed.
@@ -514,6 +516,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="instead of a new run, test only the survivors of each module's last run against its current tests",
     )
+    parser.add_argument(
+        "--retest-timeout",
+        type=float,
+        default=RETEST_TIMEOUT_S,
+        metavar="SECS",
+        help=f"with --retest: a run of the tests past SECS is a hang, the mutant's (default {RETEST_TIMEOUT_S})",
+    )
     args = parser.parse_args(argv)
 
     unknown = [m for m in args.modules if m not in MODULES]
@@ -533,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.sample:
             r = sample_module(name, mutmut, args.sample)
         else:
-            r = retest(name) if args.retest else run_module(name, mutmut, args.max_children)
+            r = retest(name, args.retest_timeout) if args.retest else run_module(name, mutmut, args.max_children)
         if r is None:
             print("  never run", flush=True)
             continue
