@@ -4,9 +4,11 @@ when it stops, how Ctrl-C and SIGTERM are taken, and which W&B run it logs into.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,21 @@ from areal_lightning.app.watch_checkpoints import (
 )
 from areal_lightning.tracking.history import EvalHistory, event_rows, read_history
 from areal_lightning.tracking.records import eval_record, event_record
+
+
+@pytest.fixture
+def watch_log() -> Iterator[list[logging.LogRecord]]:
+    """Records of the package's logger (which stops propagating once a command set up its handler)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign,assignment]
+    logger = logging.getLogger("areal_lightning")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(level)
 
 
 def _ckpt(directory: Path, name: str, step: int, epoch: int | None = 0) -> Path:
@@ -235,7 +252,7 @@ def test_a_given_up_file_does_not_hold_up_the_others(tmp_path: Path) -> None:
 
 
 def test_a_checkpoint_whose_weights_do_not_load_is_retried_then_left_alone(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, watch_log: list[logging.LogRecord]
 ) -> None:
     watch = _watch(tmp_path)
     stop = StopRequest()
@@ -251,7 +268,7 @@ def test_a_checkpoint_whose_weights_do_not_load_is_retried_then_left_alone(
     watch.load_failed(decision, "another model")
     (event,) = event_rows(read_history(watch.history_file), "error")
     assert event["message"] == f"checkpoint {path} did not load at {MAX_LOAD_FAILURES} tries; left alone: another model"
-    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [event["message"]]  # on stderr too
+    assert [r.getMessage() for r in watch_log if r.levelname == "ERROR"] == [event["message"]]  # on stderr too
     assert (event["step"], event["checkpoint"]) == (2, str(path))
     assert watch.decide(stop) == Decision("eval", str(watch.directory / "step4.ckpt"), 4, 0)
 
@@ -289,10 +306,10 @@ def test_idle_means_more_than_idle_timeout_seconds(tmp_path: Path, monkeypatch: 
     assert watch.decide(StopRequest()) == Decision("stop", reason="no new checkpoint for 5 s")
 
 
-def test_a_stop_request_is_logged_with_the_signal(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level("INFO", logger="areal_lightning"), StopRequest():
+def test_a_stop_request_is_logged_with_the_signal(watch_log: list[logging.LogRecord]) -> None:
+    with StopRequest():
         os.kill(os.getpid(), signal.SIGTERM)
-    assert "stop requested (SIGTERM): finishing the checkpoint at hand" in caplog.messages
+    assert "stop requested (SIGTERM): finishing the checkpoint at hand" in [r.getMessage() for r in watch_log]
 
 
 class Odd:

@@ -10,8 +10,10 @@ decisions do not depend on what the model has learnt.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,21 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]
     config = tmp_path_factory.mktemp("weights") / "cfg.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
     return GRPOModule.from_config(load_config(config)).state_dict()
+
+
+@pytest.fixture
+def watch_log() -> Iterator[list[logging.LogRecord]]:
+    """Records of the package's logger (which stops propagating once a command set up its handler)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign,assignment]
+    logger = logging.getLogger("areal_lightning")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(level)
 
 
 def _config(tmp_path: Path, **changes: Any) -> Path:
@@ -164,7 +181,7 @@ def test_a_failed_evaluation_is_recorded_not_retried_and_sets_the_exit_status(
 
 
 def test_a_checkpoint_of_another_model_is_reported_and_left_alone(
-    tmp_path: Path, weights: dict[str, torch.Tensor], caplog: pytest.LogCaptureFixture
+    tmp_path: Path, weights: dict[str, torch.Tensor], watch_log: list[logging.LogRecord]
 ) -> None:
     config, ckpts = _config(tmp_path), tmp_path / "ckpts"
     other = dict(weights)
@@ -178,7 +195,7 @@ def test_a_checkpoint_of_another_model_is_reported_and_left_alone(
     assert (error["step"], error["checkpoint"]) == (2, str(ckpts / "step2.ckpt"))
     assert error["message"].startswith(f"checkpoint {ckpts / 'step2.ckpt'} did not load at {MAX_LOAD_FAILURES} tries")
     assert "Unexpected key(s)" in error["message"] and "extra.weight" in error["message"]
-    skipped = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"skipping {ckpts / 'step2.ckpt'}")]
+    skipped = [r.getMessage() for r in watch_log if r.getMessage().startswith(f"skipping {ckpts / 'step2.ckpt'}")]
     assert len(skipped) == MAX_LOAD_FAILURES and "does not match the model of the config" in skipped[0]
 
 
@@ -287,7 +304,7 @@ def test_a_config_error_or_an_unwritable_wandb_dir_is_refused_before_any_work(
 
 
 def test_a_checkpoint_rewritten_since_its_step_was_read_is_not_evaluated_as_that_step(
-    tmp_path: Path, weights: dict[str, torch.Tensor], caplog: pytest.LogCaptureFixture
+    tmp_path: Path, weights: dict[str, torch.Tensor], watch_log: list[logging.LogRecord]
 ) -> None:
     """last.ckpt rewritten between the poll and the load: every rank sees another step and skips it."""
     from lightning.fabric import Fabric
@@ -302,7 +319,7 @@ def test_a_checkpoint_rewritten_since_its_step_was_read_is_not_evaluated_as_that
     assert _load_on_every_rank(fabric, module, str(last), 4, False) == (None, "run-a")
     error, _ = _load_on_every_rank(fabric, module, str(last), 2, False)
     assert error == f"{last} now holds step 4, not 2"
-    assert f"skipping {last} for now: {last} now holds step 4, not 2" in caplog.messages
+    assert f"skipping {last} for now: {last} now holds step 4, not 2" in [r.getMessage() for r in watch_log]
     torch.save({"global_step": 4, "state_dict": weights, "extra": Odd()}, last)
     assert _load_on_every_rank(fabric, module, str(last), 4, False)[0] is not None  # the safe loader refuses
     assert _load_on_every_rank(fabric, module, str(last), 4, True) == (None, None)  # trusted; no run id kept
