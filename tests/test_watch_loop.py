@@ -155,16 +155,22 @@ def test_sigterm_finishes_the_checkpoint_at_hand_and_stops(
 
 
 def test_a_failed_evaluation_is_recorded_not_retried_and_sets_the_exit_status(
-    tmp_path: Path, weights: dict[str, torch.Tensor], capsys: pytest.CaptureFixture[str], monkeypatch: Any
+    tmp_path: Path,
+    weights: dict[str, torch.Tensor],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: Any,
+    watch_log: list[logging.LogRecord],
 ) -> None:
     from areal_lightning.rl import rollout_eval
 
     config, ckpts = _config(tmp_path), tmp_path / "ckpts"
     _save(ckpts, "step2.ckpt", 2, weights)
-    _save(ckpts, "step4.ckpt", 4, weights)
+    _save(ckpts, "step4.ckpt", 4, weights, epoch=1)
     evaluate = rollout_eval.rollout_evaluate
+    rounds: list[tuple[int, int]] = []
 
     def out_of_memory_at_step_2(module: Any, batches: Any, ctx: Any) -> Any:
+        rounds.append((ctx.global_step, ctx.epoch))  # what evaluate_fn is told about the checkpoint
         if ctx.global_step == 2:  # what a real round can hit; the model here is too small to
             raise RuntimeError("CUDA out of memory")
         return evaluate(module, batches, ctx)
@@ -176,6 +182,8 @@ def test_a_failed_evaluation_is_recorded_not_retried_and_sets_the_exit_status(
     assert (error["step"], error["source"], error["checkpoint"]) == (2, "watch", str(ckpts / "step2.ckpt"))
     assert error["message"].startswith("evaluation of eval set 'w' failed") and "CUDA out of memory" in error["message"]
     assert [r["step"] for r in eval_rows(history)] == [4]
+    assert sorted(set(rounds)) == [(2, 0), (4, 1)]
+    assert f"evaluation of {ckpts / 'step2.ckpt'} failed: {error['message']}" in [r.getMessage() for r in watch_log]
     captured = capsys.readouterr()
     assert "watch stopped: no new checkpoint" in captured.out and "1 checkpoint(s) evaluated" in captured.out
     assert f"1 of 2 rounds failed; see {tmp_path / 'run' / 'eval_history.jsonl'}" in captured.err
