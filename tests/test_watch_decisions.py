@@ -154,7 +154,9 @@ def test_idle_timeout_stops_only_when_nothing_is_left(tmp_path: Path) -> None:
     assert watch.decide(stop).action == "eval"
 
 
-def test_a_checkpoint_that_never_loads_is_reported_once_and_left_alone(tmp_path: Path) -> None:
+def test_a_checkpoint_that_never_loads_is_reported_once_and_left_alone(
+    tmp_path: Path, watch_log: list[logging.LogRecord]
+) -> None:
     watch = _watch(tmp_path)
     stop = StopRequest()
     watch.directory.mkdir()
@@ -166,7 +168,8 @@ def test_a_checkpoint_that_never_loads_is_reported_once_and_left_alone(tmp_path:
     assert watch.decide(stop) == Decision("wait")  # the last allowed failure: reported
     (event,) = event_rows(read_history(watch.history_file), "error")
     assert event["message"] == f"checkpoint {bad} did not load at {MAX_LOAD_FAILURES} polls; left alone"
-    assert event["checkpoint"] == str(bad)
+    assert event["checkpoint"] == str(bad) and event["step"] == 0  # its step is unknown
+    assert [r.getMessage() for r in watch_log if r.levelname == "ERROR"] == [event["message"]]
     for _ in range(3):
         assert watch.decide(stop) == Decision("wait")
     assert len(event_rows(read_history(watch.history_file), "error")) == 1
