@@ -3,33 +3,17 @@ ScoringMetric's counts are exact across ranks."""
 
 from __future__ import annotations
 
-import os
 import threading
-import time
 
 import pytest
 from ddp_utils import run_ddp
+from scorer_fns import exact
 
 from areal_lightning.errors import ArgumentError
 from areal_lightning.metrics import ScoringMetric
 from areal_lightning.scoring import SafeScorer, Score, ScorerFailingError, ScoreStatus
 
 TIMEOUT_S = 1.0
-
-
-def exact(completion: str, answer: str) -> float | None:
-    """1 for a match, 0 otherwise; None (unparseable) for an empty completion; hangs on "hang",
-    raises on "raise", kills its process on "die"."""
-    if completion == "hang":
-        while True:
-            time.sleep(60)
-    if completion == "raise":
-        raise ZeroDivisionError("bad expression")
-    if completion == "die":
-        os._exit(3)
-    if not completion:
-        return None
-    return 1.0 if completion == answer else 0.0
 
 
 @pytest.mark.process
