@@ -102,12 +102,12 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "reward_hacking": (
         "areal_lightning/callbacks/reward_hacking.py",
         [
-            "tests/test_reward_watch.py::test_decision_needs_a_reward_rise_and_a_fall_beyond_noise",
-            "tests/test_reward_watch.py::test_one_alert_per_episode_and_again_after_recovery",
-            "tests/test_reward_watch.py::test_against_the_best_round_a_slow_drift_alerts",
-            "tests/test_reward_watch.py::test_metric_without_outcomes_uses_the_tolerance_and_the_watch_resumes",
-            "tests/test_reward_watch.py::test_bad_arguments_are_refused",
-            "tests/test_reward_watch_rules.py",
+            "tests/test_reward_hacking.py::test_decision_needs_a_reward_rise_and_a_fall_beyond_noise",
+            "tests/test_reward_hacking.py::test_one_alert_per_episode_and_again_after_recovery",
+            "tests/test_reward_hacking.py::test_against_the_best_round_a_slow_drift_alerts",
+            "tests/test_reward_hacking.py::test_metric_without_outcomes_uses_the_tolerance_and_the_watch_resumes",
+            "tests/test_reward_hacking.py::test_bad_arguments_are_refused",
+            "tests/test_reward_hacking_rules.py",
         ],
     ),
     "async_evaluator": (
