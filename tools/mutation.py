@@ -74,7 +74,10 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/test_metrics_classes.py::test_accuracy_metric_nan_strategy_and_empty",
         ],
     ),
-    "exact": ("areal_lightning/metrics/exact.py", ["tests/test_exact_sums.py", "tests/test_exact_sums_edges.py"]),
+    "exact": (
+        "areal_lightning/metrics/exact.py",
+        ["tests/test_exact_sums.py", "tests/test_exact_sums_edges.py", "tests/test_exact_sums_device.py"],
+    ),
     "paired": (
         "areal_lightning/metrics/paired.py",
         [
@@ -83,6 +86,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/test_paired_change.py::test_one_pair_has_no_interval_and_no_pair_nothing",
             "tests/test_paired_rounds.py",
             "tests/test_paired_resume.py",
+            "tests/test_paired_t_edges.py",
         ],
     ),
     # the newer modules
