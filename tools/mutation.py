@@ -87,6 +87,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/test_paired_rounds.py",
             "tests/test_paired_resume.py",
             "tests/test_paired_t_edges.py",
+            "tests/test_paired_device.py",
         ],
     ),
     # the newer modules
