@@ -334,3 +334,24 @@ def test_a_checkpoint_rewritten_since_its_step_was_read_is_not_evaluated_as_that
     torch.save({"global_step": 4, "state_dict": weights, "extra": Odd()}, last)
     assert _load_on_every_rank(fabric, module, str(last), 4, False)[0] is not None  # the safe loader refuses
     assert _load_on_every_rank(fabric, module, str(last), 4, True) == (None, None)  # trusted; no run id kept
+
+
+@pytest.mark.process  # W&B's service
+def test_with_wandb_on_each_checkpoint_goes_to_the_checkpoints_wandb_run_on_the_eval_axis(
+    tmp_path: Path, weights: dict[str, torch.Tensor]
+) -> None:
+    from wandb_reader import read_wandb_records, wandb_history, wandb_metric_definitions, wandb_step_metric
+
+    config = _config(tmp_path, logger={"csv": False, "wandb": {"mode": "offline"}})
+    ckpts = tmp_path / "ckpts"
+    _save(ckpts, "step2.ckpt", 2, weights)
+    _save(ckpts, "step5.ckpt", 5, weights, epoch=1)
+    assert _watch(config, ckpts, "--idle-timeout", IDLE) == 0
+    records = read_wandb_records(tmp_path / "run")
+    assert [r["run"]["run_id"] for r in records if r["type"] == "run"][:1] == ["run-a"]  # the checkpoint's run
+    assert wandb_step_metric(wandb_metric_definitions(records), "eval/w/accuracy") == "eval/step"
+    logged = [(row["eval/step"], row["eval/w/accuracy"]) for row in wandb_history(records) if "eval/w/accuracy" in row]
+    history = eval_rows(_history(tmp_path))
+    assert logged == [(r["step"], pytest.approx(r["metrics"]["accuracy"])) for r in history]
+    assert [step for step, _ in logged] == [2, 5]
+    assert [r["exit"].get("exit_code", 0) for r in records if r["type"] == "exit"] == [0]  # the run was finished
