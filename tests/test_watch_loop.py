@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import signal
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -355,3 +360,52 @@ def test_with_wandb_on_each_checkpoint_goes_to_the_checkpoints_wandb_run_on_the_
     assert logged == [(r["step"], pytest.approx(r["metrics"]["accuracy"])) for r in history]
     assert [step for step, _ in logged] == [2, 5]
     assert [r["exit"].get("exit_code", 0) for r in records if r["type"] == "exit"] == [0]  # the run was finished
+
+
+def _next_line(lines: queue.Queue[str], deadline: float, wanted: str) -> str:
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            break
+        if line.startswith(wanted):
+            return line
+    raise AssertionError(f"no line starting {wanted!r} on the watch's stdout while it runs")
+
+
+@pytest.mark.process
+@pytest.mark.timeout(180)
+def test_a_reader_of_the_pipe_sees_each_round_while_the_watch_waits_for_the_next(
+    tmp_path: Path, weights: dict[str, torch.Tensor]
+) -> None:
+    """Output to a pipe (a log collector, `| tee`) is block-buffered: without a flush the round's
+    report would sit in the buffer while the watch waits, possibly for hours."""
+    from procs import kill_group
+
+    config, ckpts = _config(tmp_path), tmp_path / "ckpts"
+    ckpts.mkdir()
+    cmd = [sys.executable, "-m", "areal_lightning", "evaluate", "-c", str(config), "--watch", str(ckpts)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a pipe is block-buffered
+    with (tmp_path / "stderr.txt").open("w") as err:
+        proc = subprocess.Popen(
+            [*cmd, "--poll-secs", "0.05"],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or []], daemon=True).start()
+    try:
+        deadline = time.monotonic() + 90.0
+        assert _next_line(lines, deadline, "watching ").startswith(f"watching {ckpts} for checkpoints")
+        _save(ckpts, "step2.ckpt", 2, weights)  # only now: the line above came while the watch waited
+        _next_line(lines, deadline, f"checkpoint {ckpts / 'step2.ckpt'} (step 2, epoch 0):")
+        assert _next_line(lines, deadline, "dataset").split()[:2] == ["dataset", "accuracy"]
+        _next_line(lines, deadline, "w ")  # the table's last row, while the watch polls on
+        assert proc.poll() is None
+        (ckpts / STOP_FILENAME).touch()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        kill_group(proc)
