@@ -14,9 +14,11 @@ A worker start imports torch (seconds), so the tests that only submit rounds sha
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -25,9 +27,11 @@ from typing import Any
 
 import pytest
 import torch
+from procs import run_in_group
 from torch import nn
 
 from areal_lightning.callbacks.async_evaluator import AsyncEvaluator
+from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round import (
     EvalBatch,
     EvalContext,
@@ -45,6 +49,7 @@ SAMPLES = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
 WAIT_S = 60.0  # a worker start on a loaded 2-core box takes seconds; past this the test failed
 HOLD_S = 3.0  # how long a held round sleeps before it finishes (shorter than the evaluator's 10 s join)
 MIB = 2**20
+UNPICKLABLE_STEP = 7
 
 # A round that never comes back fails its test instead of hanging the suite.
 pytestmark = pytest.mark.timeout(2 * WAIT_S)
@@ -84,6 +89,8 @@ def weighted(module: Any, batches: Sequence[EvalBatch], ctx: EvalContext) -> dic
             out = module.layer(noise * sample) * module.w
             values.append(out.sum().double())
             ctx.record_sample(index, sample=sample, seed=seed)
+    if ctx.global_step == UNPICKLABLE_STEP:
+        ctx.record_sample(0, how=lambda: None)  # a table row that cannot travel back from the worker
     return {
         "w": float(module.w),
         "value": torch.stack(values) if values else torch.zeros(0, dtype=torch.float64),
@@ -98,9 +105,9 @@ def _sample_cost(sample: float) -> float:
     return sample
 
 
-# A lambda cost function: the deal is computed in the training process, so it never travels.
-EVAL_SET = EvalSet("probe", SAMPLES, batch_size=2, cost_fn=lambda s: _sample_cost(s))
-DEAL = {"seed": SEED, "rank": 1, "world_size": 2, "max_table_rows": 4}
+# Lambda cost and key functions: the deal is computed in the training process, so they never travel.
+EVAL_SET = EvalSet("probe", SAMPLES, batch_size=2, cost_fn=lambda s: _sample_cost(s), key_fn=lambda s: f"{s:.1f}")
+DEAL: dict[str, Any] = {"seed": SEED, "rank": 1, "world_size": 2, "max_table_rows": 4}
 
 
 def sync_local(module: nn.Module, step: int, epoch: int) -> Any:
@@ -189,12 +196,19 @@ def _round(evaluator: AsyncEvaluator, module: nn.Module, step: int, epoch: int =
 
 
 def test_a_worker_round_reports_what_a_sync_round_reports_for_the_same_weights(
-    shared: tuple[AsyncEvaluator, Weights],
+    shared: tuple[AsyncEvaluator, Weights], caplog: pytest.LogCaptureFixture
 ) -> None:
     evaluator, module = shared
+    assert all(p.requires_grad for p in module.parameters())  # the replica is a copy: training still trains
     module.set(1.5)
+    caplog.set_level(logging.DEBUG, logger="areal_lightning.callbacks.async_evaluator")
+    before = time.perf_counter()
     snapshot = evaluator.submit(module, 3, 2, ["steps", "epochs"])
+    took = time.perf_counter() - before
     assert (snapshot.step, snapshot.epoch, snapshot.causes) == (3, 2, ["steps", "epochs"])
+    assert 0 <= snapshot.copy_secs <= took  # the copy is part of the submit
+    [logged] = [r.getMessage() for r in caplog.records if r.name.endswith("async_evaluator")]
+    assert logged == f"async round for step 3 submitted: 0.00 MiB snapshot copied in {snapshot.copy_secs:.4f} s"
     assert snapshot.mb == evaluator.snapshot_mb == sum(p.numel() * 4 for p in module.parameters()) / MIB
     module.set(99.0)  # training moves on while the round runs: the worker has its own copy
     returned, local = evaluator.collect([EVAL_SET])
@@ -219,6 +233,24 @@ def test_each_round_sees_the_weights_submitted_with_it(shared: tuple[AsyncEvalua
     assert [r["updates"]["w"][0] for r in seen] == [4.0, 5.0]
 
 
+def test_a_round_whose_result_does_not_pickle_is_an_error_with_the_workers_traceback(
+    shared: tuple[AsyncEvaluator, Weights],
+) -> None:
+    evaluator, module = shared
+    evaluator.submit(module, UNPICKLABLE_STEP, 0, ["steps"])
+    with pytest.raises(AssertionError, match="one round in flight at most"):
+        evaluator.submit(module, UNPICKLABLE_STEP + 1, 0, ["steps"])
+    snapshot, local = evaluator.collect([EVAL_SET])
+    assert snapshot.step == UNPICKLABLE_STEP and len(local) == 1
+    error = str(local[0].report.error)
+    assert error.startswith(f"async evaluation worker failed on the weights of step {UNPICKLABLE_STEP}:\nTraceback")
+    assert "conn.send" in error and "pickle" in error
+    with pytest.raises(AssertionError, match="no round in flight"):
+        evaluator.collect([EVAL_SET])
+    module.set(8.0)  # the worker goes on with the next round
+    assert _round(evaluator, module, 8) == sync_local(module, 8, 0)
+
+
 def test_training_lends_the_worker_its_threads_for_a_round_and_gets_them_back(
     shared: tuple[AsyncEvaluator, Weights], threads: int
 ) -> None:
@@ -235,7 +267,7 @@ def test_training_lends_the_worker_its_threads_for_a_round_and_gets_them_back(
 
 
 def test_a_worker_killed_in_a_round_is_an_error_naming_its_exit_code_and_the_next_round_gets_a_new_worker(
-    tmp_path: Path,
+    tmp_path: Path, threads: int
 ) -> None:
     others = _workers()
     eval_set = EvalSet("probe", SAMPLES, options={"hold_step": 1, "folder": str(tmp_path)})
@@ -260,6 +292,8 @@ def test_a_worker_killed_in_a_round_is_an_error_naming_its_exit_code_and_the_nex
         _, local = evaluator.collect([eval_set])
         assert reduce_set(local[0], eval_set).metrics["w"] == 2.0
         assert [p.pid for p in _workers(others)] != [pid] and len(_workers(others)) == 1
+        # The first round was submitted while the worker started: lent once, given back in full.
+        assert torch.get_num_threads() == threads
     finally:
         evaluator.close(cancel=True)
     assert _workers(others) == []
@@ -268,14 +302,16 @@ def test_a_worker_killed_in_a_round_is_an_error_naming_its_exit_code_and_the_nex
 def test_cancel_ends_a_running_round_at_once_and_gives_the_threads_back(tmp_path: Path, threads: int) -> None:
     others = _workers()
     eval_set = EvalSet("probe", SAMPLES, options={"hold_step": 1, "folder": str(tmp_path)})
-    evaluator, module = AsyncEvaluator(threads=2), Weights()
+    # The worker asks for all of training's threads: training keeps one.
+    evaluator, module = AsyncEvaluator(threads=threads), Weights()
     evaluator.start(module, [eval_set], weighted, seed=SEED, rank=0, world_size=1, max_table_rows=0)
     try:
-        assert torch.get_num_threads() == threads - 2  # lent while the worker imports torch
+        assert torch.get_num_threads() == 1  # lent while the worker imports torch
         _wait_started(evaluator, threads)
         evaluator.submit(module, 1, 0, ["steps"])
-        assert torch.get_num_threads() == threads - 2
+        assert torch.get_num_threads() == 1
         pid = _read_pid(tmp_path)
+        assert not evaluator.ready()  # the round sleeps HOLD_S: not done, and asking does not wait
         [worker] = _workers(others)
     finally:
         evaluator.close(cancel=True)  # what Ctrl-C and on_error do
@@ -342,10 +378,109 @@ def test_an_evaluate_fn_that_does_not_pickle_is_refused_naming_the_fix(threads: 
     message = str(info.value)
     assert message.startswith(
         "mode='async' evaluates in a worker process, so the module, evaluate_fn and the eval sets' samples must "
-        "pickle, and they do not: "
+        "pickle, and they do not: AttributeError: Can't pickle local object "
     )
     assert "<lambda>" in message
     assert message.endswith(". Define evaluate_fn at module level, or use mode='sync'")
     assert _workers(others) == [] and torch.get_num_threads() == threads  # nothing started, nothing lent
     evaluator.close()  # nothing to end
     assert torch.get_num_threads() == threads
+
+
+class NoWeights(nn.Module):
+    """A module without parameters or buffers (its `evaluate_fn` needs no weights)."""
+
+
+def test_a_module_without_weights_is_evaluated_on_the_cpu(threads: int) -> None:
+    others = _workers()
+    with pytest.raises(ValueError, match="must pickle"):  # the device is decided before pickling
+        AsyncEvaluator().start(
+            NoWeights(), [EVAL_SET], lambda m, b, c: {}, seed=0, rank=0, world_size=1, max_table_rows=0
+        )
+    evaluator = AsyncEvaluator(threads=1)
+    evaluator.start(NoWeights(), [EVAL_SET], weighted, seed=0, rank=0, world_size=1, max_table_rows=0)
+    try:
+        assert evaluator.snapshot_mb == 0.0
+        assert torch.get_num_threads() == threads - 1  # a CPU worker: training lends it a thread
+    finally:
+        evaluator.close(cancel=True)
+    assert torch.get_num_threads() == threads and _workers(others) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"device": "gpu"},
+            "`EvaluationCallback(async_device=...)` must be a device string (cpu, cuda:1) or None, got 'gpu'",
+        ),
+        ({"threads": 0}, "`EvaluationCallback(async_threads=...)` must be a positive integer, got 0"),
+        (
+            {"max_snapshot_mb": 0},
+            "`EvaluationCallback(max_snapshot_mb=...)` must be a positive number of MiB or None, got 0",
+        ),
+    ],
+)
+def test_bad_arguments_are_refused_naming_them(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ArgumentError) as info:
+        AsyncEvaluator(**kwargs)
+    assert str(info.value) == message
+
+
+class NotRebuilt(nn.Module):
+    """Pickles in the training process, fails to unpickle in the worker (as a module holding an open
+    handle, or one whose class the worker cannot import, does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(()))
+        self.home = os.getpid()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if state["home"] != os.getpid():
+            raise RuntimeError("this module cannot be rebuilt in another process")
+        super().__setstate__(state)
+
+
+def test_a_worker_that_cannot_load_the_module_is_an_error_with_its_traceback_for_each_round(threads: int) -> None:
+    others = _workers()
+    evaluator = AsyncEvaluator(threads=1)
+    evaluator.start(NotRebuilt(), [EVAL_SET], weighted, seed=0, rank=0, world_size=1, max_table_rows=0)
+    try:
+        for step in (1, 2):  # the second round is given to a new worker, which fails the same way
+            if step == 2:
+                _wait(lambda: _workers(others) == [], "the failed worker's exit")
+            evaluator.submit(NotRebuilt(), step, 0, ["steps"])
+            snapshot, local = evaluator.collect([EVAL_SET])
+            error = str(local[0].report.error)
+            assert snapshot.step == step
+            assert error.startswith(f"async evaluation worker failed on the weights of step {step}:\nTraceback")
+            assert error.endswith("RuntimeError: this module cannot be rebuilt in another process\n")
+            assert torch.get_num_threads() == threads
+    finally:
+        evaluator.close(cancel=True)
+    assert _workers(others) == []
+
+
+EXITS_WITHOUT_CLOSE = """
+import multiprocessing, sys
+sys.path.insert(0, {tests!r})
+from test_async_worker import EVAL_SET, Weights, weighted
+from areal_lightning.callbacks.async_evaluator import AsyncEvaluator
+
+if __name__ == "__main__":
+    evaluator = AsyncEvaluator(threads=1)
+    evaluator.start(Weights(), [EVAL_SET], weighted, seed=0, rank=0, world_size=1, max_table_rows=0)
+    [worker] = multiprocessing.active_children()
+    print(worker.pid, flush=True)
+    # A training process that ends without closing the evaluator (a crash past every handler).
+"""
+
+
+def test_a_training_process_that_exits_without_closing_leaves_no_worker_and_does_not_hang(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(EXITS_WITHOUT_CLOSE.format(tests=str(Path(__file__).parent)))
+    proc = run_in_group([sys.executable, str(script)], timeout=2 * WAIT_S)  # a hang fails here
+    assert proc.returncode == 0, proc.stderr
+    pid = int(proc.stdout.split()[-1])
+    _wait(lambda: not _alive(pid), "the worker's end")
