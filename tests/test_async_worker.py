@@ -447,9 +447,8 @@ def test_a_worker_that_cannot_load_the_module_is_an_error_with_its_traceback_for
     evaluator = AsyncEvaluator(threads=1)
     evaluator.start(NotRebuilt(), [EVAL_SET], weighted, seed=0, rank=0, world_size=1, max_table_rows=0)
     try:
-        for step in (1, 2):  # the second round is given to a new worker, which fails the same way
-            if step == 2:
-                _wait(lambda: _workers(others) == [], "the failed worker's exit")
+        _wait_started(evaluator, threads)  # training polls each step: a failed start gives the threads back
+        for step in (1, 2):  # each round is given to a new worker, which fails the same way
             evaluator.submit(NotRebuilt(), step, 0, ["steps"])
             snapshot, local = evaluator.collect([EVAL_SET])
             error = str(local[0].report.error)
@@ -463,14 +462,21 @@ def test_a_worker_that_cannot_load_the_module_is_an_error_with_its_traceback_for
 
 
 EXITS_WITHOUT_CLOSE = """
-import multiprocessing, sys
+import multiprocessing, sys, time
+import torch
 sys.path.insert(0, {tests!r})
 from test_async_worker import EVAL_SET, Weights, weighted
 from areal_lightning.callbacks.async_evaluator import AsyncEvaluator
 
 if __name__ == "__main__":
+    torch.set_num_threads(2)
     evaluator = AsyncEvaluator(threads=1)
     evaluator.start(Weights(), [EVAL_SET], weighted, seed=0, rank=0, world_size=1, max_table_rows=0)
+    deadline = time.monotonic() + {wait}
+    while torch.get_num_threads() != 2:  # until the worker has started and waits for rounds
+        assert time.monotonic() < deadline, "the worker never started"
+        evaluator.poll_start()
+        time.sleep(0.01)
     [worker] = multiprocessing.active_children()
     print(worker.pid, flush=True)
     # A training process that ends without closing the evaluator (a crash past every handler).
@@ -479,8 +485,8 @@ if __name__ == "__main__":
 
 def test_a_training_process_that_exits_without_closing_leaves_no_worker_and_does_not_hang(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
-    script.write_text(EXITS_WITHOUT_CLOSE.format(tests=str(Path(__file__).parent)))
-    proc = run_in_group([sys.executable, str(script)], timeout=2 * WAIT_S)  # a hang fails here
+    script.write_text(EXITS_WITHOUT_CLOSE.format(tests=str(Path(__file__).parent), wait=WAIT_S))
+    proc = run_in_group([sys.executable, str(script)], timeout=1.5 * WAIT_S)  # a hang fails here
     assert proc.returncode == 0, proc.stderr
     pid = int(proc.stdout.split()[-1])
     _wait(lambda: not _alive(pid), "the worker's end")

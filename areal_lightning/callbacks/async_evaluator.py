@@ -320,11 +320,11 @@ class AsyncEvaluator:
     def poll_start(self) -> None:
         """Gives training its threads back once the worker has started; never blocks (each step).
 
-        A worker that failed to start is stopped here and spawned again by the next round, which
-        then records its error.
+        A worker that failed to start is stopped here, and training gets its threads back; the next
+        round spawns a new worker, whose error (with its traceback) that round then records.
         """
-        if self._starting and self.in_flight is None:
-            self._receive(block=False)
+        if self._starting and self.in_flight is None and self._receive(block=False) is not None:
+            self._take_threads_back()  # the worker failed to start and was stopped
 
     def ready(self) -> bool:
         """The round in flight has finished on this rank (or its worker died); never blocks."""
@@ -362,6 +362,8 @@ class AsyncEvaluator:
                     closed = True  # the worker's end is closed: it exited
                 else:
                     if isinstance(message, _Done):
+                        if self._starting:  # it failed to start and is ending: the next round gets a new one
+                            self._stop_worker(cancel=True)
                         return message
                     self._starting = False
                     if self.in_flight is None:
