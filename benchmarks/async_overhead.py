@@ -19,7 +19,7 @@ medians over repeats are reported. Target: >= 60 % on a 2-core CPU box, >= 90 % 
     .venv/bin/python benchmarks/async_overhead.py [--steps 160] [--every 30] [--repeats 3] [--json]
 
 With ``--threads 1`` the worker gets a core that training does not use (as a spare GPU would):
-not a fair split, but the case the seed's claim is about.
+not a fair split, but the setting in which async evaluation is meant to hide nearly all its cost.
 """
 
 from __future__ import annotations

@@ -103,8 +103,8 @@ def main() -> int:
     from areal_lightning.app.builders import build_eval_sets, build_module
     from areal_lightning.app.config import load_config
     from areal_lightning.eval_round import run_round
+    from areal_lightning.rl.protocols import seeded_generators
     from areal_lightning.rl.rollout_eval import rollout_evaluate
-    from areal_lightning.rl.task import seeded_generators
 
     tmp = Path(tempfile.mkdtemp(prefix="gpu_check_"))
     _save_model(tmp / "model", sizes)

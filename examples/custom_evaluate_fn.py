@@ -5,8 +5,8 @@ linear layer) trained with cross-entropy. `evaluate_translation` is the user's `
 translates each eval sentence and updates a BLEU score (`torchmetrics.text.BLEUScore`) and the
 exact-match accuracy. The callback evaluates on its triggers, reduces both metrics across ranks,
 logs ``eval/<set>/bleu`` and ``eval/<set>/accuracy`` to the Trainer's logger (a CSV file,
-``<output-dir>/csv/version_0/metrics.csv``) and appends them to the eval history: the seed's "from
-accuracy to BLEU to reward". The Trainer keeps Lightning's defaults (progress bar, checkpoints).
+``<output-dir>/csv/version_0/metrics.csv``) and appends them to the eval history: any torchmetrics
+metric, from accuracy to BLEU to reward. The Trainer keeps Lightning's defaults (progress bar, checkpoints).
 
 Run:
     python examples/custom_evaluate_fn.py --steps 300 --eval-every 100

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from areal_lightning.callbacks.best import BestValues, improves
-from areal_lightning.callbacks.options import Direction
+from areal_lightning.callbacks.choices import Direction
 from areal_lightning.errors import ArgumentError
 
 

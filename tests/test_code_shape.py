@@ -1,5 +1,5 @@
 """The package stays readable: modules of the plugin layer under 400 lines, the callback under 300,
-no function longer than 60 lines of code (its docstring not counted)."""
+no function longer than 60 lines of code (its docstring not counted), no string that documents nothing."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "areal_lightning"
-PLUGIN = ("callbacks", "metrics", "eval_round", "tracking", "viz")
+PLUGIN = ("callbacks", "metrics", "eval_round", "scoring", "tracking", "viz")
 MAX_PLUGIN_MODULE_LINES = 400
 MAX_CALLBACK_LINES = 300
 MAX_FUNCTION_LINES = 60
@@ -60,3 +60,37 @@ def test_the_function_length_check_counts_code_not_docstrings() -> None:
     docstring = '    """' + "\n".join(["doc"] * 20) + '"""\n'
     assert long_functions(f"def f():\n{docstring}{body}\n") == []
     assert long_functions(f"def f():\n{body}\n    return 0\n") == [("f", MAX_FUNCTION_LINES + 1)]
+
+
+def stray_strings(source: str) -> list[int]:
+    """Lines of string statements that document nothing: neither the first statement of a module,
+    class or function (its docstring) nor right after an assignment (the attribute's docstring)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        for field in ("body", "orelse", "finalbody"):
+            body = getattr(node, field, None)
+            if not isinstance(body, list):
+                continue
+            for i, stmt in enumerate(body):
+                if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+                    continue
+                if not isinstance(stmt.value.value, str):
+                    continue
+                documents = field == "body" and (
+                    (i == 0 and isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)))
+                    or (i > 0 and isinstance(body[i - 1], (ast.Assign, ast.AnnAssign)))
+                )
+                if not documents:
+                    found.append(stmt.lineno)
+    return found
+
+
+@pytest.mark.parametrize("module", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_every_string_statement_documents_something(module: Path) -> None:
+    assert stray_strings(module.read_text()) == []
+
+
+def test_the_stray_string_check_finds_a_docstring_left_after_a_function() -> None:
+    documented = '"""Module."""\nX = 1\n"""X\'s doc."""\n\n\ndef f():\n    """f\'s doc."""\n'
+    assert stray_strings(documented) == []
+    assert stray_strings(documented + '\n\n"""Left behind."""\n') == [10]

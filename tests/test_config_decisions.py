@@ -9,7 +9,7 @@ import pytest
 
 from areal_lightning.app.builders import build_callback
 from areal_lightning.app.config import ConfigError, load_config
-from areal_lightning.callbacks.options import Direction, WatchReference
+from areal_lightning.callbacks.choices import Direction, WatchReference
 
 BASE = ["eval_sets.easy.size=4", "evaluator.freq_steps=5"]
 

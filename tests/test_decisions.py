@@ -19,8 +19,8 @@ from ddp_utils import run_ddp
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 from areal_lightning.callbacks.best import BestValues, improves
+from areal_lightning.callbacks.choices import Direction
 from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
-from areal_lightning.callbacks.options import Direction
 from areal_lightning.errors import ArgumentError
 from areal_lightning.tracking.history import eval_rows, read_history
 

@@ -4,7 +4,7 @@ they read, one report per change (a second change is reported again), and what a
 from __future__ import annotations
 
 from areal_lightning.eval_round import EvalSet
-from areal_lightning.eval_round.drift import DriftMonitor, drift_message, eval_set_summary
+from areal_lightning.eval_round.eval_set_drift import DriftMonitor, drift_message, eval_set_summary
 from areal_lightning.eval_round.fingerprint import eval_set_fingerprint
 
 

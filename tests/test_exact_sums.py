@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 from ddp_utils import run_ddp
-from torchmetrics import Metric
+from torchmetrics import Metric, SumMetric
 
 from areal_lightning.eval_round import EvalBatch, EvalContext, EvalSet, run_round
 from areal_lightning.metrics import AdvantageMetric, PassAtK, RewardMetric, pass_at_k_per_prompt
@@ -307,3 +307,19 @@ def test_a_narrower_dtype_leaves_the_exact_states_float64_and_the_result_unchang
     assert got.keys() == want.keys()
     for key in want:
         assert torch.equal(got[key], want[key]) or (got[key].isnan() and want[key].isnan()), key
+
+
+def _float64_sum(module: Any, batches: list[EvalBatch], ctx: EvalContext) -> dict[str, Any]:
+    total = ctx.metric("total", lambda: SumMetric().set_dtype(torch.float64))  # a user's float64 metric
+    for batch in batches:
+        total.update(torch.tensor([1e8 + 0.125] * len(batch.indices), dtype=torch.float64))
+    return {}
+
+
+def test_a_users_float64_metric_stays_float64_through_the_round() -> None:
+    # torchmetrics' `.to(device)` resets a metric's dtype to float32, and a SumMetric casts what it
+    # is given to its dtype: moved to the round's device unguarded, 1e8 + 0.125 would count as 1e8.
+    (result,) = run_round(
+        torch.nn.Identity(), [EvalSet("s", list(range(4)), batch_size=2)], _float64_sum, seed=0, global_step=0, epoch=0
+    )
+    assert result.metrics["total"] == 4 * (1e8 + 0.125)

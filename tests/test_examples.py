@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import torch
 import yaml
 from procs import evaluate_command, run_in_group
 
+from areal_lightning.tasks.math import CORRECT_REWARD, MathTask
 from areal_lightning.tracking.history import eval_rows, read_history
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -148,3 +151,23 @@ def test_gsm8k_example_script_runs_its_own_evaluate_fn(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"(run {run_id}, step 2," in done.stdout
+
+
+def test_the_vlm_examples_reward_scores_as_the_math_task_does(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("geometry3k_grpo", EXAMPLES / "vlm" / "geometry3k_grpo.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"question": "?", "answer": "#### 1"}) + "\n")
+    task = MathTask(data, score_timeout_s=None)  # verifier "auto", scored in this process
+    cases = [
+        ("so \\boxed{\\frac{1}{2}}", "0.5"),
+        ("The angle is \\boxed{14}.", "14"),
+        ("The angle is \\boxed{15}.", "14"),
+        ("no final answer here", "14"),
+        ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}"),  # symbolic: needs math-verify
+    ]
+    assert [example.geometric_reward(c, a) for c, a in cases] == [task.reward(c, a) for c, a in cases]
+    if importlib.util.find_spec("math_verify") is not None:
+        assert example.geometric_reward(*cases[-1]) == CORRECT_REWARD

@@ -21,7 +21,7 @@ from wandb_reader import (
     wandb_step_metric,
 )
 
-from areal_lightning.callbacks.options import DEFAULT_TABLE_ROWS
+from areal_lightning.callbacks.choices import DEFAULT_TABLE_ROWS
 from areal_lightning.tracking.history import eval_rows, read_history
 from areal_lightning.viz.plot import build_figure
 

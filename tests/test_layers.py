@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "areal_lightning"
-PLUGIN = ("callbacks", "metrics", "eval_round", "tracking", "viz", "errors")
+PLUGIN = ("callbacks", "metrics", "eval_round", "scoring", "tracking", "viz", "errors")
 APP = ("areal_lightning.app", "areal_lightning.rl", "areal_lightning.tasks")
 
 

@@ -19,7 +19,7 @@ from areal_lightning.tasks.math import (
     MathTask,
     Verifier,
     extract_boxed,
-    math_verify_equal,
+    math_verify_score,
 )
 
 HAS_MATH_VERIFY = importlib.util.find_spec("math_verify") is not None
@@ -193,10 +193,10 @@ def test_math_verify_rejects_wrong_answers(gsm8k, completion, reference):
 def test_math_verify_works_off_the_main_thread():
     # Its timeout uses SIGALRM, which only the main thread may set: elsewhere it must run without one.
     results = []
-    worker = threading.Thread(target=lambda: results.append(math_verify_equal("\\boxed{\\frac{1}{2}}", "0.5")))
+    worker = threading.Thread(target=lambda: results.append(math_verify_score("\\boxed{\\frac{1}{2}}", "0.5")))
     worker.start()
     worker.join()
-    assert results == [True]
+    assert results == [CORRECT_REWARD]
 
 
 def test_auto_verifier_falls_back_to_numeric_without_math_verify(gsm8k, monkeypatch):

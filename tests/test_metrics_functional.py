@@ -332,7 +332,7 @@ def test_wilson_errors() -> None:
             rf"successes={float(bad_successes)}, total={float(total)}",
         ):
             wilson_interval(bad_successes, total)
-    # A fractional total below 1 used to be taken as 1: 0.25 of 0.5 gave the interval of 0.25 of 1.
+    # A fractional total below 1 is refused, not taken as 1 (0.25 of 0.5 would get the interval of 0.25 of 1).
     with pytest.raises(ValueError, match=r"`wilson_interval\(total=...\)` .* got 0.5"):
         wilson_interval(torch.tensor([1.0, 0.5]), torch.tensor([2.0, 0.5]))
 

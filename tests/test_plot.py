@@ -85,7 +85,7 @@ def _write_run(run_dir: Path, speed: float) -> None:
 
 @pytest.fixture()
 def runs(tmp_path: Path) -> dict[str, Path]:
-    """Two runs side by side, like the seed's MT2 vs MT4 comparison."""
+    """Two runs side by side, as when comparing two training configurations."""
     dirs = {"mt2": tmp_path / "runs" / "mt2", "mt4": tmp_path / "runs" / "mt4"}
     _write_run(dirs["mt2"], speed=0.7)
     _write_run(dirs["mt4"], speed=1.0)

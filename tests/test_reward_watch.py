@@ -14,7 +14,7 @@ from callback_helpers import QUIET_WARNINGS, CountingModule, make_trainer
 from torch import Tensor
 
 from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
-from areal_lightning.callbacks.reward_watch import ALERT_KIND, RewardWatch, reward_hacking
+from areal_lightning.callbacks.reward_hacking import ALERT_KIND, RewardWatch, reward_hacking
 from areal_lightning.errors import ArgumentError
 from areal_lightning.tracking.history import event_rows, read_history
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from areal_lightning.callbacks.reward_watch import HackingAlert, RewardWatch, as_reward_watch, reward_hacking
+from areal_lightning.callbacks.reward_hacking import HackingAlert, RewardWatch, as_reward_watch, reward_hacking
 from areal_lightning.errors import ArgumentError
 
 NAN = math.nan

@@ -11,7 +11,8 @@ import pytest
 from ddp_utils import run_ddp
 
 from areal_lightning.errors import ArgumentError
-from areal_lightning.metrics import SafeScorer, Score, ScorerFailingError, ScoreStatus, ScoringMetric
+from areal_lightning.metrics import ScoringMetric
+from areal_lightning.scoring import SafeScorer, Score, ScorerFailingError, ScoreStatus
 
 TIMEOUT_S = 1.0
 

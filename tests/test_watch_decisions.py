@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from areal_lightning.app.config import load_config
-from areal_lightning.app.watch import (
+from areal_lightning.app.watch_checkpoints import (
     MAX_LOAD_FAILURES,
     STOP_FILENAME,
     Decision,

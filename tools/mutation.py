@@ -98,8 +98,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         ["tests/test_budget.py::test_bad_budget_is_refused", "tests/test_budget_rule.py"],
     ),
     "best": ("areal_lightning/callbacks/best.py", ["tests/test_best_values.py"]),
-    "reward_watch": (
-        "areal_lightning/callbacks/reward_watch.py",
+    "reward_hacking": (
+        "areal_lightning/callbacks/reward_hacking.py",
         [
             "tests/test_reward_watch.py::test_decision_needs_a_reward_rise_and_a_fall_beyond_noise",
             "tests/test_reward_watch.py::test_one_alert_per_episode_and_again_after_recovery",
@@ -127,10 +127,10 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/test_eval_precision_choice.py",
         ],
     ),
-    "drift": ("areal_lightning/eval_round/drift.py", ["tests/test_drift_reports.py"]),
+    "eval_set_drift": ("areal_lightning/eval_round/eval_set_drift.py", ["tests/test_drift_reports.py"]),
     "runs": ("areal_lightning/app/runs.py", ["tests/test_run_dirs.py"]),
-    "watch": (
-        "areal_lightning/app/watch.py",
+    "watch_checkpoints": (
+        "areal_lightning/app/watch_checkpoints.py",
         [
             "tests/test_watch.py::test_next_checkpoint_takes_the_oldest_step_not_yet_evaluated",
             "tests/test_watch_decisions.py",

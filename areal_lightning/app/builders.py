@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # Lightning and W&B load only when a builder that needs them 
 
     from areal_lightning.callbacks import EvaluationCallback
     from areal_lightning.rl.grpo import GRPOModule
-    from areal_lightning.rl.task import RLTask
+    from areal_lightning.rl.protocols import RLTask
     from areal_lightning.tracking.wandb_logger import SafeWandbLogger
 
 

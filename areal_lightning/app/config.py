@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any, Optional, cast
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf, errors as oc_errors
 
-from areal_lightning.callbacks.options import ThresholdAction
+from areal_lightning.callbacks.choices import ThresholdAction
 from areal_lightning.callbacks.settings import EvaluatorSettings, validate_together
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round.eval_set import EvalSet
-from areal_lightning.eval_round.sampling import SamplingParams
+from areal_lightning.eval_round.sampling_params import SamplingParams
 from areal_lightning.eval_round.subsample import Subsample
-from areal_lightning.metrics.options import AdvantageStd
+from areal_lightning.metrics.constants import AdvantageStd
 from areal_lightning.tasks.math import (
     AnswerFormat,
     PromptStyle,
@@ -478,7 +478,7 @@ class EvalSetConfig:
 
 @dataclass
 class EvaluatorConfig(EvaluatorSettings):
-    """When and how to evaluate (the seed's `evaluator` block): `EvaluationCallback`'s settings,
+    """When and how to evaluate (the YAML `evaluator` block): `EvaluationCallback`'s settings,
     each option declared once in `callbacks.settings`; the metric and eval set names they give are
     checked against the rest of the config in `Config._check_thresholds`."""
 

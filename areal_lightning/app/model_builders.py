@@ -8,7 +8,7 @@ from areal_lightning.app.config import Config, EvalEngine, PolicyKind, TaskName
 
 if TYPE_CHECKING:
     from areal_lightning.rl.policy import Policy
-    from areal_lightning.rl.task import RLTask
+    from areal_lightning.rl.protocols import RLTask
     from areal_lightning.rl.vllm_policy import VLLMEvaluator
 
 

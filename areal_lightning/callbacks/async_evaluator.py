@@ -43,7 +43,7 @@ import torch
 import torch.multiprocessing as tmp
 from torch import nn
 
-from areal_lightning.callbacks.options import DEFAULT_ASYNC_THREADS, DEFAULT_MAX_SNAPSHOT_MB, check_async_options
+from areal_lightning.callbacks.choices import DEFAULT_ASYNC_THREADS, DEFAULT_MAX_SNAPSHOT_MB, check_async_options
 from areal_lightning.eval_round import EvalBatch, EvalSet, EvaluateFn, LocalSetResult, evaluate_local, local_batches
 from areal_lightning.eval_round.precision import EvalPrecision, eval_precision
 from areal_lightning.eval_round.round import resolved_seed

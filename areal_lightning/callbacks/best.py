@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from areal_lightning.callbacks.options import Direction, choice
+from areal_lightning.callbacks.choices import Direction, choice
 from areal_lightning.errors import ArgumentError
 
 BEST = "best"

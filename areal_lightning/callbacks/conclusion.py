@@ -15,9 +15,9 @@ from collections.abc import Sequence
 import lightning as L
 from lightning.pytorch.callbacks import EarlyStopping
 
-from areal_lightning.callbacks.decisions import check_after_round, publish_round
+from areal_lightning.callbacks.choices import ErrorPolicy
 from areal_lightning.callbacks.follow_ups import FollowUp
-from areal_lightning.callbacks.options import ErrorPolicy
+from areal_lightning.callbacks.lightning_monitors import check_after_round, publish_round
 from areal_lightning.callbacks.runners import Finished, Outcome, Skipped
 from areal_lightning.eval_round import EvalRoundError
 from areal_lightning.tracking.recorder import EvalRecorder

@@ -18,7 +18,6 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from areal_lightning.callbacks.conclusion import Conclusion
-from areal_lightning.callbacks.decisions import adopt_eval_monitors, hold_monitor_places
 from areal_lightning.callbacks.follow_ups import (
     AdaptiveInterval,
     BestMetrics,
@@ -28,6 +27,7 @@ from areal_lightning.callbacks.follow_ups import (
     build_follow_ups,
 )
 from areal_lightning.callbacks.imports import named
+from areal_lightning.callbacks.lightning_monitors import adopt_eval_monitors, hold_monitor_places
 from areal_lightning.callbacks.parallelism import forwards_in_lockstep
 from areal_lightning.callbacks.runners import RoundSpec, Runner, make_runner
 from areal_lightning.callbacks.settings import Decisions, Execution, RoundSettings, Schedule, resolve_settings

@@ -31,14 +31,14 @@ import lightning as L
 from areal_lightning.callbacks.adaptive import AdaptiveSchedule
 from areal_lightning.callbacks.best import BestValues
 from areal_lightning.callbacks.budget import EvalBudget
-from areal_lightning.callbacks.decisions import read_train_metric
-from areal_lightning.callbacks.options import ThresholdAction
-from areal_lightning.callbacks.reward_watch import ALERT_KIND, RewardWatch
+from areal_lightning.callbacks.choices import ThresholdAction
+from areal_lightning.callbacks.lightning_monitors import read_train_metric
+from areal_lightning.callbacks.reward_hacking import ALERT_KIND, RewardWatch
 from areal_lightning.callbacks.runners import Finished
 from areal_lightning.callbacks.settings import Decisions, Schedule
 from areal_lightning.callbacks.thresholds import ThresholdMonitor
 from areal_lightning.eval_round import EvalSet
-from areal_lightning.eval_round.drift import DriftMonitor
+from areal_lightning.eval_round.eval_set_drift import DriftMonitor
 from areal_lightning.metrics.paired import PairedRounds
 from areal_lightning.tracking.recorder import EvalRecorder
 

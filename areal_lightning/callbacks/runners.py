@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import lightning as L
 
 from areal_lightning.callbacks.async_evaluator import AsyncEvaluator, module_evaluate
-from areal_lightning.callbacks.options import EvalMode, OnBusy
+from areal_lightning.callbacks.choices import EvalMode, OnBusy
 from areal_lightning.callbacks.parallelism import refuse_for_async
 from areal_lightning.callbacks.progress import trainer_progress
 from areal_lightning.callbacks.trigger import Cause

@@ -26,7 +26,7 @@ from typing import Any, Optional, TypeVar
 from areal_lightning.callbacks.adaptive import DEFAULT_FACTOR, AdaptiveSchedule
 from areal_lightning.callbacks.best import DEFAULT_BEST_METRICS, BestValues
 from areal_lightning.callbacks.budget import EvalBudget
-from areal_lightning.callbacks.options import (
+from areal_lightning.callbacks.choices import (
     DEFAULT_ASYNC_THREADS,
     DEFAULT_MAX_SNAPSHOT_MB,
     DEFAULT_TABLE_ROWS,
@@ -40,7 +40,7 @@ from areal_lightning.callbacks.options import (
     check_cache_mode,
     choice,
 )
-from areal_lightning.callbacks.reward_watch import DEFAULT_MIN_TRAIN_RISE, DEFAULT_TRAIN_METRIC, RewardWatch
+from areal_lightning.callbacks.reward_hacking import DEFAULT_MIN_TRAIN_RISE, DEFAULT_TRAIN_METRIC, RewardWatch
 from areal_lightning.callbacks.thresholds import ThresholdMonitor
 from areal_lightning.callbacks.trigger import HybridTrigger
 from areal_lightning.errors import ArgumentError

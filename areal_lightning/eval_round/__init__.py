@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
         local_batches as local_batches,
         run_round as run_round,
     )
-    from areal_lightning.eval_round.sampling import (
+    from areal_lightning.eval_round.sampling_params import (
         SamplingParams as SamplingParams,
         cut_at_stop as cut_at_stop,
     )
@@ -57,8 +57,8 @@ _EXPORTS = {
     "reduce_set": "areal_lightning.eval_round.reduction",
     "local_batches": "areal_lightning.eval_round.round",
     "run_round": "areal_lightning.eval_round.round",
-    "SamplingParams": "areal_lightning.eval_round.sampling",
-    "cut_at_stop": "areal_lightning.eval_round.sampling",
+    "SamplingParams": "areal_lightning.eval_round.sampling_params",
+    "cut_at_stop": "areal_lightning.eval_round.sampling_params",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -10,7 +10,7 @@ import torch
 from torchmetrics import Metric
 
 from areal_lightning.eval_round.progress import RoundProgress
-from areal_lightning.eval_round.sampling import SamplingParams
+from areal_lightning.eval_round.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,10 @@ class EvalRoundError(RuntimeError):
 
 
 def metric_to(metric: Metric, device: torch.device) -> Metric:
-    """`metric` on `device`, its dtype kept (torchmetrics' ``.to()`` resets a float64 metric to float32)."""
+    """`metric` on `device`, its dtype kept: torchmetrics' ``.to(device)`` resets any metric's dtype to
+    float32, and an aggregation metric (``SumMetric().set_dtype(torch.float64)``) then casts its inputs
+    to float32. (A dtype conversion is another matter: `metrics.float64_states` keeps our metrics'
+    float64 states through it.)"""
     dtype = metric.dtype
     metric = metric.to(device)
     if metric.dtype != dtype:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal_lightning.errors import ArgumentError
-from areal_lightning.eval_round.sampling import SamplingParams
+from areal_lightning.eval_round.sampling_params import SamplingParams
 
 DEFAULT_EVAL_BATCH_SIZE = 64
 

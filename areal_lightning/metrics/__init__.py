@@ -9,7 +9,7 @@ every rank (the classes default to ``compute_with_cache=False``); on a rank with
 torchmetrics warns "compute ... before update" on local rank 0 only, and the synced value is
 still right.
 
-The names below load on first use (PEP 562): `options` is pure Python, so the app's config reads
+The names below load on first use (PEP 562): `constants` is pure Python, so the app's config reads
 `AdvantageStd` without importing torch.
 """
 
@@ -26,6 +26,14 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
     from areal_lightning.metrics.advantage import (
         AdvantageMetric as AdvantageMetric,
     )
+    from areal_lightning.metrics.at_k import (
+        MajAtK as MajAtK,
+        PassAtK as PassAtK,
+    )
+    from areal_lightning.metrics.constants import (
+        NO_ANSWER as NO_ANSWER,
+        AdvantageStd as AdvantageStd,
+    )
     from areal_lightning.metrics.functional import (
         ADVANTAGE_EPS as ADVANTAGE_EPS,
         group_advantages as group_advantages,
@@ -40,24 +48,10 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
     from areal_lightning.metrics.mean import (
         ExactMean as ExactMean,
     )
-    from areal_lightning.metrics.options import (
-        NO_ANSWER as NO_ANSWER,
-        AdvantageStd as AdvantageStd,
-    )
     from areal_lightning.metrics.reward import (
         RewardMetric as RewardMetric,
     )
-    from areal_lightning.metrics.sampling import (
-        MajAtK as MajAtK,
-        PassAtK as PassAtK,
-    )
-    from areal_lightning.metrics.score import (
-        Score as Score,
-        ScoreStatus as ScoreStatus,
-    )
-    from areal_lightning.metrics.scoring import (
-        SafeScorer as SafeScorer,
-        ScorerFailingError as ScorerFailingError,
+    from areal_lightning.metrics.scoring_failures import (
         ScoringMetric as ScoringMetric,
     )
 
@@ -66,15 +60,13 @@ _FUNCTIONAL = "areal_lightning.metrics.functional"
 _EXPORTS = {
     "AccuracyMetric": "areal_lightning.metrics.accuracy",
     "AdvantageMetric": "areal_lightning.metrics.advantage",
-    "AdvantageStd": "areal_lightning.metrics.options",
+    "AdvantageStd": "areal_lightning.metrics.constants",
     "ExactMean": "areal_lightning.metrics.mean",
-    "MajAtK": "areal_lightning.metrics.sampling",
-    "PassAtK": "areal_lightning.metrics.sampling",
+    "MajAtK": "areal_lightning.metrics.at_k",
+    "PassAtK": "areal_lightning.metrics.at_k",
     "RewardMetric": "areal_lightning.metrics.reward",
-    "Score": "areal_lightning.metrics.score",
-    "ScoreStatus": "areal_lightning.metrics.score",
-    "NO_ANSWER": "areal_lightning.metrics.options",
-    **{name: "areal_lightning.metrics.scoring" for name in ("SafeScorer", "ScorerFailingError", "ScoringMetric")},
+    "NO_ANSWER": "areal_lightning.metrics.constants",
+    "ScoringMetric": "areal_lightning.metrics.scoring_failures",
     **{
         name: _FUNCTIONAL
         for name in (

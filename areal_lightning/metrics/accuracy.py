@@ -14,7 +14,7 @@ from areal_lightning.metrics.float64_states import Float64StateMetric
 from areal_lightning.metrics.functional import wilson_interval
 
 DEFAULT_THRESHOLD: float = 0.8
-"""The seed's success criterion: ``rewards > 0.8``."""
+"""A sample succeeds when its reward is above 0.8 (``rewards > 0.8``)."""
 
 DEFAULT_CONFIDENCE: float = 0.95
 
@@ -22,7 +22,7 @@ DEFAULT_CONFIDENCE: float = 0.95
 class AccuracyMetric(Float64StateMetric):
     """Share of samples with ``reward > threshold`` (strictly), plus its Wilson score interval.
 
-    Rewards are assumed normalised to [0, 1], as in the seed, so ``threshold`` must lie in
+    Rewards are assumed normalised to [0, 1], so ``threshold`` must lie in
     [0, 1]. States are two float64 sums (successes, samples), exact under DDP.
 
     Args:
@@ -81,7 +81,7 @@ class AccuracyMetric(Float64StateMetric):
     def update(self, rewards: Tensor) -> None:
         """Count the samples of ``rewards`` (any shape) whose reward is above the threshold."""
         values = _apply_nan_strategy(rewards, self.nan_strategy, "AccuracyMetric.update")
-        # Compare in the rewards' own dtype, as the seed's `rewards > 0.8` does: a float32 reward of
+        # Compare in the rewards' own dtype, as a plain `rewards > 0.8` does: a float32 reward of
         # 0.8 is not above 0.8 (in float64 it would be 0.800000012 > 0.8).
         self.num_correct += (values > self.threshold).sum().to(self.num_correct.device)
         self.num_samples += values.numel()

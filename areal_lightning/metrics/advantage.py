@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from areal_lightning.metrics.checks import _check_rewards_2d
+from areal_lightning.metrics.constants import AdvantageStd
 from areal_lightning.metrics.exact import add_squares, add_values, mean_float, merge_sums, new_sum, std_float
 from areal_lightning.metrics.float64_states import Float64StateMetric
 from areal_lightning.metrics.functional import (
@@ -17,7 +18,6 @@ from areal_lightning.metrics.functional import (
     _group_advantages,
     _zero_std_groups,
 )
-from areal_lightning.metrics.options import AdvantageStd
 
 
 class AdvantageMetric(Float64StateMetric):

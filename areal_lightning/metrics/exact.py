@@ -2,7 +2,7 @@
 were split between ranks and updates.
 
 A float64 running sum rounds at every addition, so its last bits depend on the order and the
-grouping of the additions: the same eval set on 1 and on 2 ranks gave a mean reward of
+grouping of the additions: the same eval set on 1 and on 2 ranks gives a mean reward of
 5.000000000000001e-05 and 5.0000000000000016e-05. Here every finite float64 is an integer times a
 power of two, and the sum is kept as an integer in fixed point, in base-2**32 digits stored in a
 float64 tensor (each digit a whole number far below 2**53, so float64 holds it exactly). Integer

@@ -22,7 +22,7 @@ from areal_lightning.metrics.checks import (
     _check_k_le_n,
     _check_rewards_2d,
 )
-from areal_lightning.metrics.options import NO_ANSWER, AdvantageStd
+from areal_lightning.metrics.constants import NO_ANSWER, AdvantageStd
 
 ADVANTAGE_EPS: float = 1e-6
 """Added to a group's std before dividing, so that near-constant groups do not explode."""

@@ -4,7 +4,7 @@ The mean and std come from the exact sums of the rewards and of their squares
 (:mod:`areal_lightning.metrics.exact`): an integer state, so the sum over ranks and updates is the
 same whatever the split, rounded once at the end. The variance ``Q / n - (S / n)^2`` is computed
 exactly too; in float64 it cancels catastrophically once the rewards' offset dwarfs their spread
-(for rewards ``1e8 + U(0, 1)`` it gave a std of 0.0 instead of 0.29).
+(for rewards ``1e8 + U(0, 1)`` it gives a std of 0.0 instead of 0.29).
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from areal_lightning.eval_round.sharding import sample_seed
 from areal_lightning.metrics import AdvantageMetric, RewardMetric
 from areal_lightning.metrics.functional import group_advantages
 from areal_lightning.rl.policy import Policy, TinyPolicy, completion_mask
+from areal_lightning.rl.protocols import PromptTokenizer, RLTask, seeded_generators
 from areal_lightning.rl.rollout_eval import rollout_evaluate
-from areal_lightning.rl.task import PromptTokenizer, RLTask, seeded_generators
 from areal_lightning.rl.warmup import format_warmup
 from areal_lightning.tasks.arithmetic import ArithmeticTask
 

@@ -33,12 +33,11 @@ from areal_lightning.metrics import (
     MajAtK,
     PassAtK,
     RewardMetric,
-    Score,
-    ScorerFailingError,
     ScoringMetric,
 )
 from areal_lightning.rl.policy import Policy
-from areal_lightning.rl.task import PromptTokenizer, RLTask, seeded_generators
+from areal_lightning.rl.protocols import PromptTokenizer, RLTask, seeded_generators
+from areal_lightning.scoring import Score, ScorerFailingError
 from areal_lightning.tasks.arithmetic import CORRECT_REWARD, NO_ANSWER_ID, WRONG_REWARD
 
 NON_FINITE_KEY = "reward/non_finite"
@@ -76,7 +75,7 @@ class RolloutModule(Protocol):
 
 def sampling_of(ctx: EvalContext) -> SamplingParams:
     """The eval set's sampling settings; an `EvalSet` built without them may give n_samples,
-    temperature and max_new_tokens in its options (the older way)."""
+    temperature and max_new_tokens in its `options` instead."""
     if ctx.sampling is not None:
         return ctx.sampling
     keys = ("n_samples", "temperature", "max_new_tokens")

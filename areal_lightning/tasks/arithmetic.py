@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from areal_lightning.metrics.score import Score, ScoreStatus
+from areal_lightning.scoring.score import Score, ScoreStatus
 from areal_lightning.tasks.tokenizer import CharTokenizer
 
 ALPHABET = "0123456789+="

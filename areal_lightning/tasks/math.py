@@ -18,13 +18,10 @@ from dataclasses import dataclass
 from enum import Enum
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-from areal_lightning.metrics.options import NO_ANSWER
-from areal_lightning.metrics.score import DEFAULT_TIMEOUT_S, Score, ScoreStatus
-
-if TYPE_CHECKING:  # torch loads with the scorer's workers, not with the config that names this task's options
-    from areal_lightning.metrics.scoring import SafeScorer
+from areal_lightning.metrics.constants import NO_ANSWER
+from areal_lightning.scoring import DEFAULT_TIMEOUT_S, SafeScorer, Score, ScoreStatus
 
 CORRECT_REWARD = 1.0  # what `rollout_evaluate` counts as correct, as for the arithmetic task
 WRONG_REWARD = 0.0
@@ -245,8 +242,6 @@ class MathTask:
 def _math_verify_scorer(timeout_s: float, workers: int) -> SafeScorer:
     """One pool of math-verify workers per process and setting, shared by every task (workers
     start on the first call, so building a task costs nothing)."""
-    from areal_lightning.metrics.scoring import SafeScorer
-
     return SafeScorer(math_verify_score, timeout_s=timeout_s, workers=workers, wrong_reward=WRONG_REWARD)
 
 
@@ -454,21 +449,11 @@ def math_verify_score(completion: str, reference: str) -> float | None:
     """
     from math_verify import parse, verify  # the `math` extra; imported only when used
 
+    # math-verify times out with SIGALRM, which Python allows on the main thread only.
     timeout = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
     predicted = _math_verify_parse(completion, timeout)
     if not predicted:
         return None
-    gold = parse(f"\\boxed{{{reference}}}", parsing_timeout=timeout)
-    return CORRECT_REWARD if gold and verify(gold, predicted, timeout_seconds=timeout) else WRONG_REWARD
-
-
-def math_verify_equal(completion: str, reference: str) -> bool:
-    """math-verify's verdict: the completion's final answer (`verify_target`) is equivalent to the reference."""
-    from math_verify import parse, verify  # the `math` extra; imported only when used
-
-    # math-verify times out with SIGALRM, which Python allows on the main thread only.
-    timeout = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
     # Boxing makes a bare reference ("72", "\\frac{1}{2}") parse as LaTeX.
     gold = parse(f"\\boxed{{{reference}}}", parsing_timeout=timeout)
-    predicted = _math_verify_parse(completion, timeout)
-    return bool(gold) and bool(predicted) and bool(verify(gold, predicted, timeout_seconds=timeout))
+    return CORRECT_REWARD if gold and verify(gold, predicted, timeout_seconds=timeout) else WRONG_REWARD

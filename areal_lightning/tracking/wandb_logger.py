@@ -1,4 +1,4 @@
-"""Weights & Biases, all in one place: the logger, the eval axis, sample tables, alerts, finishing.
+"""The Weights & Biases logger that never stops training, the eval axis keys, resuming a run, finishing.
 
 `SafeWandbLogger` is Lightning's `WandbLogger` whose every call into wandb goes through
 `call_wandb`: the first exception (no network, a bad key, an unusable ``save_dir``, a full disk)
@@ -6,7 +6,7 @@ is reported once with ``logging.warning`` and W&B is left alone for the rest of 
 training and the eval history file go on untouched. The functions below take any `WandbLogger`
 (a user's plain one in ``trainer.loggers`` is guarded the same way).
 
-Eval rounds go in one ``run.log`` row holding ``eval/<set>/<metric>``, ``eval/step`` (the
+Eval rounds (logged by `wandb_rounds`) go in one ``run.log`` row holding ``eval/<set>/<metric>``, ``eval/step`` (the
 evaluated global step, the x axis of every eval chart), the same value as
 ``trainer/global_step`` and a ``wandb.Table`` of sample generations per eval set.
 

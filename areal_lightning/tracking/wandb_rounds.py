@@ -25,7 +25,7 @@ from areal_lightning.tracking.wandb_logger import (
 if TYPE_CHECKING:
     from wandb.sdk.wandb_alerts import AlertLevel
 
-# One logger name for every W&B message, as before this module was split off (users filter it).
+# The same logger name as `wandb_logger`'s: every W&B message of the package is filtered by one name.
 log = logging.getLogger("areal_lightning.tracking.wandb_logger")
 
 # Eval keys already given their x axis, per wandb run (weak keys: a finished run may go away).

@@ -1,4 +1,4 @@
-"""GRPO of a local Hugging Face model on GSM8K with a custom `evaluate_fn` in the seed's four steps.
+"""GRPO of a local Hugging Face model on GSM8K with a custom `evaluate_fn` in four steps.
 
 The config is `examples/math/gsm8k_grpo.yaml` (overrides as ``key=value`` arguments); the module,
 the eval sets, the callback and the Trainer come from our builders, and only the evaluation is
@@ -27,8 +27,8 @@ from areal_lightning.eval_round import EvalBatch, EvalContext
 from areal_lightning.metrics import AccuracyMetric, RewardMetric
 from areal_lightning.rl.grpo import GRPOModule
 from areal_lightning.rl.policy import completion_mask
+from areal_lightning.rl.protocols import seeded_generators
 from areal_lightning.rl.rollout_eval import sampling_of
-from areal_lightning.rl.task import seeded_generators
 from areal_lightning.tasks.math import final_answer
 
 CONFIG = Path(__file__).with_name("gsm8k_grpo.yaml")

@@ -1,9 +1,9 @@
 """GRPO on Geometry3K-style problems (image + question -> answer) with a `transformers`
-vision-language model, evaluated by `EvaluationCallback` with the seed's evaluate_fn.
+vision-language model, evaluated by `EvaluationCallback` with the user's own evaluate_fn.
 
 The module is the user's own (not `GRPOModule`): it samples `group_size` answers per problem with
 the model's `generate`, rewards each by its final answer, and takes a policy-gradient step with
-group-relative advantages. `evaluate_fn` follows the seed's four steps: prepare data, run inference,
+group-relative advantages. `evaluate_fn` takes four steps: prepare data, run inference,
 compute rewards, record metrics.
 
 Data: a local JSONL file, one problem a line: ``{"image": "img/0.png", "problem": "...",
@@ -18,6 +18,7 @@ Run:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,9 +34,9 @@ from areal_lightning.eval_round import EvalBatch, EvalContext
 from areal_lightning.metrics import AccuracyMetric, RewardMetric
 from areal_lightning.metrics.functional import group_advantages
 from areal_lightning.rl.hf_policy import zero_dropout
-from areal_lightning.tasks.math import final_answer, numeric_equal
+from areal_lightning.tasks.math import WRONG_REWARD, final_answer, math_verify_score, numeric_score
 
-CORRECT = 0.8  # the seed counts a reward above 0.8 as correct
+CORRECT = 0.8  # a reward above 0.8 counts as correct (AccuracyMetric's default threshold)
 
 
 def load_problems(path: str | Path) -> list[dict[str, Any]]:
@@ -51,14 +52,15 @@ def load_problems(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def geometric_reward(completion: str, answer: str) -> float:
-    """1.0 when the completion's final answer equals the reference (math-verify where installed)."""
-    try:
-        from areal_lightning.tasks.math import math_verify_equal
+# Scored as `MathTask(verifier="auto")` scores: math-verify where installed, else the numeric fallback.
+SCORE = math_verify_score if importlib.util.find_spec("math_verify") is not None else numeric_score
 
-        return float(math_verify_equal(completion, answer) or numeric_equal(completion, answer))
-    except ImportError:
-        return float(numeric_equal(completion, answer))
+
+def geometric_reward(completion: str, answer: str) -> float:
+    """1.0 when the completion's final answer equals the reference, else 0.0
+    (a completion without a final answer included)."""
+    score = SCORE(completion, answer)
+    return WRONG_REWARD if score is None else score
 
 
 class VisionGRPOModule(L.LightningModule):
@@ -174,7 +176,7 @@ class VisionGRPOModule(L.LightningModule):
 
 
 def evaluate_fn(module: VisionGRPOModule, batches: Sequence[EvalBatch], ctx: EvalContext) -> dict[str, Any]:
-    """The seed's evaluation of a geometry model: prepare data, run inference, compute rewards,
+    """Evaluation of a geometry model: prepare data, run inference, compute rewards,
     record metrics. The callback already put the model in eval mode under `torch.no_grad()`."""
     reward = ctx.metric("reward", RewardMetric)  # metrics first: a rank dealt no batch still reduces them
     accuracy = ctx.metric("accuracy", lambda: AccuracyMetric(threshold=CORRECT))

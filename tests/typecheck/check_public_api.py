@@ -39,7 +39,7 @@ from areal_lightning import (
     run_round,
     wilson_interval,
 )
-from areal_lightning.callbacks.options import EvalMode
+from areal_lightning.callbacks.choices import EvalMode
 from areal_lightning.eval_round.precision import EvalPrecision
 
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from areal_lightning.callbacks.options import WatchReference, choice
+from areal_lightning.callbacks.choices import WatchReference, choice
 from areal_lightning.errors import ArgumentError
 
 DEFAULT_TRAIN_METRIC = "train/reward"

@@ -62,8 +62,9 @@ def _checked_after_rounds(*args: Any, **kwargs: Any) -> None:
 
 
 def adopt_eval_monitors(trainer: L.Trainer) -> list[EarlyStopping]:
-    """The `EarlyStopping` callbacks that monitor an ``eval/`` metric, whose checks now run after
-    each round (`check_after_round`); their own hooks no longer check. Call it from `setup`.
+    """The `EarlyStopping` callbacks that monitor an ``eval/`` metric; their checks run after each
+    round (`check_after_round`) and their own epoch-end and validation-end hooks do nothing. Call it
+    from `setup`.
 
     Example:
         >>> es = EarlyStopping(monitor="eval/easy/accuracy", mode="max")
