@@ -62,7 +62,8 @@ class Weights(nn.Module):
         super().__init__()
         self.w = nn.Parameter(torch.zeros(()))
         self.layer = nn.Linear(2, 2)
-        self.extra = nn.Parameter(torch.zeros(size)) if size else None
+        # Never filled: a forked test process must not run a parallel op (see `sync_local`).
+        self.extra = nn.Parameter(torch.empty(size)) if size else None
 
     def set(self, value: float) -> None:
         with torch.no_grad():
@@ -112,9 +113,18 @@ DEAL: dict[str, Any] = {"seed": SEED, "rank": 1, "world_size": 2, "max_table_row
 
 def sync_local(module: nn.Module, step: int, epoch: int) -> Any:
     """What a sync round computes on this rank's deal at these weights and step (bf16), before the
-    reduction over ranks (rank 1's half cannot be reduced alone)."""
-    with eval_precision(module, EvalPrecision.BF16):
-        return view(evaluate_local(module, EVAL_SET, weighted, global_step=step, epoch=epoch, **DEAL))
+    reduction over ranks (rank 1's half cannot be reduced alone).
+
+    On one torch thread: a test process forked from one that ran torch's thread pool (mutation
+    testing forks so) can wait forever for that pool in its first parallel op.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with eval_precision(module, EvalPrecision.BF16):
+            return view(evaluate_local(module, EVAL_SET, weighted, global_step=step, epoch=epoch, **DEAL))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def view(local: LocalSetResult) -> dict[str, Any]:
@@ -363,9 +373,11 @@ def test_a_snapshot_over_the_bound_is_refused_naming_its_size_before_a_worker_st
         "max_snapshot_mb (evaluator.max_snapshot_mb) if the memory is there, or use mode='sync'"
     )
     # At the bound it is accepted: the next check (pickling) is the one that fails here.
+    small = Weights()
+    at_bound = sum(p.numel() * 4 for p in small.parameters()) / MIB
     with pytest.raises(ValueError, match="must pickle"):
-        AsyncEvaluator(max_snapshot_mb=1.5).start(
-            module, [EVAL_SET], lambda m, b, c: {}, seed=0, rank=0, world_size=1, max_table_rows=0
+        AsyncEvaluator(max_snapshot_mb=at_bound).start(
+            small, [EVAL_SET], lambda m, b, c: {}, seed=0, rank=0, world_size=1, max_table_rows=0
         )
     assert _workers(others) == [] and torch.get_num_threads() == threads
 
