@@ -337,17 +337,21 @@ def sample_module(name: str, mutmut: Path, size: int) -> ModuleResult | None:
     checked = sorted(k for k, v in codes.items() if v is not None and k not in untested)
     unchecked = sorted(k for k, v in codes.items() if v is None or k in untested)
     chosen = checked + random.Random(0).sample(unchecked, max(0, min(size - len(checked), len(unchecked))))
+    # mutmut runs every mutant it is named again: a killed one keeps its result, the rest run.
+    to_run = [k for k in chosen if codes[k] not in KILLED_CODES]
     start = time.monotonic()
-    with open(work / "mutmut.log", "a", encoding="utf-8") as log:
-        proc = subprocess.run(
-            [str(mutmut), "run", "--max-children", "1", *chosen],
-            cwd=work,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-            check=False,
-        )
-    run = {"tests": [module_path, *tests], "seconds": time.monotonic() - start, "returncode": proc.returncode}
+    returncode = 0
+    if to_run:  # named none, mutmut would run them all
+        with open(work / "mutmut.log", "a", encoding="utf-8") as log:
+            returncode = subprocess.run(
+                [str(mutmut), "run", "--max-children", "1", *to_run],
+                cwd=work,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+                check=False,
+            ).returncode
+    run = {"tests": [module_path, *tests], "seconds": time.monotonic() - start, "returncode": returncode}
     run["sampled"] = len(chosen)
     (work / RUN_FILE).write_text(json.dumps(run), encoding="utf-8")
     return collect(name)
@@ -378,7 +382,13 @@ def collect(name: str) -> ModuleResult | None:
     codes = json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"]
     if run.get("sampled"):
         result.population = len(codes)
-        codes = {k: v for k, v in codes.items() if v is not None}
+        # Checked mutants only; a worker's function left "no tests" by the first run was not sampled.
+        in_worker = IN_WORKER.get(name, {})
+        codes = {
+            k: v
+            for k, v in codes.items()
+            if v is not None and not (v in NO_TESTS_CODES and function_of(k) in in_worker)
+        }
     if not (work / RUN_FILE).is_file() and None in codes.values():
         checked = sum(code is not None for code in codes.values())
         result.error = f"running or stopped: {checked} of {len(codes)} mutants checked"
