@@ -6,7 +6,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install demo lint test test-vllm vllm-env wheel bench mutation clean
+.PHONY: install demo lint test test-fast test-vllm vllm-env wheel bench mutation clean
 
 # torch==2.13.0 (CPU build) goes first and is pinned by constraints.txt, so the project's
 # `torch>=2.3` range never replaces it with a multi-GB CUDA build.
@@ -46,9 +46,18 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# Two test files at a time (pytest-xdist; a file's tests stay on one worker, so its module-scoped
+# fixtures run once), the longest first (tests/conftest.py).
+TEST_WORKERS ?= 2
+
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 	$(MAKE) test-vllm
+
+# The edit-test loop: no test that starts a process (a command, DDP ranks, a worker, W&B's
+# service) and none marked slow. A test that starts one without its `process` marker fails here.
+test-fast: $(STAMP)
+	AREAL_LIGHTNING_FAST_TESTS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow and not ddp and not process"
 
 # The vLLM backend's tests, in the second environment (created when missing); in the main
 # environment the same files skip.

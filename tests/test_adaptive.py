@@ -105,6 +105,7 @@ def test_interval_shortens_while_the_metric_moves_and_lengthens_when_flat(tmp_pa
     assert all(causes == ["adaptive"] for _, causes in history_steps(tmp_path))
 
 
+@pytest.mark.process
 def test_async_results_drive_the_schedule_as_sync_ones_do(tmp_path: Path) -> None:
     callback = _callback("async")
     make_trainer(tmp_path, [KeepPace(callback), callback], MAX_TRAIN_STEPS).fit(CountingModule(epoch_len=100))

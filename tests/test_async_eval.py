@@ -112,6 +112,7 @@ def _grpo_fit(run_dir: Path, mode: str) -> GRPOModule:
     return module
 
 
+@pytest.mark.process
 def test_async_and_sync_record_identical_metrics_at_identical_steps(tmp_path: Path) -> None:
     _grpo_fit(tmp_path / "sync", "sync")
     module = _grpo_fit(tmp_path / "async", "async")
@@ -130,6 +131,7 @@ def test_async_and_sync_record_identical_metrics_at_identical_steps(tmp_path: Pa
     assert all(0 <= r["lag_steps"] <= later - r["step"] for r, later in zip(asyn, [*steps[1:], steps[-1]], strict=True))
 
 
+@pytest.mark.process
 def test_training_advances_while_a_round_is_in_flight_and_a_busy_round_is_skipped(tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     callback = EvaluationCallback(
@@ -147,6 +149,7 @@ def test_training_advances_while_a_round_is_in_flight_and_a_busy_round_is_skippe
     _no_worker_left(callback)
 
 
+@pytest.mark.process
 def test_on_busy_wait_evaluates_every_due_step(tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     callback = EvaluationCallback(
@@ -160,6 +163,7 @@ def test_on_busy_wait_evaluates_every_due_step(tmp_path: Path) -> None:
     assert event_rows(read_history(tmp_path), "skipped") == []
 
 
+@pytest.mark.process
 def test_a_failing_evaluate_fn_surfaces_with_its_worker_traceback(tmp_path: Path) -> None:
     callback = EvaluationCallback(
         {"probe": PROBES},
@@ -176,6 +180,7 @@ def test_a_failing_evaluate_fn_surfaces_with_its_worker_traceback(tmp_path: Path
     _no_worker_left(callback)
 
 
+@pytest.mark.process
 def test_a_dead_worker_is_an_error_record_and_the_next_round_gets_a_new_worker(tmp_path: Path) -> None:
     callback = EvaluationCallback(
         {"probe": PROBES},
@@ -204,6 +209,7 @@ class KillAfterStep(Callback):
             raise Killed(f"killed after step {self.step}")
 
 
+@pytest.mark.process
 def test_a_checkpoint_taken_with_a_round_in_flight_resumes_without_losing_or_repeating_it(tmp_path: Path) -> None:
     gate = tmp_path / "gate"
 
@@ -286,6 +292,7 @@ def test_async_config_errors_name_the_key(override: str, message: str) -> None:
         load_config(None, ["eval_sets.easy.size=4", override])
 
 
+@pytest.mark.process
 def test_async_config_builds_an_async_callback(tmp_path: Path) -> None:
     from areal_lightning.app.builders import build_callback
 
@@ -350,6 +357,7 @@ make_trainer({root!r}, [callback], 2).fit(CountingModule(epoch_len=5))
 """
 
 
+@pytest.mark.process
 def test_a_script_without_a_main_guard_is_told_why_its_worker_died(tmp_path: Path) -> None:
     # Spawned workers import the script's module; unguarded, it trains again there and dies starting a worker.
     script = tmp_path / "train.py"
@@ -368,6 +376,7 @@ def matmul_dtype(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
     return {"bf16": float(out.dtype == torch.bfloat16)}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("precision", [32, "bf16"])
 def test_the_worker_evaluates_at_the_eval_precision(tmp_path: Path, precision: Any) -> None:
     callback = EvaluationCallback(
@@ -414,6 +423,7 @@ class WaitForWorkerStart(Callback):
             time.sleep(0.01)
 
 
+@pytest.mark.process
 def test_training_lends_the_worker_its_threads_while_it_starts_and_evaluates(tmp_path: Path) -> None:
     gate, log = tmp_path / "gate", ThreadLog()
     callback = EvaluationCallback(

@@ -80,6 +80,7 @@ def sleepy_round(module: Any, batches: list[EvalBatch], ctx: EvalContext) -> dic
     return {"w": float(module.w)}
 
 
+@pytest.mark.process
 def test_async_rounds_are_charged_what_training_waited_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # on_busy="wait" and a round due every step: each step waits for the previous round, so
     # evaluation holds training up most of the time, and the budget must defer rounds.

@@ -13,6 +13,8 @@ from procs import run_in_group
 from areal_lightning.app.config import load_config
 from areal_lightning.tracking.history import read_history
 
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "areal_lightning" / "app" / "configs" / "arithmetic_grpo.yaml"
 

@@ -76,6 +76,7 @@ def _logged_eval_steps(log_dir: Path) -> list[int]:
         return [int(row["step"]) for row in csv.DictReader(f) if row.get(MONITOR)]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("mode", ["sync", "async"])
 @pytest.mark.parametrize("bar", ["tqdm", "rich"])
 def test_every_round_yields_metrics_under_lightnings_defaults(

@@ -73,6 +73,7 @@ def test_geometry3k_vlm_example_trains_and_evaluates_a_tiny_vision_language_mode
     assert {"reward/mean", "accuracy"} <= set(rows[0]["metrics"])
 
 
+@pytest.mark.process
 def test_custom_evaluate_fn_example_logs_bleu_and_accuracy_of_a_users_module(tmp_path: Path) -> None:
     out = tmp_path / "run"
     _run(

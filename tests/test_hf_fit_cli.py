@@ -104,6 +104,7 @@ def test_evaluate_of_the_checkpoint_gives_the_metrics_of_the_last_training_round
     assert evaluated["num_prompts"] == EVAL_PROMPTS
 
 
+@pytest.mark.process
 def test_fit_without_a_model_path_fails_before_any_work(tmp_path: Path) -> None:
     data = write_gsm8k(tmp_path / "test.jsonl", 2)
     proc = _cli(

@@ -81,6 +81,7 @@ def test_append_keeps_earlier_lines_byte_identical(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.process
 def test_append_is_fsynced_and_visible_to_another_process_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

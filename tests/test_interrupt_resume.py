@@ -24,28 +24,16 @@ import pytest
 import torch
 import yaml
 from procs import kill_group, run_in_group
+from small_run import SMALL_FIT
 from wandb_reader import branch_point, read_wandb_records, rewound_history, run_sessions, wandb_history
 
 from areal_lightning.tracking.history import eval_rows, event_rows, read_history
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "areal_lightning" / "app" / "configs" / "arithmetic_grpo.yaml"
 SMALL = [
-    "trainer.log_every_n_steps=1",
-    "trainer.enable_progress_bar=false",
-    "policy.d_model=32",
-    "policy.n_heads=2",
-    "grpo.warmup_steps=30",
-    "grpo.prompts_per_step=4",
-    "task.train_size=16",
-    "eval_sets.easy.size=6",
-    "eval_sets.easy.n_samples=2",
-    "eval_sets.hard.size=4",
-    "eval_sets.hard.n_samples=2",
-    "evaluator.freq_epochs=null",
-    "evaluator.freq_secs=null",
+    *SMALL_FIT,
     "evaluator.freq_steps=2",
     "trainer.checkpoint_every_n_steps=5",
-    "logger.wandb.mode=offline",
     "trial_name=t",
     "output_dir=runs/t",
     "trainer.max_steps=1000",

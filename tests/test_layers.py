@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "areal_lightning"
 PLUGIN = ("callbacks", "metrics", "eval_round", "scoring", "tracking", "viz", "errors")
 APP = ("areal_lightning.app", "areal_lightning.rl", "areal_lightning.tasks")
@@ -19,6 +21,7 @@ def _loaded_after(code: str) -> list[str]:
     return json.loads(out.stdout)
 
 
+@pytest.mark.process
 def test_a_user_of_the_callback_and_the_metrics_loads_no_app_module() -> None:
     loaded = _loaded_after(
         "from areal_lightning.callbacks import EvaluationCallback\n"

@@ -107,6 +107,7 @@ def test_a_dotted_path_that_does_not_import_is_refused_before_training(tmp_path:
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.process
 def test_our_lightning_cli_reports_a_wrong_dotted_path_in_one_line(tmp_path: Path, user_module: None) -> None:
     """As a user runs it: ``python train.py fit -c config.yaml``; usage and one error line, exit 2."""
     import os

@@ -169,6 +169,7 @@ def test_numeric_verifier_compares_non_numbers_as_normalised_text(gsm8k):
 
 
 @pytest.mark.skipif(not HAS_MATH_VERIFY, reason="math-verify is not installed (extra `math`)")
+@pytest.mark.process  # math-verify scores in a worker process (SafeScorer)
 @pytest.mark.parametrize(
     ("completion", "reference"),
     [
@@ -184,6 +185,7 @@ def test_math_verify_accepts_equivalent_answers(gsm8k, completion, reference):
 
 
 @pytest.mark.skipif(not HAS_MATH_VERIFY, reason="math-verify is not installed (extra `math`)")
+@pytest.mark.process
 @pytest.mark.parametrize(("completion", "reference"), [*WRONG, ("\\boxed{\\sqrt{2}}", "\\frac{\\sqrt3}{2}")])
 def test_math_verify_rejects_wrong_answers(gsm8k, completion, reference):
     assert MathTask(gsm8k, verifier="math_verify").reward(completion, reference) == WRONG_REWARD
@@ -268,7 +270,7 @@ BOXED_SOLUTIONS = [  # MATH-style LaTeX answers, followed by more text
 
 
 @pytest.mark.skipif(not HAS_MATH_VERIFY, reason="math-verify is not installed (extra `math`)")
-@pytest.mark.parametrize("verifier", ["math_verify", "numeric"])
+@pytest.mark.parametrize("verifier", [pytest.param("math_verify", marks=pytest.mark.process), "numeric"])
 def test_both_verifiers_score_gsm8k_reference_solutions_by_their_final_answer(tmp_path, verifier):
     path = _jsonl(
         tmp_path / "gsm8k.jsonl", [{"question": f"q{i}", "answer": s} for i, (s, _) in enumerate(GSM8K_SOLUTIONS)]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from small_run import SMALL_FIT
 from wandb_reader import (
     branch_point,
     read_wandb_records,
@@ -27,22 +28,6 @@ from wandb_reader import (
 from areal_lightning.tracking.history import drop_superseded, eval_rows, event_rows, read_history, split_runs
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "areal_lightning" / "app" / "configs" / "arithmetic_grpo.yaml"
-SMALL = [
-    "trainer.log_every_n_steps=1",
-    "trainer.enable_progress_bar=false",
-    "policy.d_model=32",
-    "policy.n_heads=2",
-    "grpo.warmup_steps=30",
-    "grpo.prompts_per_step=4",
-    "task.train_size=16",
-    "eval_sets.easy.size=6",
-    "eval_sets.easy.n_samples=2",
-    "eval_sets.hard.size=4",
-    "eval_sets.hard.n_samples=2",
-    "evaluator.freq_epochs=null",
-    "evaluator.freq_secs=null",
-    "logger.wandb.mode=offline",
-]
 RUN_TIMEOUT_S = 300
 KILL_AT_EVAL_STEP = 6
 """The kill comes once step 6 is evaluated: after the checkpoint of step 5, before the one of step 10."""
@@ -68,7 +53,7 @@ def _fit_command(run_dir: Path, *extra: str) -> list[str]:
         "fit",
         "-c",
         str(EXAMPLE),
-        *SMALL,
+        *SMALL_FIT,
         "trial_name=t",
         f"output_dir={run_dir}",
         *extra,
@@ -95,7 +80,7 @@ def _fit_new_run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
         "fit",
         "-c",
         str(EXAMPLE),
-        *SMALL,
+        *SMALL_FIT,
         "experiment_name=runs",
         "trial_name=t",
         "output_dir=${experiment_name}/${trial_name}",

@@ -3,12 +3,11 @@ ScoringMetric's counts are exact across ranks."""
 
 from __future__ import annotations
 
-import os
 import threading
-import time
 
 import pytest
 from ddp_utils import run_ddp
+from scorer_fns import exact
 
 from areal_lightning.errors import ArgumentError
 from areal_lightning.metrics import ScoringMetric
@@ -17,21 +16,7 @@ from areal_lightning.scoring import SafeScorer, Score, ScorerFailingError, Score
 TIMEOUT_S = 1.0
 
 
-def exact(completion: str, answer: str) -> float | None:
-    """1 for a match, 0 otherwise; None (unparseable) for an empty completion; hangs on "hang",
-    raises on "raise", kills its process on "die"."""
-    if completion == "hang":
-        while True:
-            time.sleep(60)
-    if completion == "raise":
-        raise ZeroDivisionError("bad expression")
-    if completion == "die":
-        os._exit(3)
-    if not completion:
-        return None
-    return 1.0 if completion == answer else 0.0
-
-
+@pytest.mark.process
 def test_a_scorer_that_sleeps_forever_is_cut_off_counted_and_replaced():
     with SafeScorer(exact, timeout_s=TIMEOUT_S, workers=2) as scorer:
         scores = scorer.score_many(["5", "hang", "6", "", "raise", "die", "5"], ["5"] * 7)
@@ -54,6 +39,7 @@ def test_a_scorer_that_sleeps_forever_is_cut_off_counted_and_replaced():
     assert {k: v.item() for k, v in metric.compute().items()} == {"timeouts": 1.0, "parse_failures": 1.0, "errors": 2.0}
 
 
+@pytest.mark.process
 def test_the_time_limit_works_off_the_main_thread():
     out: list[list[Score]] = []
     with SafeScorer(exact, timeout_s=TIMEOUT_S) as scorer:
@@ -64,6 +50,7 @@ def test_the_time_limit_works_off_the_main_thread():
     assert [s.status for s in out[0]] == [ScoreStatus.TIMEOUT, ScoreStatus.OK]
 
 
+@pytest.mark.process
 def test_a_scorer_that_keeps_failing_is_reported_not_silent():
     with SafeScorer(exact, timeout_s=TIMEOUT_S, max_consecutive_failures=3) as scorer:
         scorer.score_many(["raise", "raise", "1"], ["1"] * 3)  # a success in between resets the count

@@ -198,6 +198,7 @@ print(json.dumps({"seeds": [sample_seed(*c) for c in cases],
 """
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("hash_seed", ["1", "2"])
 def test_seeds_and_fingerprints_are_stable_across_processes(hash_seed: str) -> None:
     env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(REPO_ROOT)}

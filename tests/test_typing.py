@@ -18,6 +18,8 @@ import pytest
 
 pytest.importorskip("mypy")
 
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parents[1]
 CORRECT = ROOT / "tests" / "typecheck" / "check_public_api.py"
 TIMEOUT_S = 600  # a cold mypy cache analyses torch and Lightning: about 90 s on 2 CPU cores

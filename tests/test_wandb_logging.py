@@ -231,6 +231,7 @@ def offline_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
 
 
+@pytest.mark.process
 def test_the_resolved_config_is_the_run_config_with_name_group_and_tags(offline_run: dict[str, Any]) -> None:
     cfg, records = offline_run["cfg"], offline_run["records"]
     assert wandb_config(records) == to_dict(cfg)
@@ -273,6 +274,7 @@ def test_every_round_lands_at_its_evaluated_step_even_when_late(offline_run: dic
     assert [r["_step"] for r in rows] == list(range(len(rows)))
 
 
+@pytest.mark.process
 def test_each_round_logs_a_sample_table_per_eval_set_with_rows(offline_run: dict[str, Any]) -> None:
     rows = offline_run["rows"]
     tables = read_wandb_tables(offline_run["out"])
@@ -368,6 +370,7 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     wandb.teardown()
 
 
+@pytest.mark.process
 @pytest.mark.usefixtures("no_network")
 def test_online_run_without_network_is_reported_once_and_training_finishes(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
@@ -380,6 +383,7 @@ def test_online_run_without_network_is_reported_once_and_training_finishes(
     assert [int(r["step"]) for r in csv_eval_rows(out)] == [0, 4]
 
 
+@pytest.mark.process
 def test_run_that_dies_mid_training_is_reported_once_and_csv_stays_complete(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -410,6 +414,7 @@ def test_a_rank_other_than_0_never_talks_to_wandb(tmp_path: Path, monkeypatch: p
     assert not list(tmp_path.rglob("*"))  # no W&B run, no CSV file
 
 
+@pytest.mark.process
 def test_a_resumed_logger_rewinds_the_run_to_the_checkpoints_row(tmp_path: Path) -> None:
     """A session logs 4 rows, a checkpoint takes the rewind point, the session logs 3 more and dies;
     the resumed session (rewind_to=the point) numbers its rows on from the point, and the run as W&B
@@ -447,6 +452,7 @@ def test_a_resumed_logger_rewinds_the_run_to_the_checkpoints_row(tmp_path: Path)
     ]
 
 
+@pytest.mark.process
 def test_a_refused_rewind_continues_the_run_and_skips_the_logged_rounds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

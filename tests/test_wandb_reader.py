@@ -75,6 +75,7 @@ def first_records(first_run: Path) -> list[dict]:
     return read_wandb_records(first_run)
 
 
+@pytest.mark.process
 def test_history_rows_come_back_with_values_and_steps(first_run: Path, first_records: list[dict]) -> None:
     rows = read_wandb_run(first_run)
     assert rows == wandb_history(first_records)
@@ -87,6 +88,7 @@ def test_history_rows_come_back_with_values_and_steps(first_run: Path, first_rec
     assert rows[4]["eval/easy/samples"]["_type"] == "table-file"
 
 
+@pytest.mark.process
 def test_the_run_is_found_from_file_run_dir_and_output_dir(output_dir: Path, first_run: Path) -> None:
     log = find_wandb_file(first_run)
     assert log.suffix == ".wandb" and log.parent == first_run
@@ -116,6 +118,7 @@ def test_define_metric_axis_config_summary_and_alerts(first_records: list[dict])
     assert {r["type"] for r in records} >= {"run", "metric", "history", "config", "alert", "exit"}
 
 
+@pytest.mark.process
 def test_logged_table_comes_back(first_run: Path) -> None:
     (table,) = read_wandb_tables(first_run, key="eval/easy/samples")
     assert (table.key, table.step) == ("eval/easy/samples", 4)
@@ -124,6 +127,7 @@ def test_logged_table_comes_back(first_run: Path) -> None:
     assert table.rows()[1] == {"prompt": "4+5=", "completion": "08", "reward": 0.0}
 
 
+@pytest.mark.process
 def test_bad_paths_say_what_is_accepted(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"path='.*nowhere'\) does not exist; pass a .wandb file"):
         read_wandb_run(tmp_path / "nowhere")

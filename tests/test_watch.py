@@ -116,6 +116,7 @@ def test_watch_follows_a_concurrent_fit_once_per_checkpoint_across_a_restart(tmp
     assert record["num_prompts"] == 12
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("how", ["sigint", "idle"])
 def test_watch_stops_cleanly_on_ctrl_c_and_on_idle_timeout(tmp_path: Path, how: str) -> None:
     config = tmp_path / "cfg.yaml"

@@ -97,6 +97,7 @@ def test_missing_checkpoint_is_refused_before_work(tmp_path: Path, capsys) -> No
 @pytest.mark.parametrize(
     "name", ["02_typo_evaluator", "20_pass_at_k_above_n", "28_malformed_unclosed_brace", "36_unknown_precision"]
 )
+@pytest.mark.process
 def test_real_cli_process_exits_2_without_traceback(name: str, tmp_path: Path) -> None:
     path = CORPUS / f"{name}.yaml"
     proc = run_in_group([sys.executable, "-m", "areal_lightning", "fit", "-c", str(path)], timeout=180, cwd=tmp_path)
@@ -137,6 +138,7 @@ print(json.dumps(out))
 """.replace("HEAVY", repr(HEAVY_MODULES))
 
 
+@pytest.mark.process
 def test_most_bad_configs_are_refused_before_torch_or_lightning_is_imported(tmp_path: Path) -> None:
     # One fresh interpreter refuses them in turn: a heavy import by any of them stays in sys.modules.
     light = [str(p) for p in FILES if p.stem not in NEEDS_HEAVY_IMPORTS]

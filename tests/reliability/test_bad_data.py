@@ -106,6 +106,7 @@ def _one_sample_on_two_ranks(rank: int, world_size: int) -> tuple[dict[str, floa
     return result.metrics, result.num_prompts, result.num_samples
 
 
+@pytest.mark.process
 def test_a_set_smaller_than_the_world_counts_each_sample_once_and_matches_one_process() -> None:
     task = ArithmeticTask(seed=5)
     alone = _round(_module(task), _eval_set(task.make_samples("tiny", 1, 1), batch_size=1))

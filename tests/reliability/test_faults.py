@@ -111,6 +111,7 @@ def _assert_every_round_recorded(out: Path) -> None:
     assert all(r["num_prompts"] == {"easy": 4, "hard": 3}[r["dataset"]] for r in eval_rows(records))
 
 
+@pytest.mark.process
 def test_wandb_online_without_a_server_leaves_training_and_the_history_complete(tmp_path: Path) -> None:
     out, output = _fit(
         tmp_path,

@@ -7,9 +7,12 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 from procs import run_in_group
 
 from areal_lightning.tracking.history import eval_rows, read_history
+
+pytestmark = pytest.mark.process
 
 BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "load_rounds.py"
 
