@@ -205,6 +205,7 @@ def _round(evaluator: AsyncEvaluator, module: nn.Module, step: int, epoch: int =
     return view(local[0])
 
 
+@pytest.mark.process
 def test_a_worker_round_reports_what_a_sync_round_reports_for_the_same_weights(
     shared: tuple[AsyncEvaluator, Weights], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -233,6 +234,7 @@ def test_a_worker_round_reports_what_a_sync_round_reports_for_the_same_weights(
     assert [row["index"] for row in result["report"].table_rows] == [2, 3]  # of 2, 3, 6: below max_table_rows=4
 
 
+@pytest.mark.process
 def test_each_round_sees_the_weights_submitted_with_it(shared: tuple[AsyncEvaluator, Weights]) -> None:
     evaluator, module = shared
     seen = []
@@ -243,6 +245,7 @@ def test_each_round_sees_the_weights_submitted_with_it(shared: tuple[AsyncEvalua
     assert [r["updates"]["w"][0] for r in seen] == [4.0, 5.0]
 
 
+@pytest.mark.process
 def test_a_round_whose_result_does_not_pickle_is_an_error_with_the_workers_traceback(
     shared: tuple[AsyncEvaluator, Weights],
 ) -> None:
@@ -261,6 +264,7 @@ def test_a_round_whose_result_does_not_pickle_is_an_error_with_the_workers_trace
     assert _round(evaluator, module, 8) == sync_local(module, 8, 0)
 
 
+@pytest.mark.process
 def test_training_lends_the_worker_its_threads_for_a_round_and_gets_them_back(
     shared: tuple[AsyncEvaluator, Weights], threads: int
 ) -> None:
@@ -276,6 +280,7 @@ def test_training_lends_the_worker_its_threads_for_a_round_and_gets_them_back(
     assert torch.get_num_threads() == threads
 
 
+@pytest.mark.process
 def test_a_worker_killed_in_a_round_is_an_error_naming_its_exit_code_and_the_next_round_gets_a_new_worker(
     tmp_path: Path, threads: int
 ) -> None:
@@ -309,6 +314,7 @@ def test_a_worker_killed_in_a_round_is_an_error_naming_its_exit_code_and_the_nex
     assert _workers(others) == []
 
 
+@pytest.mark.process
 def test_cancel_ends_a_running_round_at_once_and_gives_the_threads_back(tmp_path: Path, threads: int) -> None:
     others = _workers()
     eval_set = EvalSet("probe", SAMPLES, options={"hold_step": 1, "folder": str(tmp_path)})
@@ -333,6 +339,7 @@ def test_cancel_ends_a_running_round_at_once_and_gives_the_threads_back(tmp_path
     evaluator.close(cancel=True)  # again: nothing left to do
 
 
+@pytest.mark.process
 def test_close_lets_a_running_round_finish_and_ends_an_idle_worker_at_once(tmp_path: Path) -> None:
     others = _workers()
     eval_set = EvalSet("probe", SAMPLES, options={"hold_step": 1, "folder": str(tmp_path)})
@@ -403,6 +410,7 @@ class NoWeights(nn.Module):
     """A module without parameters or buffers (its `evaluate_fn` needs no weights)."""
 
 
+@pytest.mark.process
 def test_a_module_without_weights_is_evaluated_on_the_cpu(threads: int) -> None:
     others = _workers()
     with pytest.raises(ValueError, match="must pickle"):  # the device is decided before pickling
@@ -454,6 +462,7 @@ class NotRebuilt(nn.Module):
         super().__setstate__(state)
 
 
+@pytest.mark.process
 def test_a_worker_that_cannot_load_the_module_is_an_error_with_its_traceback_for_each_round(threads: int) -> None:
     others = _workers()
     evaluator = AsyncEvaluator(threads=1)
@@ -495,6 +504,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.process
 def test_a_training_process_that_exits_without_closing_leaves_no_worker_and_does_not_hang(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(EXITS_WITHOUT_CLOSE.format(tests=str(Path(__file__).parent), wait=WAIT_S))
