@@ -47,17 +47,19 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 # Two test files at a time (pytest-xdist; a file's tests stay on one worker, so its module-scoped
-# fixtures run once), the longest first (tests/conftest.py).
+# fixtures run once), in the order of tests/conftest.py: the longest first. (xdist would otherwise
+# start the files with the most tests first, and the one-test demo last.)
 TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q $(XDIST)
 	$(MAKE) test-vllm
 
 # The edit-test loop: no test that starts a process (a command, DDP ranks, a worker, W&B's
 # service) and none marked slow. A test that starts one without its `process` marker fails here.
 test-fast: $(STAMP)
-	AREAL_LIGHTNING_FAST_TESTS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow and not ddp and not process"
+	AREAL_LIGHTNING_FAST_TESTS=1 $(PY) -m pytest -q $(XDIST) -m "not slow and not ddp and not process"
 
 # The vLLM backend's tests, in the second environment (created when missing); in the main
 # environment the same files skip.

@@ -11,6 +11,18 @@ Why a process and not a thread: measured on this 2-core box, an evaluation threa
 training steps beside it by about 2x and ran its own rounds 1.5-2x slower (the tiny policy's
 rollouts are Python-bound and hold the GIL), and a thread shares the training's global RNG state
 and torch thread pool. See ``docs/async_evaluation.md``.
+
+Why a Pipe and three messages, not `concurrent.futures.ProcessPoolExecutor` (one spawned worker,
+an initializer that loads the replica): measured side by side in
+``benchmarks/async_worker_protocol.py``, start-up and the cost of a round are the same (seconds
+of imports; about 1 ms), but the executor cannot do four things this evaluator must. It cannot
+stop a running round (`Future.cancel` refuses, and Python 3.11 has no public way to end its
+workers: `terminate_workers` came in 3.14), so after Ctrl-C the round runs to its end and the
+interpreter's exit waits for it (7.5 s against 1.2 s with a 5 s round left). It cannot end an
+idle worker at once (`shutdown(wait=True)`: 2.6 s against 0.05 s). A dead worker is a
+`BrokenProcessPool` without its exit code (so no hint at a missing main guard), and the whole
+executor must be rebuilt. And it does not say when the worker has started, which the thread
+lending waits for (a no-op future can, at the cost of one more round trip).
 """
 
 from __future__ import annotations
@@ -308,11 +320,11 @@ class AsyncEvaluator:
     def poll_start(self) -> None:
         """Gives training its threads back once the worker has started; never blocks (each step).
 
-        A worker that failed to start is stopped here and spawned again by the next round, which
-        then records its error.
+        A worker that failed to start is stopped here, and training gets its threads back; the next
+        round spawns a new worker, whose error (with its traceback) that round then records.
         """
-        if self._starting and self.in_flight is None:
-            self._receive(block=False)
+        if self._starting and self.in_flight is None and self._receive(block=False) is not None:
+            self._take_threads_back()  # the worker failed to start and was stopped
 
     def ready(self) -> bool:
         """The round in flight has finished on this rank (or its worker died); never blocks."""
@@ -350,6 +362,8 @@ class AsyncEvaluator:
                     closed = True  # the worker's end is closed: it exited
                 else:
                     if isinstance(message, _Done):
+                        if self._starting:  # it failed to start and is ending: the next round gets a new one
+                            self._stop_worker(cancel=True)
                         return message
                     self._starting = False
                     if self.in_flight is None:
