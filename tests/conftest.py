@@ -3,9 +3,11 @@ the other files are test tooling and the entry points of the processes that test
 
 from __future__ import annotations
 
+import logging
 import multiprocessing.process
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,18 @@ def _fast_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch: py
 
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+
+
+@pytest.fixture
+def watch_log() -> Iterator[list[logging.LogRecord]]:
+    """Records of the package's logger (which stops propagating once a command set up its handler)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign,assignment]
+    logger = logging.getLogger("areal_lightning")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(level)

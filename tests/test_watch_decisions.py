@@ -8,7 +8,6 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,21 +27,6 @@ from areal_lightning.app.watch_checkpoints import (
 )
 from areal_lightning.tracking.history import EvalHistory, event_rows, read_history
 from areal_lightning.tracking.records import eval_record, event_record
-
-
-@pytest.fixture
-def watch_log() -> Iterator[list[logging.LogRecord]]:
-    """Records of the package's logger (which stops propagating once a command set up its handler)."""
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.DEBUG)
-    handler.emit = records.append  # type: ignore[method-assign,assignment]
-    logger = logging.getLogger("areal_lightning")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    yield records
-    logger.removeHandler(handler)
-    logger.setLevel(level)
 
 
 def _ckpt(directory: Path, name: str, step: int, epoch: int | None = 0) -> Path:

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,21 +52,6 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]
     config = tmp_path_factory.mktemp("weights") / "cfg.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
     return GRPOModule.from_config(load_config(config)).state_dict()
-
-
-@pytest.fixture
-def watch_log() -> Iterator[list[logging.LogRecord]]:
-    """Records of the package's logger (which stops propagating once a command set up its handler)."""
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.DEBUG)
-    handler.emit = records.append  # type: ignore[method-assign,assignment]
-    logger = logging.getLogger("areal_lightning")
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    yield records
-    logger.removeHandler(handler)
-    logger.setLevel(level)
 
 
 def _config(tmp_path: Path, **changes: Any) -> Path:
