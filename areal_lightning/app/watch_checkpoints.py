@@ -234,8 +234,6 @@ class _Watch:
 
     def decide(self, stop: StopRequest) -> Decision:
         """Rank 0: what to do next."""
-        from areal_lightning.tracking.history import EvalHistory
-        from areal_lightning.tracking.records import event_record
 
         if stop.requested:
             return Decision("stop", reason="stop requested")
@@ -247,14 +245,7 @@ class _Watch:
                 continue
             read = read_step(path, self.trust)
             if read is None:
-                failures = self.state.load_failures[path] = self.state.load_failures.get(path, 0) + 1
-                if failures >= MAX_LOAD_FAILURES:
-                    self.state.given_up.add(path)
-                    message = f"checkpoint {path} did not load at {failures} polls; left alone"
-                    log.error("%s", message)
-                    EvalHistory(self.history_file).append(
-                        event_record("error", 0, message=message, checkpoint=str(path))
-                    )
+                self._count_load_failure(path, 0, "polls")
                 continue
             if path not in self.state.steps:
                 self.last_progress = time.monotonic()  # a new checkpoint
@@ -283,19 +274,21 @@ class _Watch:
         """Rank 0: the checkpoint's step was read but its weights did not load (another model, or the
         file rewritten meanwhile). It is tried again at later polls, then reported and left alone, so
         that the checkpoints after it are not held up."""
+        assert decision.path is not None
+        self._count_load_failure(Path(decision.path), decision.step, "tries", f": {error}")
+
+    def _count_load_failure(self, path: Path, step: int, attempts: str, detail: str = "") -> None:
+        """Counts one failed load of `path`; at `MAX_LOAD_FAILURES` it is left alone, logged and
+        recorded as an `error` event at `step`."""
         from areal_lightning.tracking.history import EvalHistory
         from areal_lightning.tracking.records import event_record
 
-        assert decision.path is not None
-        path = Path(decision.path)
         failures = self.state.load_failures[path] = self.state.load_failures.get(path, 0) + 1
         if failures >= MAX_LOAD_FAILURES:
             self.state.given_up.add(path)
-            message = f"checkpoint {path} did not load at {failures} tries; left alone: {error}"
+            message = f"checkpoint {path} did not load at {failures} {attempts}; left alone{detail}"
             log.error("%s", message)
-            EvalHistory(self.history_file).append(
-                event_record("error", decision.step, message=message, checkpoint=str(path))
-            )
+            EvalHistory(self.history_file).append(event_record("error", step, message=message, checkpoint=str(path)))
 
 
 def _load_on_every_rank(
