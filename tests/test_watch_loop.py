@@ -329,7 +329,7 @@ def test_a_checkpoint_rewritten_since_its_step_was_read_is_not_evaluated_as_that
 
 @pytest.mark.process  # W&B's service
 def test_with_wandb_on_each_checkpoint_goes_to_the_checkpoints_wandb_run_on_the_eval_axis(
-    tmp_path: Path, weights: dict[str, torch.Tensor]
+    tmp_path: Path, weights: dict[str, torch.Tensor], recwarn: pytest.WarningsRecorder
 ) -> None:
     from wandb_reader import read_wandb_records, wandb_history, wandb_metric_definitions, wandb_step_metric
 
@@ -346,6 +346,8 @@ def test_with_wandb_on_each_checkpoint_goes_to_the_checkpoints_wandb_run_on_the_
     assert logged == [(r["step"], pytest.approx(r["metrics"]["accuracy"])) for r in history]
     assert [step for step, _ in logged] == [2, 5]
     assert [r["exit"].get("exit_code", 0) for r in records if r["type"] == "exit"] == [0]  # the run was finished
+    # One logger for the watch: a logger made per checkpoint would warn that it reuses the run in progress.
+    assert not [str(w.message) for w in recwarn if "already in progress" in str(w.message)]
 
 
 def _next_line(lines: queue.Queue[str], deadline: float, wanted: str) -> str:
