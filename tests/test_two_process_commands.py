@@ -108,8 +108,11 @@ def test_fit_evaluate_watch_and_plot_on_two_processes(tmp_path: Path) -> None:
     assert "2 process(es)" in done.stdout
     assert [r["step"] for r in eval_rows(read_history(run)) if r.get("trigger") == ["evaluate"]] == [STEPS]
 
-    # the watcher: every checkpoint once, then SIGTERM ends both processes cleanly.
+    # the watcher: every checkpoint once, a file that is no checkpoint reported once (rank 0 alone
+    # decides), then SIGTERM ends both processes cleanly.
     steps_on_disk = {2, 4}
+    broken = run / "checkpoints" / "broken.ckpt"
+    broken.write_bytes(b"not a checkpoint")
     log = tmp_path / "watch.log"
     with open(log, "w") as sink:
         watcher = subprocess.Popen(
@@ -119,7 +122,9 @@ def test_fit_evaluate_watch_and_plot_on_two_processes(tmp_path: Path) -> None:
         )  # fmt: skip
     try:
         deadline = time.monotonic() + COMMAND_TIMEOUT_S
-        while {r["step"] for r in eval_rows(read_history(run)) if "watch" in r["trigger"]} != steps_on_disk:
+        while {r["step"] for r in eval_rows(read_history(run)) if "watch" in r["trigger"]} != steps_on_disk or not [
+            e for e in event_rows(read_history(run)) if e.get("checkpoint") == str(broken)
+        ]:
             assert watcher.poll() is None, f"the watcher ended early:\n{log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"the watcher hung on 2 processes:\n{log.read_text()[-3000:]}"
             time.sleep(POLL_S)
@@ -143,4 +148,5 @@ def test_fit_evaluate_watch_and_plot_on_two_processes(tmp_path: Path) -> None:
     out_png = tmp_path / "plot.png"
     _cli(tmp_path, "plot", str(run), "--out", str(out_png))
     assert out_png.stat().st_size > 0
-    assert not [e for e in event_rows(read_history(run)) if e.get("event") == "error"]
+    errors = [e for e in event_rows(read_history(run)) if e.get("event") == "error"]
+    assert [e.get("checkpoint") for e in errors] == [str(broken)], errors
