@@ -57,3 +57,13 @@ def test_t_cdf_at_the_switch_between_the_two_forms(df: float, side: float) -> No
 def test_t_quantile_in_the_tails_matches_scipy(df: float, p: float) -> None:
     want = stats.t.ppf(p, df)
     assert math.isclose(t_quantile(p, df), want, rel_tol=1e-11), (t_quantile(p, df), want)
+
+
+@pytest.mark.parametrize("df", [0.5, 3.0, 100.0, 4_999.0])
+def test_t_cdf_near_zero_moves_with_t(df: float) -> None:
+    """Close to ``t = 0``, ``x = df / (df + t^2)`` rounds to 1: ``1 - x`` must come from ``t`` itself,
+    or the cdf stays 0.5 for every ``|t|`` below about ``sqrt(df * 1e-16)``, and so does a quantile
+    just above 1/2."""
+    for t in (-2e-6, -1e-9, 1e-12, 3e-7):
+        assert math.isclose(t_cdf(t, df), stats.t.cdf(t, df), rel_tol=1e-15), t
+    assert math.isclose(t_quantile(0.5 + 1e-6, df), stats.t.ppf(0.5 + 1e-6, df), rel_tol=1e-9)

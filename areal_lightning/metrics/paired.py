@@ -70,16 +70,17 @@ def _betacf(a: float, b: float, x: float) -> float:
     return h
 
 
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta ``I_x(a, b)``."""
+def _betainc(a: float, b: float, x: float, y: float) -> float:
+    """Regularised incomplete beta ``I_x(a, b)``, given ``y = 1 - x`` as well: computed by the
+    caller, it keeps the digits that ``1.0 - x`` would round away when x is close to 1."""
     if x <= 0.0:
         return 0.0
-    if x >= 1.0:
+    if y <= 0.0:
         return 1.0
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log(y)
     if x < (a + 1.0) / (a + b + 2.0):
         return math.exp(log_front) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+    return 1.0 - math.exp(log_front) * _betacf(b, a, y) / b
 
 
 def t_cdf(t: float, df: float) -> float:
@@ -97,7 +98,8 @@ def _t_tail(t: float, df: float) -> float:
     """``P(T > |t|)``, computed directly (not as ``1 - cdf``, which loses a far tail)."""
     if df >= _LARGE_DF:
         return _t_tail_large_df(t, df)
-    return 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    # x = df / (df + t^2) and 1 - x, each from t directly: near t = 0, ``1.0 - x`` would be 0.
+    return 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t), t * t / (df + t * t))
 
 
 def _t_tail_large_df(t: float, df: float) -> float:
