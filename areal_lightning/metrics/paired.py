@@ -205,7 +205,10 @@ class PairedChange(Float64StateMetric):
     sums: Tensor
 
     def __init__(self, confidence: float = DEFAULT_CONFIDENCE, **kwargs: Any) -> None:
-        kwargs.setdefault("compute_with_cache", False)  # every compute() syncs on every rank
+        # No cached result: every compute() syncs on every rank (a rank that read a cached value
+        # would skip the gather the others run), and a compute() after `merge_state` or
+        # `load_state_dict`, which torchmetrics' cache does not notice, sees the new sums.
+        kwargs.setdefault("compute_with_cache", False)
         super().__init__(**kwargs)
         self.confidence = _check_confidence(confidence, "PairedChange")
         # Row 0: the exact sum of the differences (and their number), row 1: of their squares.
@@ -324,14 +327,19 @@ class PairedRounds:
         self._best.pop(dataset, None)
         self.last_changes.pop(dataset, None)
 
-    def _reduce(self, current: Mapping[int, float], reference: Mapping[int, float], device: torch.device) -> Change:
+    def _paired(
+        self, current: Mapping[int, float], reference: Mapping[int, float], device: torch.device | None
+    ) -> PairedChange:
+        """The differences of the prompts both rounds hold, in a metric on `device` (where its
+        reduction runs: the process group's device, which NCCL needs to be the GPU); not reduced yet."""
         common = sorted(current.keys() & reference.keys())
         metric = PairedChange(self.confidence).to(device)
+        # Made on the CPU: the metric's update moves them to its device.
         metric.update(
-            torch.tensor([current[i] for i in common], dtype=torch.float64, device=device),
-            torch.tensor([reference[i] for i in common], dtype=torch.float64, device=device),
+            torch.tensor([current[i] for i in common], dtype=torch.float64),
+            torch.tensor([reference[i] for i in common], dtype=torch.float64),
         )
-        return metric.compute()
+        return metric
 
     def update(
         self,
@@ -348,19 +356,18 @@ class PairedRounds:
             outcomes: this rank's per-prompt outcomes, ``{metric: {sample index: value}}``.
             names: every metric with outcomes on any rank, sorted the same on every rank.
             values: the round's reduced metric values (the same on every rank), to find the best round.
-            device: where the reduction runs (the process group's device).
+            device: where the reductions run (the process group's device); torch's default (the CPU) when None.
         """
-        device = device or torch.device("cpu")
         previous, best = self._previous.setdefault(dataset, {}), self._best.setdefault(dataset, {})
         out: dict[str, float] = {}
         changes: dict[str, Change] = {}
         for name in names:
             current = dict(outcomes.get(name, {}))
             if name in previous:  # the same on every rank: every rank saw the same rounds
-                changes[name] = self._reduce(current, previous[name], device)
+                changes[name] = self._paired(current, previous[name], device).compute()
                 out.update(change_metrics(name, DELTA, changes[name]))
             if name in best:
-                out.update(change_metrics(name, DELTA_BEST, self._reduce(current, best[name][1], device)))
+                out.update(change_metrics(name, DELTA_BEST, self._paired(current, best[name][1], device).compute()))
             previous[name] = current
             value = float(values.get(name, math.nan))
             if name not in best or value > best[name][0] or math.isnan(best[name][0]):
