@@ -67,3 +67,9 @@ def test_t_cdf_near_zero_moves_with_t(df: float) -> None:
     for t in (-2e-6, -1e-9, 1e-12, 3e-7):
         assert math.isclose(t_cdf(t, df), stats.t.cdf(t, df), rel_tol=1e-15), t
     assert math.isclose(t_quantile(0.5 + 1e-6, df), stats.t.ppf(0.5 + 1e-6, df), rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("df", [0.5, 3.0, 4_999.0, 1e6])
+def test_the_median_is_zero(df: float) -> None:
+    assert t_quantile(0.5, df) == 0.0
+    assert t_quantile(math.nextafter(0.5, 1.0), df) > 0.0 > t_quantile(math.nextafter(0.5, 0.0), df)

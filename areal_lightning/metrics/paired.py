@@ -127,6 +127,8 @@ def t_quantile(p: float, df: float) -> float:
     """
     if not 0.0 < p < 1.0 or not df > 0:
         raise ValueError(f"`t_quantile(p=..., df=...)` needs 0 < p < 1 and df > 0, got p={p!r}, df={df!r}")
+    if p == 0.5:
+        return 0.0  # the median; the bisection below would only close in on it (to 2**-200)
     # Bisection on the tail beyond the quantile: ``1 - p`` is exact for p >= 1/2, and a tail far
     # below 1 keeps its relative precision, where ``t_cdf`` near 1 would round it away.
     tail = 1.0 - p if p >= 0.5 else p
