@@ -78,7 +78,7 @@ def _betainc(a: float, b: float, x: float, y: float) -> float:
     if y <= 0.0:
         return 1.0
     log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log(y)
-    if x < (a + 1.0) / (a + b + 2.0):
+    if x <= (a + 1.0) / (a + b + 2.0):  # on the switch point the direct form is the more accurate
         return math.exp(log_front) * _betacf(a, b, x) / a
     return 1.0 - math.exp(log_front) * _betacf(b, a, y) / b
 
