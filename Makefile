@@ -52,9 +52,16 @@ lint: $(STAMP)
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-test: lint
-	$(PY) -m pytest -q $(XDIST)
-	$(MAKE) test-vllm
+# The vLLM tests (their own environment, a minute and a half) run beside the main suite, which
+# leaves a core idle at times (processes starting, ranks meeting); their output follows the suite's.
+test: lint $(VLLM_STAMP)
+	@mkdir -p build
+	@$(VLLM_PYTEST) --basetemp=build/test-vllm-tmp > build/test-vllm.log 2>&1 & vllm=$$!; \
+	$(PY) -m pytest -q $(XDIST); suite=$$?; \
+	wait $$vllm; vllm_status=$$?; \
+	echo "== make test-vllm (in $(VLLM_VENV), beside the suite; log: build/test-vllm.log) =="; \
+	cat build/test-vllm.log; \
+	test $$suite -eq 0 && test $$vllm_status -eq 0
 
 # The edit-test loop: no test that starts a process (a command, DDP ranks, a worker, W&B's
 # service) and none marked slow. A test that starts one without its `process` marker fails here.
@@ -63,8 +70,9 @@ test-fast: $(STAMP)
 
 # The vLLM backend's tests, in the second environment (created when missing); in the main
 # environment the same files skip.
+VLLM_PYTEST := VLLM_TESTS_REQUIRED=1 $(VLLM_PY) -m pytest -q -p no:cacheprovider tests/test_vllm_policy.py tests/test_vllm_round.py
 test-vllm: $(VLLM_STAMP)
-	VLLM_TESTS_REQUIRED=1 $(VLLM_PY) -m pytest -q -p no:cacheprovider tests/test_vllm_policy.py tests/test_vllm_round.py
+	$(VLLM_PYTEST)
 
 # The wheel and sdist in dist/ (tests/test_wheel.py installs the wheel into a fresh environment).
 wheel: $(STAMP)

@@ -246,6 +246,21 @@ def test_each_round_sees_the_weights_submitted_with_it(shared: tuple[AsyncEvalua
 
 
 @pytest.mark.process
+def test_a_worker_on_another_device_evaluates_its_own_copy_loaded_with_each_rounds_weights() -> None:
+    """A worker on another device than training's (`async_device="cuda:1"` beside a CPU or
+    `cuda:0` run) cannot read the shared snapshot in place: it evaluates its own copy, loaded from
+    the snapshot before each round. "cpu:0" is not the string "cpu", so it takes that path here."""
+    evaluator, module = AsyncEvaluator(device="cpu:0", threads=1), Weights()
+    evaluator.start(module, [EVAL_SET], weighted, precision=EvalPrecision.BF16, **DEAL)
+    try:
+        for step in (4, 5):  # the first round waits for the worker to start
+            module.set(float(step))
+            assert _round(evaluator, module, step) == sync_local(module, step, 0)
+    finally:
+        evaluator.close(cancel=True)
+
+
+@pytest.mark.process
 def test_a_round_whose_result_does_not_pickle_is_an_error_with_the_workers_traceback(
     shared: tuple[AsyncEvaluator, Weights],
 ) -> None:

@@ -155,29 +155,31 @@ def test_a_failed_evaluation_is_recorded_not_retried_and_sets_the_exit_status(
     config, ckpts = _config(tmp_path), tmp_path / "ckpts"
     _save(ckpts, "step2.ckpt", 2, weights)
     _save(ckpts, "step4.ckpt", 4, weights, epoch=1)
+    _save(ckpts, "step6.ckpt", 6, weights, epoch=1)
     evaluate = rollout_eval.rollout_evaluate
     rounds: list[tuple[int, int]] = []
 
-    def out_of_memory_at_step_2(module: Any, batches: Any, ctx: Any) -> Any:
+    def out_of_memory_at_steps_2_and_6(module: Any, batches: Any, ctx: Any) -> Any:
         rounds.append((ctx.global_step, ctx.epoch))  # what evaluate_fn is told about the checkpoint
-        if ctx.global_step == 2:  # what a real round can hit; the model here is too small to
+        if ctx.global_step in (2, 6):  # what a real round can hit; the model here is too small to
             raise RuntimeError("CUDA out of memory")
         return evaluate(module, batches, ctx)
 
-    monkeypatch.setattr(rollout_eval, "rollout_evaluate", out_of_memory_at_step_2)
+    monkeypatch.setattr(rollout_eval, "rollout_evaluate", out_of_memory_at_steps_2_and_6)
     assert _watch(config, ckpts, "--idle-timeout", IDLE) == 1
     history = _history(tmp_path)
-    (error,) = event_rows(history, "error")
+    error, later = event_rows(history, "error")
     assert (error["step"], error["source"], error["checkpoint"]) == (2, "watch", str(ckpts / "step2.ckpt"))
+    assert (later["step"], later["checkpoint"]) == (6, str(ckpts / "step6.ckpt"))
     assert error["message"].startswith("evaluation of eval set 'w' failed") and "CUDA out of memory" in error["message"]
     assert [r["step"] for r in eval_rows(history)] == [4]
-    assert sorted(set(rounds)) == [(2, 0), (4, 1)]
+    assert sorted(set(rounds)) == [(2, 0), (4, 1), (6, 1)]
     assert f"evaluation of {ckpts / 'step2.ckpt'} failed: {error['message']}" in [r.getMessage() for r in watch_log]
     captured = capsys.readouterr()
     assert "watch stopped: no new checkpoint" in captured.out and "1 checkpoint(s) evaluated" in captured.out
-    assert f"1 of 2 rounds failed; see {tmp_path / 'run' / 'eval_history.jsonl'}" in captured.err
-    assert _watch(config, ckpts, "--idle-timeout", IDLE) == 0  # a restart does not try it again
-    assert len(event_rows(_history(tmp_path), "error")) == 1
+    assert f"2 of 3 rounds failed; see {tmp_path / 'run' / 'eval_history.jsonl'}" in captured.err
+    assert _watch(config, ckpts, "--idle-timeout", IDLE) == 0  # a restart does not try them again
+    assert len(event_rows(_history(tmp_path), "error")) == 2
 
 
 def test_a_checkpoint_of_another_model_is_reported_and_left_alone(

@@ -19,16 +19,19 @@ and a line to paste into the table for each are in the report), 2 on a usage err
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRATCH = ROOT / "build" / "mutation"
@@ -36,6 +39,7 @@ DOCS = ROOT / "docs" / "development.md"
 RUN_FILE = "run.json"  # in each module's scratch copy: the tests it ran against and how long it took
 RETEST_FILE = "retest.json"  # survivors run again against the current tests (`--retest`)
 RETEST_TIMEOUT_S = 120
+COMMAND_TESTS_TIMEOUT_S = 1800  # `SUBPROCESS_TESTS`: a few commands on a busy box; each ends a hang itself
 
 # Module -> its own fast tests (files or node ids): what runs against each of its mutants.
 # Tests that fit a Trainer (seconds each) are left out where the module's logic has tests without
@@ -153,6 +157,18 @@ IN_WORKER: dict[str, dict[str, str]] = {
     "async_evaluator": {"_worker_main": "AsyncEvaluator._spawn"},
 }
 
+# Tests that run the module only in a command they start (a pipe reader, several ranks): mutmut sees
+# no call from them, so its run never tries them. `--retest` runs them against every survivor, ddp
+# and slow ones included, with the scratch copy first on the commands' PYTHONPATH (so the command
+# runs the mutant).
+SUBPROCESS_TESTS: dict[str, list[str]] = {
+    "watch_checkpoints": [
+        "tests/test_watch_loop.py::test_a_reader_of_the_pipe_sees_each_round_while_the_watch_waits_for_the_next",
+        "tests/test_watch.py::test_watch_stops_cleanly_on_ctrl_c_and_on_idle_timeout",
+        "tests/test_two_process_commands.py::test_fit_evaluate_watch_and_plot_on_two_processes",
+    ],
+}
+
 # Added to every pytest run of mutmut: no multi-process (`ddp`) or `slow` test, a mutant must die in
 # seconds.
 # The module's own doctests run too: its path is the first test path of each run, and the
@@ -170,7 +186,9 @@ PYTEST_ARGS = ["-p", "no:cacheprovider", "-m", "not ddp and not slow", "-q"] + [
 # is not counted as killed: a forked test process can hang on a lock another thread held at the
 # fork (torch), whatever the mutant. `--retest` runs such a mutant in a fresh process, where a
 # hang (past RETEST_TIMEOUT_S) is the mutant's.
-KILLED_CODES = {1, 3, 37}
+# 2 is pytest's "interrupted": a KeyboardInterrupt escaped a test. Nothing interrupts mutmut's test
+# processes, so the mutant raised it (a signal handler's mutant that raises on the first Ctrl-C).
+KILLED_CODES = {1, 2, 3, 37}
 # One OpenMP thread in mutmut and the test processes it forks: GNU OpenMP's worker threads do not
 # survive a fork, and a forked test that then runs a parallel torch op waits on them for ever.
 _ENV = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1"}
@@ -294,6 +312,24 @@ def attach_worker_tests(name: str) -> list[str]:
     return sorted(k for k, v in codes.items() if v in NO_TESTS_CODES and function_of(k) in IN_WORKER[name])
 
 
+def _run_low(command: list[str], cwd: Path, log: TextIO) -> int:
+    """Runs `command` in a session of its own at this process's nice value; its exit status.
+
+    The kernel's autogroups give each session one share of the CPU whatever its processes' nice
+    values, so `nice` alone does not lower mutmut against a `make test` run from another terminal:
+    the new session's group gets the nice value too. Ctrl-C here ends the whole session.
+    """
+    proc = subprocess.Popen(command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=_ENV, start_new_session=True)
+    with contextlib.suppress(OSError):  # no autogroups (another kernel, or switched off)
+        Path(f"/proc/{proc.pid}/autogroup").write_text(str(os.nice(0)), encoding="ascii")
+    try:
+        return proc.wait()
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait()
+        raise
+
+
 def run_module(name: str, mutmut: Path, max_children: int) -> ModuleResult:
     """Mutate one module in a fresh scratch copy; its result is kept there (`collect` reads it)."""
     module_path, tests = MODULES[name]
@@ -310,25 +346,11 @@ def run_module(name: str, mutmut: Path, max_children: int) -> ModuleResult:
     with open(work / "mutmut.log", "w", encoding="utf-8") as log:
         # mutmut asks the tests for `areal_lightning` from its copy (mutants/) first on sys.path;
         # the editable install of the checkout is a fallback finder that comes after it.
-        proc = subprocess.run(
-            [str(mutmut), "run", "--max-children", str(max_children)],
-            cwd=work,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=_ENV,
-            check=False,
-        )
-        rerun = attach_worker_tests(name) if proc.returncode == 0 else []
+        returncode = _run_low([str(mutmut), "run", "--max-children", str(max_children)], work, log)
+        rerun = attach_worker_tests(name) if returncode == 0 else []
         if rerun:  # the worker's functions, now with their tests
-            proc = subprocess.run(
-                [str(mutmut), "run", "--max-children", str(max_children), *rerun],
-                cwd=work,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=_ENV,
-                check=False,
-            )
-    run = {"tests": tests, "seconds": time.monotonic() - start, "returncode": proc.returncode}
+            returncode = _run_low([str(mutmut), "run", "--max-children", str(max_children), *rerun], work, log)
+    run = {"tests": tests, "seconds": time.monotonic() - start, "returncode": returncode}
     (work / RUN_FILE).write_text(json.dumps(run), encoding="utf-8")
     result = collect(name)
     assert result is not None
@@ -354,14 +376,7 @@ def sample_module(name: str, mutmut: Path, size: int) -> ModuleResult | None:
     returncode = 0
     if to_run:  # named none, mutmut would run them all
         with open(work / "mutmut.log", "a", encoding="utf-8") as log:
-            returncode = subprocess.run(
-                [str(mutmut), "run", "--max-children", "1", *to_run],
-                cwd=work,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=_ENV,
-                check=False,
-            ).returncode
+            returncode = _run_low([str(mutmut), "run", "--max-children", "1", *to_run], work, log)
     run = {"tests": [module_path, *tests], "seconds": time.monotonic() - start, "returncode": returncode}
     run["sampled"] = len(chosen)
     (work / RUN_FILE).write_text(json.dumps(run), encoding="utf-8")
@@ -448,10 +463,17 @@ def retest(name: str, retest_timeout: float = RETEST_TIMEOUT_S) -> ModuleResult 
     started = (work / "pyproject.toml").stat().st_mtime
     added = [t for t in tests if t not in result.tests or (ROOT / t.split("::")[0]).stat().st_mtime > started]
     # A timeout is tested again against every mapped test: in a fresh process a hang is the mutant's.
-    todo = [m for m in result.survived if m.code in TIMEOUT_CODES or added]
+    in_commands = SUBPROCESS_TESTS.get(name, [])
+    todo = [m for m in result.survived if m.code in TIMEOUT_CODES or added or in_commands]
     if not todo:
         return result
-    command = [sys.executable, "-m", "pytest", "-x", *PYTEST_ARGS]
+    # The commands those tests start import the mutant from the scratch copy, not the checkout.
+    env = {**_ENV, "PYTHONPATH": os.pathsep.join(p for p in (str(work), os.environ.get("PYTHONPATH")) if p)}
+    runs = [
+        ([sys.executable, "-m", "pytest", "-x", *PYTEST_ARGS], retest_timeout),
+        # named node ids run whatever their marks; a hang fails inside the test, at its own limit
+        ([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"], COMMAND_TESTS_TIMEOUT_S),
+    ]
     cwd = Path.cwd()
     os.chdir(work)
     reset_config()
@@ -464,18 +486,24 @@ def retest(name: str, retest_timeout: float = RETEST_TIMEOUT_S) -> ModuleResult 
                 retested[m.name] = {"status": "stale", "by": "", "change": m.change}
                 continue
             try:
-                proc = subprocess.run(
-                    [*command, *selected],
-                    cwd=work,
-                    capture_output=True,
-                    text=True,
-                    timeout=retest_timeout,
-                    check=False,
-                )
-                # 0: every test passed; 5: none ran; anything else (failures, an import error): killed.
-                status = {0: "survived", 5: "no tests"}.get(proc.returncode, "killed")
-                failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, flags=re.MULTILINE)
-                retested[m.name] = {"status": status, "by": failed[0] if failed else "", "change": m.change}
+                for (command, timeout), nodes in zip(runs, (selected, in_commands), strict=True):
+                    if not nodes:
+                        continue
+                    proc = subprocess.run(
+                        [*command, *nodes],
+                        cwd=work,
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                        timeout=timeout,
+                        check=False,
+                    )
+                    # 0: every test passed; 5: none ran; anything else (failures, an import error): killed.
+                    status = {0: "survived", 5: "no tests"}.get(proc.returncode, "killed")
+                    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, flags=re.MULTILINE)
+                    retested[m.name] = {"status": status, "by": failed[0] if failed else "", "change": m.change}
+                    if status == "killed":
+                        break
             except subprocess.TimeoutExpired:
                 retested[m.name] = {"status": "killed", "by": "(timeout)", "change": m.change}  # a hang is noticed
             finally:

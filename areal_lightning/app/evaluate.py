@@ -26,7 +26,7 @@ from areal_lightning.app.console import fail, quiet_lightning, report_rounds
 if TYPE_CHECKING:  # heavy imports stay out of `areal-lightning --help` and `plot`
     from lightning.fabric import Fabric
 
-    from areal_lightning.eval_round import SetResult
+    from areal_lightning.eval_round import EvalSet, SetResult
     from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.tracking.history import EvalHistory
 
@@ -193,21 +193,30 @@ def _build_fabric(cfg: Config) -> Fabric:
     )
 
 
-def _evaluate_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule, step: int, epoch: int) -> list[SetResult]:
-    """Every rank: check the eval sets agree, run the round on the unwrapped module."""
+def prepare_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule) -> tuple[GRPOModule, list[EvalSet]]:
+    """Every rank: the module in the run's precision on the rank's device (unwrapped: the round runs no
+    collective inside a forward, so ranks dealt different numbers of batches never wait on each other
+    mid-round), and the config's eval sets, checked to agree across ranks."""
     from areal_lightning.app.builders import build_eval_sets
-    from areal_lightning.eval_round import check_eval_sets_consistent, run_round
-    from areal_lightning.eval_round.progress import terminal_progress
+    from areal_lightning.eval_round import check_eval_sets_consistent
     from areal_lightning.rl.grpo import GRPOModule
-    from areal_lightning.rl.rollout_eval import rollout_evaluate
 
-    # No DDP wrapper: the round runs no collective inside a forward, so ranks dealt different
-    # numbers of batches never wait on each other mid-round.
     converted = fabric.strategy.precision.convert_module(module)
     assert isinstance(converted, GRPOModule)  # precision plugins convert in place, they do not wrap
-    module = converted.to(fabric.device)
-    eval_sets = build_eval_sets(cfg, module.task)
+    eval_sets = build_eval_sets(cfg)  # arithmetic sets from the config's task: the module's own
     check_eval_sets_consistent(eval_sets)  # every rank raises together on a mismatch
+    moved = fabric.to_device(converted)  # modules move in place; Fabric returns the module
+    assert isinstance(moved, GRPOModule)
+    return moved, eval_sets
+
+
+def _evaluate_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule, step: int, epoch: int) -> list[SetResult]:
+    """Every rank: check the eval sets agree, run the round on the unwrapped module."""
+    from areal_lightning.eval_round import run_round
+    from areal_lightning.eval_round.progress import terminal_progress
+    from areal_lightning.rl.rollout_eval import rollout_evaluate
+
+    module, eval_sets = prepare_on_rank(fabric, cfg, module)
     show_progress = cfg.trainer.enable_progress_bar and fabric.global_rank == 0 and sys.stderr.isatty()
     with fabric.autocast():
         results = run_round(

@@ -314,19 +314,13 @@ def _load_on_every_rank(
 
 
 def _watch_on_rank(fabric: Fabric, watch: _Watch) -> int:
-    from areal_lightning.app.builders import build_eval_sets
-    from areal_lightning.eval_round import check_eval_sets_consistent
+    from areal_lightning.app.console import report_rounds
+    from areal_lightning.app.evaluate import prepare_on_rank
     from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.tracking.history import EvalHistory
     from areal_lightning.tracking.wandb_logger import finish_wandb
 
-    module = GRPOModule.from_config(watch.cfg)
-    converted = fabric.strategy.precision.convert_module(module)
-    assert isinstance(converted, GRPOModule)  # precision plugins convert in place, they do not wrap
-    module = converted.to(fabric.device)
-    eval_sets = build_eval_sets(watch.cfg, module.task)
-    check_eval_sets_consistent(eval_sets)
-    from areal_lightning.app.console import report_rounds
+    module, eval_sets = prepare_on_rank(fabric, watch.cfg, GRPOModule.from_config(watch.cfg))
 
     loggers: list[Logger] | None = None  # built at the first round, under the checkpoint's run id
     history = EvalHistory(watch.history_file)
