@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from torch import Tensor
 
 from areal_lightning.metrics.paired import (
     Change,
@@ -135,3 +136,40 @@ def test_the_metric_pairs_across_updates() -> None:
 
 def test_the_t_distribution_at_the_infinities() -> None:
     assert t_cdf(math.inf, 5) == 1.0 and t_cdf(-math.inf, 5) == 0.0
+
+
+def test_a_compute_after_merging_or_loading_sums_counts_them() -> None:
+    """torchmetrics' result cache does not notice `merge_state` or `load_state_dict`: a cached
+    change would still be the one read before them."""
+    other = PairedChange()
+    other.update(torch.tensor([1.0, 1.0, 1.0]), torch.zeros(3))
+    merged = PairedChange()
+    merged.update(torch.tensor([1.0, 0.0]), torch.zeros(2))
+    assert merged.compute().n == 2
+    merged.merge_state(other)
+    assert merged.compute() == paired_change(5, 4.0, 4.0)
+    loaded = PairedChange()
+    loaded.update(torch.zeros(1), torch.ones(1))
+    assert loaded.compute().delta == -1.0
+    loaded.load_state_dict({"sums": other.sums.clone()})
+    assert loaded.compute() == paired_change(3, 3.0, 3.0)
+
+
+def test_every_compute_gathers_the_ranks_sums_again() -> None:
+    """Each compute() is a collective under DDP: a rank that answered its second compute() from a
+    cache would skip the gather the other ranks run (they would wait for ever) and miss the pairs
+    another rank added since. torchmetrics' own injection points stand in for a second rank."""
+    other_rank = PairedChange()
+    other_rank.update(torch.tensor([1.0]), torch.zeros(1))
+    gathered: list[Tensor] = []
+
+    def gather(state: Tensor, group: object = None) -> list[Tensor]:
+        gathered.append(state)
+        return [state, other_rank.sums.clone()]
+
+    metric = PairedChange(dist_sync_fn=gather, distributed_available_fn=lambda: True)
+    metric.update(torch.tensor([0.5, 0.5]), torch.zeros(2))
+    assert metric.compute() == paired_change(3, 2.0, 1.5)
+    other_rank.update(torch.tensor([0.0]), torch.ones(1))  # the other rank pairs one more prompt
+    assert metric.compute() == paired_change(4, 1.0, 2.5)
+    assert len(gathered) == 2

@@ -70,16 +70,17 @@ def _betacf(a: float, b: float, x: float) -> float:
     return h
 
 
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta ``I_x(a, b)``."""
+def _betainc(a: float, b: float, x: float, y: float) -> float:
+    """Regularised incomplete beta ``I_x(a, b)``, given ``y = 1 - x`` as well: computed by the
+    caller, it keeps the digits that ``1.0 - x`` would round away when x is close to 1."""
     if x <= 0.0:
         return 0.0
-    if x >= 1.0:
+    if y <= 0.0:
         return 1.0
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1.0) / (a + b + 2.0):
+    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log(y)
+    if x <= (a + 1.0) / (a + b + 2.0):  # on the switch point the direct form is the more accurate
         return math.exp(log_front) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+    return 1.0 - math.exp(log_front) * _betacf(b, a, y) / b
 
 
 def t_cdf(t: float, df: float) -> float:
@@ -97,7 +98,8 @@ def _t_tail(t: float, df: float) -> float:
     """``P(T > |t|)``, computed directly (not as ``1 - cdf``, which loses a far tail)."""
     if df >= _LARGE_DF:
         return _t_tail_large_df(t, df)
-    return 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    # x = df / (df + t^2) and 1 - x, each from t directly: near t = 0, ``1.0 - x`` would be 0.
+    return 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t), t * t / (df + t * t))
 
 
 def _t_tail_large_df(t: float, df: float) -> float:
@@ -125,6 +127,8 @@ def t_quantile(p: float, df: float) -> float:
     """
     if not 0.0 < p < 1.0 or not df > 0:
         raise ValueError(f"`t_quantile(p=..., df=...)` needs 0 < p < 1 and df > 0, got p={p!r}, df={df!r}")
+    if p == 0.5:
+        return 0.0  # the median; the bisection below would only close in on it (to 2**-200)
     # Bisection on the tail beyond the quantile: ``1 - p`` is exact for p >= 1/2, and a tail far
     # below 1 keeps its relative precision, where ``t_cdf`` near 1 would round it away.
     tail = 1.0 - p if p >= 0.5 else p
@@ -203,7 +207,10 @@ class PairedChange(Float64StateMetric):
     sums: Tensor
 
     def __init__(self, confidence: float = DEFAULT_CONFIDENCE, **kwargs: Any) -> None:
-        kwargs.setdefault("compute_with_cache", False)  # every compute() syncs on every rank
+        # No cached result: every compute() syncs on every rank (a rank that read a cached value
+        # would skip the gather the others run), and a compute() after `merge_state` or
+        # `load_state_dict`, which torchmetrics' cache does not notice, sees the new sums.
+        kwargs.setdefault("compute_with_cache", False)
         super().__init__(**kwargs)
         self.confidence = _check_confidence(confidence, "PairedChange")
         # Row 0: the exact sum of the differences (and their number), row 1: of their squares.
@@ -322,14 +329,19 @@ class PairedRounds:
         self._best.pop(dataset, None)
         self.last_changes.pop(dataset, None)
 
-    def _reduce(self, current: Mapping[int, float], reference: Mapping[int, float], device: torch.device) -> Change:
+    def _paired(
+        self, current: Mapping[int, float], reference: Mapping[int, float], device: torch.device | None
+    ) -> PairedChange:
+        """The differences of the prompts both rounds hold, in a metric on `device` (where its
+        reduction runs: the process group's device, which NCCL needs to be the GPU); not reduced yet."""
         common = sorted(current.keys() & reference.keys())
         metric = PairedChange(self.confidence).to(device)
+        # Made on the CPU: the metric's update moves them to its device.
         metric.update(
-            torch.tensor([current[i] for i in common], dtype=torch.float64, device=device),
-            torch.tensor([reference[i] for i in common], dtype=torch.float64, device=device),
+            torch.tensor([current[i] for i in common], dtype=torch.float64),
+            torch.tensor([reference[i] for i in common], dtype=torch.float64),
         )
-        return metric.compute()
+        return metric
 
     def update(
         self,
@@ -346,19 +358,18 @@ class PairedRounds:
             outcomes: this rank's per-prompt outcomes, ``{metric: {sample index: value}}``.
             names: every metric with outcomes on any rank, sorted the same on every rank.
             values: the round's reduced metric values (the same on every rank), to find the best round.
-            device: where the reduction runs (the process group's device).
+            device: where the reductions run (the process group's device); torch's default (the CPU) when None.
         """
-        device = device or torch.device("cpu")
         previous, best = self._previous.setdefault(dataset, {}), self._best.setdefault(dataset, {})
         out: dict[str, float] = {}
         changes: dict[str, Change] = {}
         for name in names:
             current = dict(outcomes.get(name, {}))
             if name in previous:  # the same on every rank: every rank saw the same rounds
-                changes[name] = self._reduce(current, previous[name], device)
+                changes[name] = self._paired(current, previous[name], device).compute()
                 out.update(change_metrics(name, DELTA, changes[name]))
             if name in best:
-                out.update(change_metrics(name, DELTA_BEST, self._reduce(current, best[name][1], device)))
+                out.update(change_metrics(name, DELTA_BEST, self._paired(current, best[name][1], device).compute()))
             previous[name] = current
             value = float(values.get(name, math.nan))
             if name not in best or value > best[name][0] or math.isnan(best[name][0]):
