@@ -13,6 +13,7 @@ import contextlib
 import os
 import pickle
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -26,20 +27,42 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 DEFAULT_TIMEOUT_S: float = 120.0
-"""Whole run, spawn and imports included (each process pays a few seconds of imports)."""
+"""Whole run, process start and imports included."""
+
+# Ranks are forked from multiprocessing's fork server, which imports these once per test process:
+# a spawned rank paid about 5 s of CPU importing torch and Lightning, and the suite starts about a
+# hundred ranks. The server has run no torch op (no thread pool to break at the fork); each rank
+# gets the test's environment and its rank before `fn`'s module is imported (`_worker`).
+_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "lightning",
+    "torchmetrics",
+    "areal_lightning.callbacks",
+    "areal_lightning.eval_round",
+]
+_START_METHOD = "forkserver"
 
 _KILL_GRACE_S: float = 5.0
 _POLL_S: float = 0.2
 
 
-def _worker(rank: int, world_size: int, payload: bytes, store_path: str, out_dir: str, timeout_s: float) -> None:
+def _worker(
+    rank: int, world_size: int, payload: bytes, store_path: str, out_dir: str, timeout_s: float, env: dict[str, str]
+) -> None:
     # Lead a process group of its own, so that a timeout ends whatever this rank started too.
     os.setpgid(0, 0)
-    # Set the launcher's environment before unpickling `fn`, which imports its module: torchmetrics
-    # and Lightning read LOCAL_RANK at import time to decide which rank prints rank-zero warnings.
+    # The test's environment (the fork server has its own, from when it started) and the launcher's,
+    # before unpickling `fn` imports its module.
+    os.environ.clear()
     os.environ.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size)
+        env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size)
     )
+    # Rank-zero-only printing (Lightning's, torchmetrics') read LOCAL_RANK when imported: in the server.
+    for module in list(sys.modules.values()):
+        only = getattr(module, "__dict__", {}).get("rank_zero_only")
+        if callable(only) and hasattr(only, "rank"):
+            only.rank = rank
     torch.set_num_threads(1)  # two ranks on a small CPU box: avoid oversubscription
     fn, args = pickle.loads(payload)
     # The collective timeout turns a rank stuck in a collective into an error on that rank.
@@ -127,12 +150,13 @@ def run_ddp(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout_s: 
         raise AssertionError(f"run_ddp({name}): fn and args must be picklable (module-level fn): {err}") from err
     with tempfile.TemporaryDirectory(prefix="run_ddp_") as tmp:
         store_path = str(Path(tmp) / "store")  # FileStore rendezvous: no TCP port to race for
+        mp.set_forkserver_preload(_PRELOAD)  # read when the server starts: the first run of a test process
         context = mp.start_processes(
             _worker,
-            args=(world_size, payload, store_path, tmp, timeout_s),
+            args=(world_size, payload, store_path, tmp, timeout_s, dict(os.environ)),
             nprocs=world_size,
             join=False,
-            start_method="spawn",
+            start_method=_START_METHOD,
         )
         deadline = time.monotonic() + timeout_s
         try:
