@@ -38,6 +38,7 @@ SCRATCH = ROOT / "build" / "mutation"
 DOCS = ROOT / "docs" / "development.md"
 RUN_FILE = "run.json"  # in each module's scratch copy: the tests it ran against and how long it took
 RETEST_FILE = "retest.json"  # survivors run again against the current tests (`--retest`)
+VERIFY_FILE = "verify.json"  # kills run again in a fresh process (`--verify`)
 RETEST_TIMEOUT_S = 120
 COMMAND_TESTS_TIMEOUT_S = 1800  # `SUBPROCESS_TESTS`: a few commands on a busy box; each ends a hang itself
 
@@ -219,9 +220,12 @@ class ModuleResult:
     error: str = ""
     population: int = 0  # with a sampled run: how many mutants the module has
 
+    verified: int = 0  # kills of mutmut's run checked again in a fresh process (`--verify`)
+    unconfirmed: int = 0  # of those, the ones no test failed on there: counted as survivors
+
     @property
     def killed(self) -> int:
-        return sum(1 for m in self.mutants if m.code in KILLED_CODES) + len(self.killed_on_retest)
+        return sum(1 for m in self.mutants if m.code in KILLED_CODES) - self.unconfirmed + len(self.killed_on_retest)
 
     @property
     def score(self) -> float:
@@ -420,7 +424,12 @@ def collect(name: str) -> ModuleResult | None:
         result.error = f"running or stopped: {checked} of {len(codes)} mutants checked"
         return result
     result.mutants = [Mutant(key, function_of(key), code) for key, code in sorted(codes.items())]
-    not_killed = [m for m in result.mutants if m.code not in KILLED_CODES]
+    verified = json.loads((work / VERIFY_FILE).read_text(encoding="utf-8")) if (work / VERIFY_FILE).is_file() else {}
+    result.verified = len(verified)
+    # A kill that a fresh process does not reproduce was the test process's, not the mutant's.
+    unconfirmed = {k for k, v in verified.items() if v["status"] != "killed"}
+    result.unconfirmed = len(unconfirmed)
+    not_killed = [m for m in result.mutants if m.code not in KILLED_CODES or m.name in unconfirmed]
     if not_killed:
         _describe(work, module_path, not_killed)
     equivalents = read_equivalents()
@@ -469,11 +478,6 @@ def retest(name: str, retest_timeout: float = RETEST_TIMEOUT_S) -> ModuleResult 
         return result
     # The commands those tests start import the mutant from the scratch copy, not the checkout.
     env = {**_ENV, "PYTHONPATH": os.pathsep.join(p for p in (str(work), os.environ.get("PYTHONPATH")) if p)}
-    runs = [
-        ([sys.executable, "-m", "pytest", "-x", *PYTEST_ARGS], retest_timeout),
-        # named node ids run whatever their marks; a hang fails inside the test, at its own limit
-        ([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"], COMMAND_TESTS_TIMEOUT_S),
-    ]
     cwd = Path.cwd()
     os.chdir(work)
     reset_config()
@@ -486,26 +490,7 @@ def retest(name: str, retest_timeout: float = RETEST_TIMEOUT_S) -> ModuleResult 
                 retested[m.name] = {"status": "stale", "by": "", "change": m.change}
                 continue
             try:
-                for (command, timeout), nodes in zip(runs, (selected, in_commands), strict=True):
-                    if not nodes:
-                        continue
-                    proc = subprocess.run(
-                        [*command, *nodes],
-                        cwd=work,
-                        env=env,
-                        capture_output=True,
-                        text=True,
-                        timeout=timeout,
-                        check=False,
-                    )
-                    # 0: every test passed; 5: none ran; anything else (failures, an import error): killed.
-                    status = {0: "survived", 5: "no tests"}.get(proc.returncode, "killed")
-                    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, flags=re.MULTILINE)
-                    retested[m.name] = {"status": status, "by": failed[0] if failed else "", "change": m.change}
-                    if status == "killed":
-                        break
-            except subprocess.TimeoutExpired:
-                retested[m.name] = {"status": "killed", "by": "(timeout)", "change": m.change}  # a hang is noticed
+                retested[m.name] = {**_fresh_run(work, selected, in_commands, env, retest_timeout), "change": m.change}
             finally:
                 source.write_text(original, encoding="utf-8")
             # After each mutant: a stopped retest keeps what it found.
@@ -516,6 +501,74 @@ def retest(name: str, retest_timeout: float = RETEST_TIMEOUT_S) -> ModuleResult 
         reset_config()
     (work / RETEST_FILE).write_text(json.dumps(retested, indent=1), encoding="utf-8")
     return collect(name)
+
+
+def verify(name: str, size: int, retest_timeout: float = RETEST_TIMEOUT_S) -> ModuleResult | None:
+    """Check `size` of the kills of the module's last run again (a seeded draw), each in a fresh
+    pytest process with the mutant written into the scratch copy's source, against every mapped test
+    and `SUBPROCESS_TESTS`. mutmut's forked test process fails now and then whatever the mutant; a
+    kill that does not reproduce here is counted as a survivor."""
+    from mutmut.configuration import reset_config
+    from mutmut.mutation.diff_apply import apply_mutant
+
+    result = collect(name)
+    if result is None or result.error:
+        return result
+    module_path, tests = MODULES[name]
+    work = SCRATCH / name
+    verified = json.loads((work / VERIFY_FILE).read_text(encoding="utf-8")) if (work / VERIFY_FILE).is_file() else {}
+    kills = sorted(m.name for m in result.mutants if m.code in KILLED_CODES and m.name not in verified)
+    todo = random.Random(0).sample(kills, min(size, len(kills)))
+    source = work / module_path
+    original = source.read_text(encoding="utf-8")
+    env = {**_ENV, "PYTHONPATH": os.pathsep.join(p for p in (str(work), os.environ.get("PYTHONPATH")) if p)}
+    cwd = Path.cwd()
+    os.chdir(work)
+    reset_config()
+    try:
+        for key in todo:
+            apply_mutant(key)
+            try:
+                verified[key] = _fresh_run(
+                    work, [module_path, *tests], SUBPROCESS_TESTS.get(name, []), env, retest_timeout
+                )
+            finally:
+                source.write_text(original, encoding="utf-8")
+            (work / VERIFY_FILE).write_text(json.dumps(verified, indent=1), encoding="utf-8")
+    finally:
+        source.write_text(original, encoding="utf-8")
+        os.chdir(cwd)
+        reset_config()
+    return collect(name)
+
+
+def _fresh_run(
+    work: Path, nodes: list[str], in_commands: list[str], env: dict[str, str], timeout: float
+) -> dict[str, str]:
+    """The mutant now in `work`'s source against `nodes` (the mutation's pytest arguments), then
+    `in_commands` (whatever their marks), in fresh pytest processes: {"status", "by"}."""
+    runs = [
+        ([sys.executable, "-m", "pytest", "-x", *PYTEST_ARGS], nodes, timeout),
+        # named node ids run whatever their marks; a hang fails inside the test, at its own limit
+        ([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider"], in_commands, COMMAND_TESTS_TIMEOUT_S),
+    ]
+    outcome = {"status": "no tests", "by": ""}
+    for command, selected, limit in runs:
+        if not selected:
+            continue
+        try:
+            proc = subprocess.run(
+                [*command, *selected], cwd=work, env=env, capture_output=True, text=True, timeout=limit, check=False
+            )
+        except subprocess.TimeoutExpired:
+            return {"status": "killed", "by": "(timeout)"}  # a hang is noticed
+        # 0: every test passed; 5: none ran; anything else (failures, an import error): killed.
+        status = {0: "survived", 5: "no tests"}.get(proc.returncode, "killed")
+        failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", proc.stdout, flags=re.MULTILINE)
+        outcome = {"status": status, "by": failed[0] if failed else ""}
+        if status == "killed":
+            break
+    return outcome
 
 
 def _describe(work: Path, module_path: str, mutants: list[Mutant]) -> None:
@@ -550,6 +603,10 @@ def report(results: list[ModuleResult], seconds: float) -> str:
             f"| `{r.path}` | {len(r.mutants)}{sample} | {r.killed}{retest} | {len(r.survived)} "
             f"| {len(r.equivalent)} | {r.score:.0%} | {r.seconds:.0f} s |"
         )
+    checked = [r for r in results if r.verified]
+    if checked:
+        lines += ["", "Kills checked again in a fresh process (`--verify`):", ""]
+        lines += [f"- `{r.path}`: {r.verified - r.unconfirmed} of {r.verified} reproduced" for r in checked]
     lines += ["", "## Tests of each module's run", ""]
     for r in results:
         tests = ", ".join("doctests" if t == r.path else f"`{t.removeprefix('tests/')}`" for t in r.tests)
@@ -603,6 +660,12 @@ def main(argv: list[str] | None = None) -> int:
         help="instead of a new run, test only the survivors of each module's last run against its current tests",
     )
     parser.add_argument(
+        "--verify",
+        type=int,
+        metavar="N",
+        help="instead of a new run, check N more kills of each module's last run in fresh processes",
+    )
+    parser.add_argument(
         "--retest-timeout",
         type=float,
         default=RETEST_TIMEOUT_S,
@@ -627,6 +690,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'retesting the survivors of' if args.retest else 'mutating'} {MODULES[name][0]} ...", flush=True)
         if args.sample:
             r = sample_module(name, mutmut, args.sample)
+        elif args.verify:
+            r = verify(name, args.verify, args.retest_timeout)
         else:
             r = retest(name, args.retest_timeout) if args.retest else run_module(name, mutmut, args.max_children)
         if r is None:
