@@ -41,7 +41,8 @@ _PRELOAD = [
     "areal_lightning.callbacks",
     "areal_lightning.eval_round",
 ]
-_START_METHOD = "forkserver"
+# RUN_DDP_START_METHOD=spawn starts each rank from scratch (benchmarks/make_test_ab.sh compares the two).
+_START_METHOD = os.environ.get("RUN_DDP_START_METHOD", "forkserver")
 
 _KILL_GRACE_S: float = 5.0
 _POLL_S: float = 0.2
