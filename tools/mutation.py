@@ -687,7 +687,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     for name in [] if args.report_only else args.modules or list(MODULES):
-        print(f"{'retesting the survivors of' if args.retest else 'mutating'} {MODULES[name][0]} ...", flush=True)
+        doing = "retesting the survivors of" if args.retest else "verifying kills of" if args.verify else "mutating"
+        print(f"{doing} {MODULES[name][0]} ...", flush=True)
         if args.sample:
             r = sample_module(name, mutmut, args.sample)
         elif args.verify:
