@@ -503,7 +503,9 @@ def retest(name: str, retest_timeout: float = RETEST_TIMEOUT_S) -> ModuleResult 
     return collect(name)
 
 
-def verify(name: str, size: int, retest_timeout: float = RETEST_TIMEOUT_S) -> ModuleResult | None:
+def verify(
+    name: str, size: int, retest_timeout: float = RETEST_TIMEOUT_S, chosen: list[str] | None = None
+) -> ModuleResult | None:
     """Check `size` of the kills of the module's last run again (a seeded draw), each in a fresh
     pytest process with the mutant written into the scratch copy's source, against every mapped test
     and `SUBPROCESS_TESTS`. mutmut's forked test process fails now and then whatever the mutant; a
@@ -518,7 +520,7 @@ def verify(name: str, size: int, retest_timeout: float = RETEST_TIMEOUT_S) -> Mo
     work = SCRATCH / name
     verified = json.loads((work / VERIFY_FILE).read_text(encoding="utf-8")) if (work / VERIFY_FILE).is_file() else {}
     kills = sorted(m.name for m in result.mutants if m.code in KILLED_CODES and m.name not in verified)
-    todo = random.Random(0).sample(kills, min(size, len(kills)))
+    todo = [k for k in kills if k in chosen] if chosen else random.Random(0).sample(kills, min(size, len(kills)))
     source = work / module_path
     original = source.read_text(encoding="utf-8")
     env = {**_ENV, "PYTHONPATH": os.pathsep.join(p for p in (str(work), os.environ.get("PYTHONPATH")) if p)}
@@ -666,6 +668,12 @@ def main(argv: list[str] | None = None) -> int:
         help="instead of a new run, check N more kills of each module's last run in fresh processes",
     )
     parser.add_argument(
+        "--mutant",
+        action="append",
+        metavar="NAME",
+        help="with --verify: these kills (mutmut's names, as the report prints them) instead of a draw",
+    )
+    parser.add_argument(
         "--retest-timeout",
         type=float,
         default=RETEST_TIMEOUT_S,
@@ -673,6 +681,9 @@ def main(argv: list[str] | None = None) -> int:
         help=f"with --retest: a run of the tests past SECS is a hang, the mutant's (default {RETEST_TIMEOUT_S})",
     )
     args = parser.parse_args(argv)
+    # SIGTERM as an exception: a stopped --retest or --verify puts the scratch copy's source back
+    # (its `finally`) instead of leaving a mutant in it for the next one to take as the original.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
@@ -692,7 +703,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.sample:
             r = sample_module(name, mutmut, args.sample)
         elif args.verify:
-            r = verify(name, args.verify, args.retest_timeout)
+            r = verify(name, args.verify, args.retest_timeout, args.mutant)
         else:
             r = retest(name, args.retest_timeout) if args.retest else run_module(name, mutmut, args.max_children)
         if r is None:
