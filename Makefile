@@ -52,8 +52,9 @@ lint: $(STAMP)
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-# The vLLM tests (their own environment, a minute and a half) run beside the main suite, which
-# leaves a core idle at times (processes starting, ranks meeting); their output follows the suite's.
+# The vLLM tests (their own environment, a minute and a half alone) run beside the main suite, into
+# build/test-vllm.log, printed after the suite's summary; either failing fails `make test`.
+# (benchmarks/make_test_ab.sh: this and run_ddp's fork server took make test from 636 s to 513 s.)
 test: lint $(VLLM_STAMP)
 	@mkdir -p build
 	@$(VLLM_PYTEST) --basetemp=build/test-vllm-tmp > build/test-vllm.log 2>&1 & vllm=$$!; \
