@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -453,9 +454,6 @@ def retest(name: str, retest_timeout: float = RETEST_TIMEOUT_S) -> ModuleResult 
     only against the tests added to the module's map since the run. A survivor whose function
     changed since the run is reported as stale (run the module again).
     """
-    from mutmut.configuration import reset_config
-    from mutmut.mutation.diff_apply import apply_mutant
-
     result = collect(name)
     if result is None or result.error:
         return result
@@ -464,8 +462,6 @@ def retest(name: str, retest_timeout: float = RETEST_TIMEOUT_S) -> ModuleResult 
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for part in ("areal_lightning", "tests"):
         shutil.copytree(ROOT / part, work / part, ignore=ignore, dirs_exist_ok=True)
-    source = work / module_path
-    original = source.read_text(encoding="utf-8")
     retested = json.loads((work / RETEST_FILE).read_text(encoding="utf-8")) if (work / RETEST_FILE).is_file() else {}
     # The code is the run's, so only tests added since can kill a survivor: those added to the map,
     # and those in test files changed since the run started.
@@ -476,30 +472,15 @@ def retest(name: str, retest_timeout: float = RETEST_TIMEOUT_S) -> ModuleResult 
     todo = [m for m in result.survived if m.code in TIMEOUT_CODES or added or in_commands]
     if not todo:
         return result
-    # The commands those tests start import the mutant from the scratch copy, not the checkout.
-    env = {**_ENV, "PYTHONPATH": os.pathsep.join(p for p in (str(work), os.environ.get("PYTHONPATH")) if p)}
-    cwd = Path.cwd()
-    os.chdir(work)
-    reset_config()
-    try:
-        for m in todo:
-            selected = [module_path, *tests] if m.code in TIMEOUT_CODES else added
-            try:
-                apply_mutant(m.name)
-            except Exception:  # noqa: BLE001 - the function changed since the run
-                retested[m.name] = {"status": "stale", "by": "", "change": m.change}
-                continue
-            try:
+    for m in todo:
+        selected = [module_path, *tests] if m.code in TIMEOUT_CODES else added
+        try:
+            with _mutant_in_scratch(work, module_path, m.name) as env:
                 retested[m.name] = {**_fresh_run(work, selected, in_commands, env, retest_timeout), "change": m.change}
-            finally:
-                source.write_text(original, encoding="utf-8")
-            # After each mutant: a stopped retest keeps what it found.
-            (work / RETEST_FILE).write_text(json.dumps(retested, indent=1), encoding="utf-8")
-    finally:
-        source.write_text(original, encoding="utf-8")
-        os.chdir(cwd)
-        reset_config()
-    (work / RETEST_FILE).write_text(json.dumps(retested, indent=1), encoding="utf-8")
+        except _StaleMutant:
+            retested[m.name] = {"status": "stale", "by": "", "change": m.change}
+        # After each mutant: a stopped retest keeps what it found.
+        (work / RETEST_FILE).write_text(json.dumps(retested, indent=1), encoding="utf-8")
     return collect(name)
 
 
@@ -510,9 +491,6 @@ def verify(
     pytest process with the mutant written into the scratch copy's source, against every mapped test
     and `SUBPROCESS_TESTS`. mutmut's forked test process fails now and then whatever the mutant; a
     kill that does not reproduce here is counted as a survivor."""
-    from mutmut.configuration import reset_config
-    from mutmut.mutation.diff_apply import apply_mutant
-
     result = collect(name)
     if result is None or result.error:
         return result
@@ -521,27 +499,40 @@ def verify(
     verified = json.loads((work / VERIFY_FILE).read_text(encoding="utf-8")) if (work / VERIFY_FILE).is_file() else {}
     kills = sorted(m.name for m in result.mutants if m.code in KILLED_CODES and m.name not in verified)
     todo = [k for k in kills if k in chosen] if chosen else random.Random(0).sample(kills, min(size, len(kills)))
+    for key in todo:
+        with _mutant_in_scratch(work, module_path, key) as env:
+            verified[key] = _fresh_run(work, [module_path, *tests], SUBPROCESS_TESTS.get(name, []), env, retest_timeout)
+        (work / VERIFY_FILE).write_text(json.dumps(verified, indent=1), encoding="utf-8")
+    return collect(name)
+
+
+class _StaleMutant(Exception):
+    """The mutant's function changed since the run: mutmut cannot write it into the source."""
+
+
+@contextlib.contextmanager
+def _mutant_in_scratch(work: Path, module_path: str, key: str) -> Iterator[dict[str, str]]:
+    """Mutant `key` written into the scratch copy's source (mutmut's `apply_mutant`, run from the
+    copy) and put back afterwards, whatever happens; yields the environment of a fresh test run,
+    whose commands import the mutant from the copy, not the checkout."""
+    from mutmut.configuration import reset_config
+    from mutmut.mutation.diff_apply import apply_mutant
+
     source = work / module_path
     original = source.read_text(encoding="utf-8")
-    env = {**_ENV, "PYTHONPATH": os.pathsep.join(p for p in (str(work), os.environ.get("PYTHONPATH")) if p)}
     cwd = Path.cwd()
     os.chdir(work)
     reset_config()
     try:
-        for key in todo:
+        try:
             apply_mutant(key)
-            try:
-                verified[key] = _fresh_run(
-                    work, [module_path, *tests], SUBPROCESS_TESTS.get(name, []), env, retest_timeout
-                )
-            finally:
-                source.write_text(original, encoding="utf-8")
-            (work / VERIFY_FILE).write_text(json.dumps(verified, indent=1), encoding="utf-8")
+        except Exception as err:  # mutmut raises several kinds when a function changed
+            raise _StaleMutant(key) from err
+        yield {**_ENV, "PYTHONPATH": os.pathsep.join(p for p in (str(work), os.environ.get("PYTHONPATH")) if p)}
     finally:
         source.write_text(original, encoding="utf-8")
         os.chdir(cwd)
         reset_config()
-    return collect(name)
 
 
 def _fresh_run(
