@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from procs import kill_group, run_in_group
 
@@ -111,6 +112,7 @@ def test_fit_evaluate_watch_and_plot_on_two_processes(tmp_path: Path) -> None:
     # the watcher: every checkpoint once, a file that is no checkpoint reported once (rank 0 alone
     # decides), then SIGTERM ends both processes cleanly.
     steps_on_disk = {2, 4}
+    later_step = STEPS + 2  # a checkpoint written once the broken file is reported
     broken = run / "checkpoints" / "broken.ckpt"
     broken.write_bytes(b"not a checkpoint")
     log = tmp_path / "watch.log"
@@ -121,13 +123,27 @@ def test_fit_evaluate_watch_and_plot_on_two_processes(tmp_path: Path) -> None:
             cwd=tmp_path, env=_env(tmp_path), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     try:
-        deadline = time.monotonic() + COMMAND_TIMEOUT_S
-        while {r["step"] for r in eval_rows(read_history(run)) if "watch" in r["trigger"]} != steps_on_disk or not [
-            e for e in event_rows(read_history(run)) if e.get("checkpoint") == str(broken)
-        ]:
-            assert watcher.poll() is None, f"the watcher ended early:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"the watcher hung on 2 processes:\n{log.read_text()[-3000:]}"
-            time.sleep(POLL_S)
+
+        def wait_for(steps: set[int]) -> None:
+            """Until the watch has evaluated `steps` and reported the broken file."""
+            deadline = time.monotonic() + COMMAND_TIMEOUT_S
+            while {r["step"] for r in eval_rows(read_history(run)) if "watch" in r["trigger"]} != steps or not [
+                e for e in event_rows(read_history(run)) if e.get("checkpoint") == str(broken)
+            ]:
+                assert watcher.poll() is None, f"the watcher ended early:\n{log.read_text()[-3000:]}"
+                assert time.monotonic() < deadline, f"the watcher hung on 2 processes:\n{log.read_text()[-3000:]}"
+                time.sleep(POLL_S)
+
+        wait_for(steps_on_disk)
+        # One more checkpoint, evaluated before the stop: the watch has looked at the directory again
+        # after the broken file's record, so a second rank that also decided (and counted the
+        # broken file's failed loads) would have recorded it a second time by now.
+        later = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
+        later["global_step"] = later_step
+        torch.save(later, run / "later.tmp")
+        os.replace(run / "later.tmp", run / "checkpoints" / f"step{later_step}.ckpt")
+        steps_on_disk.add(later_step)
+        wait_for(steps_on_disk)
         os.kill(watcher.pid, signal.SIGTERM)  # to the process the user started (rank 0)
         try:
             watcher.wait(COMMAND_TIMEOUT_S)
