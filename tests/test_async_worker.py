@@ -260,6 +260,26 @@ def test_a_worker_on_another_device_evaluates_its_own_copy_loaded_with_each_roun
         evaluator.close(cancel=True)
 
 
+def on_meta(module: Any, batches: Sequence[EvalBatch], ctx: EvalContext) -> dict[str, Any]:
+    """1.0 when the module evaluates on the meta device, else 0.0 (meta tensors hold no values to read)."""
+    return {"on_meta": float(module.w.is_meta)}
+
+
+@pytest.mark.process
+def test_a_worker_on_another_device_evaluates_on_that_device() -> None:
+    """The device a worker is given is where its copy evaluates. `meta` stands in for a GPU here:
+    a module moved there says so, and a CPU device string would not tell a copy left on the CPU.
+    A user cannot pass `meta` (the options' check refuses it): the test sets it after that check."""
+    evaluator, module = AsyncEvaluator(device="cpu:0", threads=1), Weights()
+    evaluator.device = "meta"
+    evaluator.start(module, [EVAL_SET], on_meta, **DEAL)
+    try:
+        result = _round(evaluator, module, 1)
+        assert result["report"].error is None and result["updates"]["on_meta"] == [1.0] * 3  # rank 1 of 2: 3 prompts
+    finally:
+        evaluator.close(cancel=True)
+
+
 @pytest.mark.process
 def test_a_round_whose_result_does_not_pickle_is_an_error_with_the_workers_traceback(
     shared: tuple[AsyncEvaluator, Weights],

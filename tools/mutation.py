@@ -460,9 +460,7 @@ def retest(name: str, retest_timeout: float = RETEST_TIMEOUT_S) -> ModuleResult 
         return result
     module_path, tests = MODULES[name]
     work = SCRATCH / name
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for part in ("areal_lightning", "tests"):
-        shutil.copytree(ROOT / part, work / part, ignore=ignore, dirs_exist_ok=True)
+    _refresh_scratch(work)
     retested = json.loads((work / RETEST_FILE).read_text(encoding="utf-8")) if (work / RETEST_FILE).is_file() else {}
     # The code is the run's, so only tests added since can kill a survivor: those added to the map,
     # and those in test files changed since the run started.
@@ -497,14 +495,27 @@ def verify(
         return result
     module_path, tests = MODULES[name]
     work = SCRATCH / name
+    _refresh_scratch(work)  # a kill by a test added since the run is a kill too
     verified = json.loads((work / VERIFY_FILE).read_text(encoding="utf-8")) if (work / VERIFY_FILE).is_file() else {}
     kills = sorted(m.name for m in result.mutants if m.code in KILLED_CODES and m.name not in verified)
     todo = [k for k in kills if k in chosen] if chosen else random.Random(0).sample(kills, min(size, len(kills)))
+    nodes, in_commands = [module_path, *tests], SUBPROCESS_TESTS.get(name, [])
     for key in todo:
-        with _mutant_in_scratch(work, module_path, key) as env:
-            verified[key] = _fresh_run(work, [module_path, *tests], SUBPROCESS_TESTS.get(name, []), env, retest_timeout)
+        try:
+            with _mutant_in_scratch(work, module_path, key) as env:
+                verified[key] = _fresh_run(work, nodes, in_commands, env, retest_timeout)
+        except _StaleMutant:
+            verified[key] = {"status": "stale", "by": ""}
         (work / VERIFY_FILE).write_text(json.dumps(verified, indent=1), encoding="utf-8")
     return collect(name)
+
+
+def _refresh_scratch(work: Path) -> None:
+    """The checkout's package and tests copied over the scratch copy's (the run's). A mutant whose
+    function changed since the run is then found stale when it is written in (`_mutant_in_scratch`)."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for part in ("areal_lightning", "tests"):
+        shutil.copytree(ROOT / part, work / part, ignore=ignore, dirs_exist_ok=True)
 
 
 class _StaleMutant(Exception):

@@ -79,7 +79,8 @@ class _Started:
 
 @dataclass(frozen=True)
 class _Done:
-    step: int
+    """A round's end: its results, or the worker's traceback (of the round, or of its start)."""
+
     results: list[LocalSetResult] | None
     error: str | None
 
@@ -99,7 +100,7 @@ def _worker_main(conn: Connection, threads: int, device: str) -> None:
         if device != "cpu":
             replica = copy.deepcopy(replica).to(device)
     except BaseException:  # noqa: BLE001 - reported to the training process
-        conn.send(_Done(-1, None, traceback.format_exc()))
+        conn.send(_Done(None, traceback.format_exc()))
         return
     conn.send(_Started())
     while True:
@@ -117,9 +118,9 @@ def _worker_main(conn: Connection, threads: int, device: str) -> None:
                     evaluate_local(replica, s, evaluate_fn, global_step=job.step, epoch=job.epoch, batches=b, **options)
                     for s, b in sets
                 ]
-            conn.send(_Done(job.step, results, None))
+            conn.send(_Done(results, None))
         except BaseException:  # noqa: BLE001 - reported to the training process
-            conn.send(_Done(job.step, None, traceback.format_exc()))
+            conn.send(_Done(None, traceback.format_exc()))
 
 
 def _exit_message(code: int | None) -> str:
@@ -352,7 +353,7 @@ class AsyncEvaluator:
 
     def _receive(self, block: bool) -> _Done | None:
         if self._conn is None or self._process is None:
-            return _Done(-1, None, "the worker process was stopped before it returned a result")
+            return _Done(None, "the worker process was stopped before it returned a result")
         while True:
             closed = False
             if self._conn.poll(_POLL_SECS if block else 0):
@@ -373,6 +374,6 @@ class AsyncEvaluator:
                 self._process.join(_STOP_SECS)
                 code = self._process.exitcode
                 self._stop_worker(cancel=True)
-                return _Done(-1, None, _exit_message(code))
+                return _Done(None, _exit_message(code))
             if not block:
                 return None
