@@ -363,7 +363,7 @@ def run_module(name: str, mutmut: Path, max_children: int) -> ModuleResult:
     return result
 
 
-def sample_module(name: str, mutmut: Path, size: int) -> ModuleResult | None:
+def sample_module(name: str, mutmut: Path, size: int, max_children: int = 1) -> ModuleResult | None:
     """Test `size` mutants of the module's last run (those already checked, then a seeded random
     draw of the others): a score from a sample when a full run does not fit the time there is."""
     module_path, tests = MODULES[name]
@@ -382,7 +382,7 @@ def sample_module(name: str, mutmut: Path, size: int) -> ModuleResult | None:
     returncode = 0
     if to_run:  # named none, mutmut would run them all
         with open(work / "mutmut.log", "a", encoding="utf-8") as log:
-            returncode = _run_low([str(mutmut), "run", "--max-children", "1", *to_run], work, log)
+            returncode = _run_low([str(mutmut), "run", "--max-children", str(max_children), *to_run], work, log)
     run = {"tests": [module_path, *tests], "seconds": time.monotonic() - start, "returncode": returncode}
     run["sampled"] = len(chosen)
     (work / RUN_FILE).write_text(json.dumps(run), encoding="utf-8")
@@ -648,7 +648,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("modules", nargs="*", help=f"modules to mutate (default: all): {', '.join(MODULES)}")
     parser.add_argument("--report", type=Path, default=SCRATCH / "report.md", help="where to write the report")
-    parser.add_argument("--max-children", type=int, default=1, help="mutants tested in parallel (default 1)")
+    parser.add_argument(
+        "--max-children", type=int, default=1, help="mutants tested in parallel, in a run or --sample (default 1)"
+    )
     parser.add_argument("--list", action="store_true", help="print the modules and their tests, run nothing")
     parser.add_argument(
         "--report-only", action="store_true", help="write the report from the last run of each module, run nothing"
@@ -704,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
         doing = "retesting the survivors of" if args.retest else "verifying kills of" if args.verify else "mutating"
         print(f"{doing} {MODULES[name][0]} ...", flush=True)
         if args.sample:
-            r = sample_module(name, mutmut, args.sample)
+            r = sample_module(name, mutmut, args.sample, args.max_children)
         elif args.verify:
             r = verify(name, args.verify, args.retest_timeout, args.mutant)
         else:
