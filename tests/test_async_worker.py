@@ -73,7 +73,7 @@ class Weights(nn.Module):
 
 
 def weighted(module: Any, batches: Sequence[EvalBatch], ctx: EvalContext) -> dict[str, Any]:
-    """Numbers that depend on the weights, the step, the epoch, the rank's deal, each sample's seed,
+    """Numbers that depend on the weights, the step, the epoch, the rank's deal, the seed and each sample's,
     the precision and the table rows; a round at `options["hold_step"]` writes the worker's pid and
     sleeps `HOLD_S` first, then writes `finished`."""
     hold = ctx.options.get("hold_step")
@@ -98,12 +98,15 @@ def weighted(module: Any, batches: Sequence[EvalBatch], ctx: EvalContext) -> dic
         "step": float(ctx.global_step),
         "epoch": float(ctx.epoch),
         "deal": float(ctx.rank * 10 + ctx.world_size),
+        "seed": float(ctx.seed),  # the run's seed, which an evaluate_fn may draw its sampling from
         "bf16": float((torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16),
     }
 
 
 def _sample_cost(sample: float) -> float:
-    return sample
+    """The later the cheaper: dealt by these costs, rank 1 of 2 gets samples 6, 5 and 0; dealt as
+    if every sample cost the same (a worker dealing again without the cost function), 2, 3 and 6."""
+    return 1.0 / sample
 
 
 # Lambda cost and key functions: the deal is computed in the training process, so they never travel.
@@ -230,8 +233,8 @@ def test_a_worker_round_reports_what_a_sync_round_reports_for_the_same_weights(
     assert result["report"].error is None and result["report"].num_prompts == 3  # rank 1's deal of 7
     updates = result["updates"]
     assert updates["w"] == [1.5] * 3 and updates["step"] == [3.0] * 3 and updates["epoch"] == [2.0] * 3
-    assert updates["deal"] == [12.0] * 3 and updates["bf16"] == [1.0] * 3
-    assert [row["index"] for row in result["report"].table_rows] == [2, 3]  # of 2, 3, 6: below max_table_rows=4
+    assert updates["deal"] == [12.0] * 3 and updates["bf16"] == [1.0] * 3 and updates["seed"] == [SEED] * 3
+    assert [row["index"] for row in result["report"].table_rows] == [0]  # of 6, 5, 0: below max_table_rows=4
 
 
 @pytest.mark.process
@@ -286,14 +289,14 @@ def test_a_round_whose_result_does_not_pickle_is_an_error_with_the_workers_trace
 ) -> None:
     evaluator, module = shared
     evaluator.submit(module, UNPICKLABLE_STEP, 0, ["steps"])
-    with pytest.raises(AssertionError, match="one round in flight at most"):
+    with pytest.raises(AssertionError, match=r"^one round in flight at most$"):
         evaluator.submit(module, UNPICKLABLE_STEP + 1, 0, ["steps"])
     snapshot, local = evaluator.collect([EVAL_SET])
     assert snapshot.step == UNPICKLABLE_STEP and len(local) == 1
     error = str(local[0].report.error)
     assert error.startswith(f"async evaluation worker failed on the weights of step {UNPICKLABLE_STEP}:\nTraceback")
     assert "conn.send" in error and "pickle" in error
-    with pytest.raises(AssertionError, match="no round in flight"):
+    with pytest.raises(AssertionError, match=r"^no round in flight$"):
         evaluator.collect([EVAL_SET])
     module.set(8.0)  # the worker goes on with the next round
     assert _round(evaluator, module, 8) == sync_local(module, 8, 0)
