@@ -46,14 +46,16 @@ class GateWriter(Callback):
         self.path = path
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        self.path.write_text(str(trainer.global_step))
+        # Replaced whole, never truncated in place: the worker must not read a half-written file.
+        self.path.with_suffix(".tmp").write_text(str(trainer.global_step))
+        self.path.with_suffix(".tmp").replace(self.path)
 
 
 def gated_probe(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
     """`probe_weights`, but the round of `gate_step` returns only once training reached `open_at`."""
     if ctx.global_step == ctx.options["gate_step"]:
         gate, deadline = Path(ctx.options["gate"]), time.monotonic() + GATE_TIMEOUT_S
-        while not (gate.exists() and gate.read_text() and int(gate.read_text()) >= ctx.options["open_at"]):
+        while not (gate.exists() and int(gate.read_text()) >= ctx.options["open_at"]):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"training never reached step {ctx.options['open_at']} during the round")
             time.sleep(0.01)
