@@ -498,6 +498,9 @@ def verify(
     _refresh_scratch(work)  # a kill by a test added since the run is a kill too
     verified = json.loads((work / VERIFY_FILE).read_text(encoding="utf-8")) if (work / VERIFY_FILE).is_file() else {}
     kills = sorted(m.name for m in result.mutants if m.code in KILLED_CODES and m.name not in verified)
+    unknown = sorted(set(chosen or []) - {m.name for m in result.mutants})
+    if unknown:
+        raise SystemExit(f"--mutant: no mutant of {module_path} is named {', '.join(unknown)} (the report names them)")
     todo = [k for k in kills if k in chosen] if chosen else random.Random(0).sample(kills, min(size, len(kills)))
     nodes, in_commands = [module_path, *tests], SUBPROCESS_TESTS.get(name, [])
     for key in todo:
@@ -690,6 +693,8 @@ def main(argv: list[str] | None = None) -> int:
     # (its `finally`) instead of leaving a mutant in it for the next one to take as the original.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
+    if args.mutant and not args.verify:
+        parser.error("--mutant names kills to check again: it needs --verify N")
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
         parser.error(f"unknown module(s) {', '.join(unknown)}; choose from {', '.join(MODULES)}")
