@@ -11,7 +11,6 @@ from typing import Any
 import lightning as L
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from areal_lightning.app.config import Config, GRPOConfig
@@ -22,6 +21,7 @@ from areal_lightning.metrics.functional import group_advantages
 from areal_lightning.rl.policy import Policy, TinyPolicy, completion_mask
 from areal_lightning.rl.protocols import PromptTokenizer, RLTask, seeded_generators
 from areal_lightning.rl.rollout_eval import rollout_evaluate
+from areal_lightning.rl.train_data import EpochShuffle, ResumableLoader
 from areal_lightning.rl.warmup import format_warmup
 from areal_lightning.tasks.arithmetic import ArithmeticTask
 
@@ -129,13 +129,14 @@ class GRPOModule(L.LightningModule):
         self.warmed_up = True
 
     @override
-    def train_dataloader(self) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.seed)
-        return DataLoader(
-            self.task.train_samples(),  # type: ignore[arg-type]  # any Sequence indexes; torch says Dataset
+    def train_dataloader(self) -> ResumableLoader:
+        # Each epoch's order comes from (seed, epoch) and a checkpoint holds the epoch's position:
+        # a resumed run trains on the prompts the uninterrupted one would have (train_data.py).
+        samples = self.task.train_samples()
+        return ResumableLoader(
+            samples,
             batch_size=self.grpo.prompts_per_step,
-            shuffle=True,
-            generator=generator,
+            sampler=EpochShuffle(samples, self.seed),
             collate_fn=lambda samples: collate_prompts(samples, self.tokenizer),
         )
 
