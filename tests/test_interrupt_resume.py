@@ -4,9 +4,9 @@ The run is a subprocess in its own process group, and the signal goes to the who
 terminal's Ctrl-C reaches every process of the foreground job (W&B's own service included). The
 SIGINT comes 2 s after the history holds a round of step `SIGNAL_AFTER_EVAL_STEP`. Then the printed
 ``fit ... --ckpt`` command runs on: no eval step missing or repeated, the paired change and the
-best values go on from the checkpoint, and the W&B run, read back from its offline files, holds one
+best values go on from the checkpoint, the W&B run, read back from its offline files, holds one
 copy of every step (the resumed session rewinds it to the checkpoint's row and numbers its rows on
-from there).
+from there), and the rounds and final weights are those of a run never stopped.
 """
 
 from __future__ import annotations
@@ -32,6 +32,13 @@ from areal_lightning.tracking.history import eval_rows, event_rows, read_history
 EXAMPLE = Path(__file__).resolve().parents[1] / "areal_lightning" / "app" / "configs" / "arithmetic_grpo.yaml"
 SMALL = [
     *SMALL_FIT,
+    # Training that changes the weights at every step (64 rollouts, the format learnt), with
+    # 4 steps an epoch: the stop falls mid-epoch or at an epoch's end, and either way the resumed
+    # run must end with the weights of a run never stopped.
+    "grpo.warmup_steps=60",
+    "grpo.prompts_per_step=8",
+    "grpo.group_size=8",
+    "task.train_size=32",
     "evaluator.freq_steps=2",
     "trainer.checkpoint_every_n_steps=5",
     "trial_name=t",
@@ -169,6 +176,23 @@ def test_ctrl_c_checkpoints_the_step_and_the_printed_command_resumes_everything(
     assert [r["eval/step"] for r in rows if "eval/step" in r] == expected
     trained = [r["trainer/global_step"] for r in rows if "eval/step" not in r]
     assert trained == sorted(set(trained)) and trained[-1] == max_steps - 1
+
+    # A run never stopped, to the same step: the same rounds (numbers, changes, best values) and
+    # the same weights, bit for bit. The resumed steps trained on the same prompts in the same order.
+    never_stopped = tmp_path / "runs" / "never-stopped"
+    reference = run_in_group(
+        _fit_args(f"trainer.max_steps={max_steps}", "trial_name=never-stopped", f"output_dir={never_stopped}"),
+        timeout=RUN_TIMEOUT_S,
+        cwd=tmp_path,
+        env=_env(tmp_path),
+    )
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    rounds = [(r["dataset"], r["step"], r["metrics"]) for r in eval_rows(records)]
+    assert rounds == [(r["dataset"], r["step"], r["metrics"]) for r in eval_rows(read_history(never_stopped))]
+    final = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    expected_weights = torch.load(never_stopped / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert not all(torch.equal(final[name], value) for name, value in ckpt["state_dict"].items())  # it trained on
+    assert all(torch.equal(final[name], value) for name, value in expected_weights.items())
 
 
 @pytest.mark.slow
