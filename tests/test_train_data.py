@@ -103,6 +103,7 @@ def test_each_epochs_order_comes_from_the_seed_and_the_epoch_alone() -> None:
 
 def test_a_loader_state_continues_its_pass_once() -> None:
     loader = ResumableLoader(list(range(12)), batch_size=BATCH_SIZE)
+    assert loader.state_dict() == {"batches": 0}  # a checkpoint before the first batch
     whole = [b.tolist() for b in loader]
     assert loader.state_dict() == {"batches": BATCHES_PER_EPOCH}
 

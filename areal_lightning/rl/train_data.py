@@ -90,7 +90,7 @@ class ResumableLoader(DataLoader):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """The next pass continues the pass `state_dict` was taken in (a missing key: from its start)."""
         taken = int(state_dict.get("batches", 0))
-        self._skip_next = taken if 0 < taken < len(self) else 0
+        self._skip_next = taken if taken < len(self) else 0  # a finished pass: the next starts whole
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a generator, not a _BaseDataLoaderIter
         skip, self._skip_next = self._skip_next, 0
