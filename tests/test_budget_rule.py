@@ -125,3 +125,22 @@ def test_a_stopped_budget_counts_no_wall_time() -> None:
     budget.stop()
     clock.now += 50.0
     assert budget.wall_secs() == 10.0 and budget.state_dict()["wall_secs"] == 10.0
+
+
+def test_the_rounds_deferred_since_the_last_one_are_counted_once_and_survive_a_resume() -> None:
+    budget, clock = started(0.25)
+    assert budget.add_round(2.0) == 0  # nothing deferred before the first round
+    budget.defer()
+    budget.defer()
+    state = budget.state_dict()
+    assert state["deferred"] == 2
+
+    resumed = EvalBudget(0.25, clock=clock)
+    resumed.load_state_dict(state)
+    resumed.defer()  # one more after the resume: the next round reports all three
+    assert resumed.add_round(1.0) == 3
+    assert resumed.add_round(1.0) == 0  # counted once
+
+    older = EvalBudget(0.25, clock=clock)
+    older.load_state_dict({k: v for k, v in state.items() if k != "deferred"})  # a checkpoint from before the count
+    assert older.add_round(1.0) == 0
