@@ -5,12 +5,13 @@ trial), and what a resume reads back (run id, step, CSV version, last eval step 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import yaml
 
-from areal_lightning.app.config import load_config
+from areal_lightning.app.config import RUN_ENV, load_config
 from areal_lightning.app.runs import (
     CheckpointRun,
     RunDirError,
@@ -18,8 +19,10 @@ from areal_lightning.app.runs import (
     last_logged_eval_step,
     latest_csv_version,
     next_free_trial,
+    resume_command,
     run_files,
     run_id_in_dir,
+    start_run,
     used_dir_message,
 )
 from areal_lightning.tracking.history import EvalHistory
@@ -110,6 +113,49 @@ def test_a_checkpoint_gives_its_run_id_and_step() -> None:
     assert checkpoint_run({"global_step": 12, "run_id": "abc"}) == CheckpointRun("abc", 12)
     assert checkpoint_run({"global_step": 3.0}) == CheckpointRun(None, 3)
     assert isinstance(checkpoint_run({"global_step": 3.0}).step, int)
+
+
+def test_a_checkpoint_gives_the_w_and_b_row_a_resume_rewinds_to() -> None:
+    run = checkpoint_run({"global_step": 12, "run_id": "abc", "wandb_step": 30.0})
+    assert run == CheckpointRun("abc", 12, wandb_step=30) and isinstance(run.wandb_step, int)
+    assert checkpoint_run({"global_step": 12, "run_id": "abc"}).wandb_step is None  # an older checkpoint
+
+
+def test_the_resume_command_keeps_the_users_words_and_pins_a_moved_trial() -> None:
+    overrides = ["trainer.max_steps=50", "trial_name=t", "seed=2"]
+    assert resume_command("grpo.yaml", overrides, "c.ckpt") == (
+        "areal-lightning fit -c grpo.yaml trainer.max_steps=50 trial_name=t seed=2 --ckpt c.ckpt"
+    )
+    # --new-run moved the run to t-1: the command names it, once, in place of the user's trial_name.
+    assert resume_command("grpo.yaml", overrides, "c.ckpt", trial_name="t-1") == (
+        "areal-lightning fit -c grpo.yaml trainer.max_steps=50 seed=2 trial_name=t-1 --ckpt c.ckpt"
+    )
+    assert resume_command(None, [], Path("runs/x/last.ckpt")) == "areal-lightning fit --ckpt runs/x/last.ckpt"
+
+
+def test_a_started_run_gets_a_new_id_and_hands_it_to_the_device_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(RUN_ENV, "")  # restored after the test; start_run sets it
+    monkeypatch.delenv(RUN_ENV)  # the process the user started: nothing handed to it
+    cfg, _ = _loader(tmp_path, "t")
+    started = start_run(cfg)
+    assert started.run_id and len(started.run_id) == 8
+    assert json.loads(os.environ[RUN_ENV]) == {"run_id": started.run_id, "trial_name": "t"}
+
+    # A process Lightning starts for another device runs the script again, with the environment:
+    # it takes the handed id, even though the launching process has written into the directory.
+    _use(tmp_path / "t")
+    again, _ = _loader(tmp_path, "t")
+    assert start_run(again).run_id == started.run_id
+
+    # The process the user started, before a used directory: stopped with the message of `fit`.
+    monkeypatch.delenv(RUN_ENV)
+    used, _ = _loader(tmp_path, "t")
+    with pytest.raises(RunDirError) as err:
+        start_run(used)
+    assert str(err.value) == used_dir_message(tmp_path / "t", ["config.yaml"], "t")
+    assert RUN_ENV not in os.environ and used.run_id is None
 
 
 def test_the_csv_version_of_a_run_is_its_highest_version_directory(tmp_path: Path) -> None:
