@@ -119,6 +119,21 @@ def test_a_loader_state_continues_its_pass_once() -> None:
         assert [b.tolist() for b in fresh] == whole
 
 
+def test_a_loader_without_a_length_is_refused() -> None:
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self) -> Any:
+            return iter(range(12))
+
+    class Unsized:  # a sampler without __len__
+        def __iter__(self) -> Any:
+            return iter(range(12))
+
+    with pytest.raises(ValueError, match=r"^ResumableLoader needs a dataset and sampler with a length; got Stream "):
+        ResumableLoader(Stream(), batch_size=BATCH_SIZE)
+    with pytest.raises(ValueError, match=r"; got list with Unsized$"):
+        ResumableLoader(list(range(12)), batch_size=BATCH_SIZE, sampler=Unsized())
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_a_resumed_fit_trains_on_the_uninterrupted_runs_batches(tmp_path: Path) -> None:
     problems, _ = _resumes(BATCH_SIZE * BATCHES_PER_EPOCH, tmp_path, accelerator="cpu", devices=1)

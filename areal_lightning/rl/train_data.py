@@ -68,6 +68,9 @@ class ResumableLoader(DataLoader):
     loaded and dropped (once per resume; drawing their indices alone would go wrong with worker
     processes, which take indices ahead).
 
+    Raises:
+        ValueError: the loader has no length (an `IterableDataset`, a sampler without ``len``).
+
     Example:
         >>> loader = ResumableLoader(list(range(6)), batch_size=2)
         >>> it = iter(loader); first = next(it).tolist()
@@ -80,6 +83,15 @@ class ResumableLoader(DataLoader):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        try:
+            len(self)
+        except TypeError:
+            # Lightning takes a batch ahead from a loader without a length: the count would include
+            # a batch no step trained on, and a resume would skip it.
+            raise ValueError(
+                f"ResumableLoader needs a dataset and sampler with a length; got {type(self.dataset).__name__} "
+                f"with {type(self.sampler).__name__}"
+            ) from None
         self._taken = 0  # batches of the current pass handed out (the skipped ones included)
         self._skip_next = 0  # batches the next pass leaves out (set by load_state_dict)
 
