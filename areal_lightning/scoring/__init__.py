@@ -20,7 +20,7 @@ from areal_lightning.scoring.sandbox import (
     program_with_tests,
     run_program,
 )
-from areal_lightning.scoring.score import DEFAULT_TIMEOUT_S, Score, ScoreStatus
+from areal_lightning.scoring.score import DEFAULT_TIMEOUT_S, Score, ScoreLabels, ScoreStatus
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -30,6 +30,7 @@ __all__ = [
     "SandboxLimits",
     "SandboxResult",
     "Score",
+    "ScoreLabels",
     "ScoreStatus",
     "ScorerFailingError",
     "grade_program",

@@ -80,6 +80,9 @@ class SandboxLimits:
     """Open file descriptors (RLIMIT_NOFILE)."""
     max_output_bytes: int = 64 << 10
     """stdout and stderr kept in `SandboxResult.output` (the rest is dropped, `truncated` set)."""
+    max_disk_bytes: int = 64 << 20
+    """Space of the temporary directory, a tmpfs of each worker's own where the kernel allows it
+    (set per `Sandbox`: a `run_many` with other limits keeps its sandbox's)."""
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -147,10 +150,11 @@ def hidden_homes() -> list[str]:
 class _Worker:
     """One worker process and its pipes."""
 
-    def __init__(self, base: str, sandbox_uid: int | None) -> None:
+    def __init__(self, base: str, sandbox_uid: int | None, disk_bytes: int) -> None:
         env = _clean_environment(base)
         if sandbox_uid is not None and os.geteuid() == 0:
             env["SANDBOX_UID"] = str(sandbox_uid)
+        env["SANDBOX_DISK_BYTES"] = str(disk_bytes)
         self.process = subprocess.Popen(
             [sys.executable, "-I", "-m", "areal_lightning.scoring.sandbox_worker", base, *hidden_homes()],
             stdin=subprocess.PIPE,
@@ -270,7 +274,7 @@ class Sandbox:
             self._base = tempfile.mkdtemp(prefix="areal-sandbox-")
             os.chmod(self._base, 0o711)  # workers' directories can be entered, not listed
         while len(self._pool) < n:
-            self._pool.append(_Worker(self._base, self.sandbox_uid))
+            self._pool.append(_Worker(self._base, self.sandbox_uid, self.limits.max_disk_bytes))
 
     def _run(self, jobs: list[dict[str, Any]], wall_s: float) -> list[SandboxResult]:
         self._ensure_workers(min(self.workers, len(jobs)))
@@ -299,7 +303,7 @@ class Sandbox:
                 if "worker_lost" in report:
                     worker.kill()
                     assert self._base is not None
-                    self._pool[slot] = _Worker(self._base, self.sandbox_uid)
+                    self._pool[slot] = _Worker(self._base, self.sandbox_uid, self.limits.max_disk_bytes)
         return [r for r in out if r is not None]
 
 

@@ -55,8 +55,10 @@ class Isolation:
     """/proc shows the program's own processes only."""
     NO_CAPABILITIES = "no_capabilities"
     """No capabilities, and no way to gain any (no_new_privs)."""
+    OWN_TMPFS = "own_tmpfs"
+    """The temporary directory is a size-capped tmpfs of the worker's own, emptied after each program."""
 
-    ALL = (UID, USER_NS, NET_NS, PID_NS, READONLY_FS, HIDDEN_HOME, PRIVATE_PROC, NO_CAPABILITIES)
+    ALL = (UID, USER_NS, NET_NS, PID_NS, READONLY_FS, HIDDEN_HOME, PRIVATE_PROC, NO_CAPABILITIES, OWN_TMPFS)
 
 
 def _check(result: int, what: str) -> None:
@@ -180,10 +182,11 @@ def drop_to(uid: int) -> None:
     prctl(_PR_SET_DUMPABLE, 1)  # setuid made /proc/self root's; the id maps are written there
 
 
-def isolate_worker(area: str, homes: Sequence[str], sandbox_uid: int | None) -> list[str]:
+def isolate_worker(area: str, homes: Sequence[str], sandbox_uid: int | None, disk_bytes: int) -> list[str]:
     """Run once by a sandbox worker before its first program: drops root, enters new user, mount and
-    network namespaces, hides home directories and makes every mount read-only except `area` (where
-    the programs' temporary directories go) and /proc. Returns the `Isolation` names that held."""
+    network namespaces, hides home directories, makes every mount read-only except `area` (where
+    the programs' temporary directories go) and /proc, and mounts a tmpfs of `disk_bytes` on `area`.
+    Returns the `Isolation` names that held."""
     held: list[str] = []
     if os.geteuid() == 0:
         # As root the mounts are prepared first (root can reach every home directory), then root is dropped.
@@ -208,6 +211,9 @@ def isolate_worker(area: str, homes: Sequence[str], sandbox_uid: int | None) -> 
     if Isolation.READONLY_FS not in held:  # a user without root seals it here, in its user namespace
         with contextlib.suppress(OSError):
             held += seal_filesystem(area, homes)
+    with contextlib.suppress(OSError):
+        _mount(b"tmpfs", area.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, f"size={disk_bytes},mode=0700".encode())
+        held.append(Isolation.OWN_TMPFS)
     return held
 
 
@@ -235,12 +241,12 @@ def fork_in_new_pid_namespace() -> tuple[int, bool]:
 
 def isolate_program(tempdir: str, area: str, held: Sequence[str]) -> list[str]:
     """Run by the program's own process (process 1 of its PID namespace) before the program: leaves
-    only `tempdir` writable of the worker's `area`, mounts its own /proc, drops every capability.
-    Returns the `Isolation` names that held."""
+    only `tempdir` writable of the worker's `area` (when they differ), mounts its own /proc, drops
+    every capability. Returns the `Isolation` names that held."""
     out = []
     if Isolation.PID_NS in held:
         try:
-            if Isolation.READONLY_FS in held:
+            if Isolation.READONLY_FS in held and tempdir != area:
                 keep = _clone_tree(tempdir)
                 _set_readonly(area, True, recursive=True)
                 _attach(keep, tempdir)

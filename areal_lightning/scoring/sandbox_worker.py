@@ -199,7 +199,8 @@ def run_job(job: dict[str, Any], area: str, held: list[str]) -> dict[str, Any]:
     """Runs one program (``job["source"]`` under ``job["limits"]``) and returns its report."""
     limits = job["limits"]
     job["nonce"] = os.urandom(16).hex()
-    tempdir = tempfile.mkdtemp(prefix="p", dir=area)
+    # The worker's own tmpfs is the program's directory, emptied afterwards; else a directory of its own.
+    tempdir = area if iso.Isolation.OWN_TMPFS in held else tempfile.mkdtemp(prefix="p", dir=area)
     out_fd = os.open(os.path.join(tempdir, _OUTPUT_NAME), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     result_r, result_w = os.pipe()
     started = time.monotonic()
@@ -221,12 +222,22 @@ def run_job(job: dict[str, Any], area: str, held: list[str]) -> dict[str, Any]:
     finally:
         os.close(result_r)
         os.close(out_fd)
-        _remove(tempdir)
+        _empty(tempdir) if tempdir == area else _remove(tempdir)
     if not in_pid_ns:
         report["isolation"] = [name for name in report["isolation"] if name != iso.Isolation.PID_NS]
     report["truncated"] = len(output) > limits["max_output_bytes"]
     report["output"] = output[: limits["max_output_bytes"]].decode(errors="replace")
     return report
+
+
+def _empty(path: str) -> None:
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            _remove(entry.path)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+    os.chmod(path, 0o700)
 
 
 def _remove(path: str) -> None:
@@ -254,7 +265,8 @@ def main() -> None:
     area = tempfile.mkdtemp(prefix="w", dir=base)
     os.chmod(area, 0o711)  # programs' directories can be entered, not listed
     iso.make_subreaper()
-    held = iso.isolate_worker(area, homes, sandbox_uid if sandbox_uid >= 0 else None)
+    disk_bytes = int(os.environ.get("SANDBOX_DISK_BYTES", str(64 << 20)))
+    held = iso.isolate_worker(area, homes, sandbox_uid if sandbox_uid >= 0 else None, disk_bytes)
     for name in PRELOADED:
         __import__(name)
     while (job := read_message(proto_in)) is not None:
@@ -263,7 +275,8 @@ def main() -> None:
         except Exception as err:  # noqa: BLE001 - the caller records it; the worker serves the next job
             report = {"status": "crashed", "error": f"{type(err).__name__}: {err}", "isolation": []}
         write_message(proto_out, report)
-    _remove(area)
+    if iso.Isolation.OWN_TMPFS not in held:
+        _remove(area)
 
 
 if __name__ == "__main__":
