@@ -109,6 +109,10 @@ class SandboxResult:
         exit_code: the program process's exit code, or None when a signal ended it.
         signal: the signal that ended it, or None.
         wall_s: seconds from its start to its end.
+        error: the program's uncaught exception in one line (``AssertionError``,
+            ``OSError: [Errno 27] File too large``), or None.
+        limit: for a ``timeout``, the `SandboxLimits` field that ended it (``"wall_s"`` or
+            ``"cpu_s"``; None when the worker itself stopped answering).
         isolation: the `Isolation` protections that held (docs/code_evaluation.md).
     """
 
@@ -118,6 +122,8 @@ class SandboxResult:
     exit_code: int | None = None
     signal: int | None = None
     wall_s: float = 0.0
+    error: str | None = None
+    limit: str | None = None
     isolation: tuple[str, ...] = ()
 
     @property
@@ -128,11 +134,13 @@ class SandboxResult:
     def from_report(cls, report: dict[str, Any]) -> SandboxResult:
         return cls(
             status=ProgramStatus(report["status"]),
-            output=report.get("output", "") or report.get("error", ""),
+            output=report.get("output") or "",
             truncated=bool(report.get("truncated", False)),
             exit_code=report.get("exit_code"),
             signal=report.get("signal"),
             wall_s=float(report.get("wall_s", 0.0)),
+            error=report.get("error"),
+            limit=report.get("limit"),
             isolation=tuple(report.get("isolation", ())),
         )
 

@@ -264,10 +264,9 @@ def isolate_program(tempdir: str, area: str, held: Sequence[str]) -> list[str]:
 
 def set_limits(limits: dict[str, int]) -> None:
     """Resource limits of this process and its children; soft equals hard, so none can be raised
-    again (CPU: SIGXCPU at the soft limit, SIGKILL a second later)."""
-    cpu = limits["cpu_s"]
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    again (past its CPU seconds the kernel sends SIGKILL: process 1 of a PID namespace ignores SIGXCPU)."""
     for name, key in (
+        (resource.RLIMIT_CPU, "cpu_s"),
         (resource.RLIMIT_AS, "memory_bytes"),
         (resource.RLIMIT_NPROC, "max_processes"),
         (resource.RLIMIT_FSIZE, "max_file_bytes"),

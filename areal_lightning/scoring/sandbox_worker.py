@@ -62,7 +62,10 @@ WORKER_GRACE_S = 5.0
 """How long past a program's wall limit its worker may take to answer (set-up, teardown) before it is replaced."""
 _HEADER = struct.Struct(">I")
 _OUTPUT_NAME = ".output"
+ERROR_CHARS = 300
+"""Characters kept of a program's uncaught exception (`SandboxResult.error`)."""
 _CHILD_FAILED = 70
+_CPU_TICK_S = 0.1  # the kernel checks RLIMIT_CPU on its clock ticks; rusage may read a little below the limit
 
 
 def read_message(fd: int) -> Any:
@@ -116,23 +119,26 @@ def _run_program(job: dict[str, Any], paths: tuple[str, str], out_fd: int, resul
     os.environ.clear()
     os.environ.update(HOME=tempdir, TMPDIR=tempdir, PATH="/usr/local/bin:/usr/bin:/bin", LANG="C.UTF-8")
     iso.set_limits(job["limits"])
-    status = _execute(job["source"])
+    status, error = _execute(job["source"])
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    os.write(result_w, f"{job['nonce']} {status} {','.join(held)}\n".encode())
+    said = {"status": status, "error": error, "isolation": held}
+    os.write(result_w, f"{job['nonce']} {json.dumps(said)}\n".encode())
     os._exit(0)
 
 
-def _execute(source: str) -> str:
-    """Compiles and runs `source` as ``__main__``; its status as the program saw it."""
+def _execute(source: str) -> tuple[str, str | None]:
+    """Compiles and runs `source` as ``__main__``; its status as the program saw it, and its
+    uncaught exception in one line."""
     try:
         code = compile(source, "<program>", "exec")
     except MemoryError:
-        return "out_of_memory"
+        return "out_of_memory", "MemoryError"
     except (SyntaxError, ValueError, OverflowError, RecursionError) as err:
-        traceback.print_exception(err, limit=0)
-        return "syntax_error"
+        with contextlib.suppress(Exception):
+            traceback.print_exception(err, limit=0)
+        return "syntax_error", _one_line(err)
     main = types.ModuleType("__main__")
     sys.modules["__main__"] = main
     sys.argv = ["<program>"]
@@ -140,16 +146,22 @@ def _execute(source: str) -> str:
         exec(code, main.__dict__)
     except MemoryError as err:
         _print_error(err)
-        return "out_of_memory"
+        return "out_of_memory", _one_line(err)
     except BaseException as err:  # noqa: BLE001 - SystemExit included: a program that exits did not pass its tests
         _print_error(err)
-        return "failed"
-    return "passed"
+        return "failed", _one_line(err)
+    return "passed", None
+
+
+def _one_line(err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+    return text.splitlines()[0][:ERROR_CHARS] if text else type(err).__name__
 
 
 def _print_error(err: BaseException) -> None:
-    """The program's traceback, without the worker's own frame."""
-    traceback.print_exception(type(err), err, err.__traceback__.tb_next if err.__traceback__ else None, limit=-8)
+    """The program's traceback, without the worker's own frame (nothing when its output is full)."""
+    with contextlib.suppress(Exception):
+        traceback.print_exception(type(err), err, err.__traceback__.tb_next if err.__traceback__ else None, limit=-8)
 
 
 # ----------------------------------------------------------------------------- the worker's side
@@ -182,17 +194,27 @@ def _wait_program(pid: int, result_r: int, limits: dict[str, Any]) -> tuple[byte
 def _status(job: dict[str, Any], line: bytes, wait_status: int, usage: Any, timed_out: bool) -> dict[str, Any]:
     exit_code = os.waitstatus_to_exitcode(wait_status)
     code, sig = (exit_code, None) if exit_code >= 0 else (None, -exit_code)
-    said = line.decode(errors="replace").split("\n", 1)[0].split(" ")
-    reported = said[1] if len(said) == 3 and said[0] == job["nonce"] else None
+    nonce, _, said_json = line.decode(errors="replace").partition("\n")[0].partition(" ")
+    said: dict[str, Any] = {}
+    if nonce == job["nonce"]:
+        with contextlib.suppress(ValueError):
+            said = json.loads(said_json)
+    reported = said.get("status")
     cpu_used = usage.ru_utime + usage.ru_stime
-    if timed_out or sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_used >= job["limits"]["cpu_s"]):
+    limit = "wall_s" if timed_out else None
+    if not timed_out and (
+        sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_used >= job["limits"]["cpu_s"] - _CPU_TICK_S)
+    ):
+        limit = "cpu_s"
+    if limit is not None:
         status = "timeout"
     elif reported is not None and code == 0:
         status = reported
     else:
         status = "crashed"  # a signal, or an exit before the program's end (os._exit)
-    isolation = said[2].split(",") if reported is not None and said[2] else []
-    return {"status": status, "exit_code": code, "signal": sig, "isolation": isolation}
+    isolation = said.get("isolation", [])
+    error = said.get("error") if status == reported else None
+    return {"status": status, "exit_code": code, "signal": sig, "isolation": isolation, "limit": limit, "error": error}
 
 
 def run_job(job: dict[str, Any], area: str, held: list[str]) -> dict[str, Any]:
