@@ -38,7 +38,7 @@ from areal_lightning.metrics import (
 )
 from areal_lightning.rl.policy import Policy
 from areal_lightning.rl.protocols import PromptTokenizer, RLTask, seeded_generators
-from areal_lightning.scoring import Score, ScorerFailingError
+from areal_lightning.scoring import Score, ScoreLabels, ScorerFailingError
 from areal_lightning.tasks.arithmetic import CORRECT_REWARD, NO_ANSWER_ID, WRONG_REWARD
 
 NON_FINITE_KEY = "reward/non_finite"
@@ -144,9 +144,10 @@ def _never() -> bool:
     return False
 
 
-def metric_names(n_samples: int) -> list[str]:
-    """Every name a round of the default evaluation logs for an eval set (``reward/mean``, ``pass@4`` ...),
-    known before any round runs, so that a threshold on a metric it never logs is refused up front.
+def metric_names(n_samples: int, labels: Sequence[ScoreLabels] = ()) -> list[str]:
+    """Every name a round of the default evaluation logs for an eval set (``reward/mean``, ``pass@4`` ...,
+    and the counts of a task's `labels`), known before any round runs, so that a threshold on a metric
+    it never logs is refused up front.
 
     Example:
         >>> metric_names(4)[3:6], "reward/mean" in metric_names(4)
@@ -170,7 +171,7 @@ def metric_names(n_samples: int) -> list[str]:
         value = metric.compute()
         keys = value.keys() if isinstance(value, dict) else [name]
         names += [key if key == name else f"{name}/{key}" for key in keys]
-    return sorted(names)
+    return sorted(names + [name for group in labels for name in group.names()])
 
 
 def _per_prompt_answer_ids(answer_ids: Sequence[int], n: int) -> list[int]:
