@@ -26,19 +26,23 @@ def reference(all_scores: list[Score]) -> dict[str, float]:
     return out | {f"{label}_share": counts[label] / len(all_scores) for label in LABELS.labels}
 
 
-UPDATES = {0: [(1, 7), (2, 0), (3, 5)], 1: []}  # rank 1 never updates: it joins the sync with zeros
+UPDATES = {0: [(1, 7), (2, 0)], 1: [(3, 5)]}  # per rank: (seed, samples) of each update
+IDLE = {0: [(1, 7), (3, 5)], 1: []}  # rank 1 never updates: it joins the sync with zeros
 
 
-def _worker(rank: int, world_size: int) -> dict[str, float]:
-    metric = LabelCountMetric(LABELS)
-    for seed, n in UPDATES[rank]:
-        metric.update(scores(seed, n))
-    return {k: v.item() for k, v in metric.compute().items()}
+def _worker(rank: int, world_size: int) -> list[dict[str, float]]:
+    out = []
+    for updates in (UPDATES, IDLE):
+        metric = LabelCountMetric(LABELS)
+        for seed, n in updates[rank]:
+            metric.update(scores(seed, n))
+        out.append({k: v.item() for k, v in metric.compute().items()})
+    return out
 
 
 def test_counts_and_shares_equal_a_plain_count() -> None:
     metric = LabelCountMetric(LABELS)
-    batches = [scores(seed, n) for seed, n in UPDATES[0]]
+    batches = [scores(seed, n) for seed, n in UPDATES[0] + UPDATES[1]]
     for batch in batches:
         metric.update(batch)
     assert {k: v.item() for k, v in metric.compute().items()} == reference([s for b in batches for s in b])
@@ -54,5 +58,5 @@ def test_an_undeclared_label_is_refused() -> None:
 @pytest.mark.ddp
 def test_two_ranks_give_the_single_process_counts() -> None:
     results = run_ddp(_worker, 2)
-    expected = reference([s for seed, n in UPDATES[0] for s in scores(seed, n)])
+    expected = [reference([s for seed, n in u[0] + u[1] for s in scores(seed, n)]) for u in (UPDATES, IDLE)]
     assert results == [expected, expected]
