@@ -154,7 +154,7 @@ from areal_lightning.rl.model_graders import GradedTask, JudgeGrader, RewardMode
 
 task = GradedTask(
     MathTask("test.jsonl"),
-    reward_model=RewardModelGrader("models/my-rm", batch_size=16),   # AutoModelForSequenceClassification
+    reward_model=RewardModelGrader("models/my-rm", batch_size=16),  # AutoModelForSequenceClassification
     judge=JudgeGrader(HFPolicy.from_pretrained("models/judge"), template=RUBRIC),
 )
 module = GRPOModule(policy, task)
