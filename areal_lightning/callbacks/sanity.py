@@ -11,6 +11,8 @@ and the reward watch's metrics, the monitor of every `ModelCheckpoint` and `Earl
 from __future__ import annotations
 
 import difflib
+import logging
+import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -27,6 +29,8 @@ from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round import EvalRoundError, EvalSet, SetResult
 from areal_lightning.tracking.loggers import EVAL_PREFIX, EVAL_SECS_KEY, eval_metric_key
 from areal_lightning.tracking.recorder import EvalRecorder
+
+log = logging.getLogger(__name__)
 
 SANITY_PASS_NOTE = (
     "(the sanity pass runs evaluate_fn on the first batch of each eval set when fit starts, as Lightning's "
@@ -201,6 +205,7 @@ class SanityPass:
         """The pass on every rank, unrecorded; its failure is recorded (an ``error`` per failed set)
         and raised on every rank alike, before any training step; then the names are checked."""
         sets = sanity_sets(spec.eval_sets, self.num_batches, trainer.world_size)
+        started = time.perf_counter()
         try:
             results = run_unrecorded(trainer, pl_module, spec, sets)
         except EvalRoundError as err:
@@ -209,6 +214,13 @@ class SanityPass:
                 recorder.error(trainer, step, message, dataset=dataset, stops=True, why=SANITY_PASS_NOTE)
             raise EvalRoundError(f"{err}\n{SANITY_PASS_NOTE}", failures=err.failures) from err
         self.check_names(trainer, results)
+        if trainer.is_global_zero:
+            log.info(
+                "sanity pass: evaluate_fn ran on %d sample(s) of %d eval set(s) in %.2f s; every metric name checked",
+                sum(len(s.samples) for s in sets),
+                len(sets),
+                time.perf_counter() - started,
+            )
 
     def check_names(self, trainer: L.Trainer, results: Sequence[SetResult]) -> None:
         """Refuses (`MetricNameError`, on every rank alike) a metric name of the settings or of an
