@@ -497,6 +497,9 @@ class EvaluatorConfig(EvaluatorSettings):
         if self.reward_watch is not None:
             with _owned_by(f"{path}.reward_watch"):
                 self.reward_watch.build()
+        if self.prompt_story is not None:
+            with _owned_by(path):
+                self.prompt_story.check()
 
 
 @dataclass

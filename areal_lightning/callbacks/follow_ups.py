@@ -6,13 +6,17 @@ round), then the round is published to ``trainer.callback_metrics`` and recorded
 follow-ups with ``after_record = True`` in list order (they read the recorded round and raise
 alerts or stop training). `build_follow_ups` makes the list; its order is:
 
-1. `DriftCheck`: at training start only, reports eval sets whose content changed.
-2. `PairedDeltas`: ``<metric>/delta`` and ``delta_best`` with their paired 95% intervals.
-3. `BudgetShare`: charges the round to the eval-time budget (``budget_share``, ``deferred``).
-4. `AdaptiveInterval`: the adaptive schedule's next interval, from the paired intervals.
-5. `BestMetrics`: ``<metric>/best`` and ``best_step``.
-6. `ThresholdAlerts` (after the record): threshold alerts, and the stop they may ask for.
-7. `RewardHackingWatch` (after the record): the reward-hacking watch's alerts.
+1. `IntegrityChecks` (``callbacks/integrity.py``): at training start only, training prompts in the
+   eval sets and reference answers the grader fails; ``integrity: fail`` stops the fit there.
+2. `DriftCheck`: at training start only, reports eval sets whose content changed.
+3. `PairedDeltas`: ``<metric>/delta`` and ``delta_best`` with their paired 95% intervals.
+4. `BudgetShare`: charges the round to the eval-time budget (``budget_share``, ``deferred``).
+5. `AdaptiveInterval`: the adaptive schedule's next interval, from the paired intervals.
+6. `PromptStory`: ``pass@<k>/gap``, ``<metric>/gained``, ``/lost``,
+   ``/bucket/<b>``, and each round's per-prompt outcomes in ``prompt_outcomes.jsonl`` (``callbacks/story_keeper.py``).
+7. `BestMetrics`: ``<metric>/best`` and ``best_step`` (under ``best_rule``).
+8. `ThresholdAlerts` (after the record): threshold alerts, and the stop they may ask for.
+9. `RewardHackingWatch` (after the record): the reward-hacking watch's alerts.
 
 Every follow-up runs on every rank with the same reduced results; `state_dict` goes into the
 callback's checkpoint state under `state_key` (None: nothing to keep). To add one, write its class
@@ -31,11 +35,14 @@ import lightning as L
 from areal_lightning.callbacks.adaptive import AdaptiveSchedule
 from areal_lightning.callbacks.best import BestValues
 from areal_lightning.callbacks.budget import EvalBudget
-from areal_lightning.callbacks.choices import ThresholdAction
+from areal_lightning.callbacks.choices import IntegrityAction, ThresholdAction
+from areal_lightning.callbacks.integrity import check_integrity
 from areal_lightning.callbacks.lightning_monitors import read_train_metric
 from areal_lightning.callbacks.reward_hacking import ALERT_KIND, RewardWatch
+from areal_lightning.callbacks.round_outcomes import RoundOutcomes
 from areal_lightning.callbacks.runners import Finished
 from areal_lightning.callbacks.settings import Decisions, Schedule
+from areal_lightning.callbacks.story_keeper import StoryKeeper
 from areal_lightning.callbacks.thresholds import ThresholdMonitor
 from areal_lightning.eval_round import EvalSet
 from areal_lightning.eval_round.eval_set_drift import DriftMonitor
@@ -69,6 +76,17 @@ class FollowUp:
         """Restores a `state_dict`; missing keys keep their current values."""
         if self.keeps:
             getattr(self, self.keeps).load_state_dict(state)
+
+
+class IntegrityChecks(FollowUp):
+    """At the start of fit: training prompts in the eval sets, reference answers the grader fails
+    (`callbacks.integrity`); with ``fail``, a problem stops the fit before its first step."""
+
+    def __init__(self, action: IntegrityAction) -> None:
+        self.action = action
+
+    def start(self, trainer: L.Trainer, eval_sets: Sequence[EvalSet], recorder: EvalRecorder) -> None:
+        check_integrity(trainer, eval_sets, recorder, self.action)
 
 
 class DriftCheck(FollowUp):
@@ -162,18 +180,42 @@ class AdaptiveInterval(FollowUp):
         recorder.event(trainer, "adaptive", done.step, message, level=logging.INFO, **fields, moved=change.moved)
 
 
+class PromptStory(FollowUp):
+    """Each prompt's outcome across rounds: gained, lost, difficulty buckets, ``pass@<k>/gap``, and
+    the per-prompt outcomes file (`callbacks.story_keeper`)."""
+
+    state_key = "prompt_story"
+    keeps = "keeper"
+
+    def __init__(self, keeper: StoryKeeper) -> None:
+        self.keeper = keeper
+
+    def start(self, trainer: L.Trainer, eval_sets: Sequence[EvalSet], recorder: EvalRecorder) -> None:
+        self.keeper.start(trainer, eval_sets, recorder)
+
+    def observe(self, trainer: L.Trainer, done: Finished, recorder: EvalRecorder) -> None:
+        self.keeper.observe(trainer, done, recorder)
+
+
 class BestMetrics(FollowUp):
-    """Adds each watched metric's best value and step so far to every set's metrics."""
+    """Adds each watched metric's best value and step so far to every set's metrics; a noise-aware
+    rule (``best_rule``) reads every prompt's outcomes, and a set answered by the result cache (no
+    outcomes) does not compete."""
 
     state_key = "best"
     keeps = "best"
 
-    def __init__(self, best: BestValues) -> None:
+    def __init__(self, best: BestValues, outcomes: RoundOutcomes | None = None) -> None:
         self.best = best
+        self.outcomes = outcomes or RoundOutcomes()
 
     def observe(self, trainer: L.Trainer, done: Finished, recorder: EvalRecorder) -> None:
+        every = self.outcomes.of(done) if self.best.needs_outcomes and done.results else {}
         for r in done.all_results:
-            r.metrics.update(self.best.update(r.dataset, r.metrics, done.step))
+            if self.best.needs_outcomes and r.dataset in done.cached:
+                r.metrics.update(self.best.current(r.dataset))
+            else:
+                r.metrics.update(self.best.update(r.dataset, r.metrics, done.step, every.get(r.dataset, {})))
 
 
 class ThresholdAlerts(FollowUp):
@@ -248,13 +290,17 @@ def build_follow_ups(
 ) -> list[FollowUp]:
     """The follow-ups the settings ask for, in the order they observe each round (the module docstring)."""
     pairs = PairedRounds()
+    outcomes = RoundOutcomes()
     budget = schedule.eval_budget(clock)
+    story = decisions.prompt_story
     follow_ups: list[FollowUp | None] = [
+        IntegrityChecks(decisions.integrity),
         DriftCheck(pairs),
         PairedDeltas(pairs),
         BudgetShare(budget) if budget is not None else None,
         AdaptiveInterval(schedule.adaptive.build(), pairs) if schedule.adaptive is not None else None,
-        BestMetrics(decisions.best()),
+        PromptStory(StoryKeeper(story, outcomes)) if story is not None else None,
+        BestMetrics(decisions.best(), outcomes),
         ThresholdAlerts(decisions.thresholds(), decisions.threshold_action),
         RewardHackingWatch(decisions.reward_watch.build()) if decisions.reward_watch is not None else None,
     ]
