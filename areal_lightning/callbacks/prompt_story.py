@@ -105,16 +105,18 @@ def story_metric_names(
 
     Args:
         base_names: the names the set's evaluation logs (``accuracy``, ``pass@1``, ``pass@4`` ...).
-        settings: the story's settings; None: the story is off (only the gap).
+        settings: the story's settings; None: the story is off (no names).
         strata: the set's strata, for ``buckets: stratum``.
 
     Example:
         >>> story_metric_names(["accuracy", "pass@1", "pass@4"], PromptStorySettings())
         ['accuracy/bucket/easy', 'accuracy/bucket/hard', 'accuracy/bucket/medium', 'accuracy/gained', 'accuracy/lost', 'pass@4/gap']
     """
+    if settings is None:
+        return []
     base = list(base_names)
     names = gap_names(base)
-    if settings is not None and settings.metric in base:
+    if settings.metric in base:
         m = settings.metric
         buckets = FIRST_ROUND_BUCKETS if settings.buckets is StoryBuckets.FIRST_ROUND else sorted(set(strata))
         names += [f"{m}/{GAINED}", f"{m}/{LOST}", *(f"{m}/{BUCKET}/{b}" for b in buckets)]

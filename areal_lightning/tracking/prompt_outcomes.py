@@ -103,9 +103,12 @@ class PromptOutcomesFile:
         return True
 
     def resume(self, step: int, run_id: str | None) -> None:
-        """Marks that the run went on from its checkpoint of `step`: later lines before this one are superseded."""
+        """Marks that the run went on from its checkpoint of `step`: later lines before this one are
+        superseded. Call it before the first `append`."""
         message = f"resumed at step {step}; later lines written before this one are superseded"
-        self._writer.append(event_record("resume", step, run_id=run_id, message=message))
+        # Written by a writer of its own: the round writer reads which rounds the file holds on its
+        # first append, and must read them with this line there (the rounds it supersedes are due again).
+        EvalHistory(self.path).append(event_record("resume", step, run_id=run_id, message=message))
 
 
 def read_prompt_outcomes(path_or_run_dir: str | Path, run_id: str | None = None) -> list[dict[str, Any]]:
