@@ -141,7 +141,7 @@ def check_integrity(
     if problems and action is IntegrityAction.FAIL:
         listed = "\n".join(f"- {p['message']}" for p in problems)
         raise IntegrityError(
-            f"the integrity checks found {len(problems)} problem(s) before training (evaluator integrity: fail):\n"
+            f"the integrity checks found {len(problems)} problem(s) before training (integrity: fail):\n"
             f"{listed}\neach is an 'integrity' event in the eval history; fix them, or set integrity: warn "
             "to train anyway"
         )
