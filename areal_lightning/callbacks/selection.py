@@ -54,7 +54,7 @@ def prompt_interval(outcomes: Mapping[int, float], confidence: float) -> tuple[f
 
     Example:
         >>> [round(b, 4) for b in prompt_interval({0: 1.0, 1: 0.0, 2: 1.0, 3: 1.0}, 0.95)]
-        [-0.0458, 1.5458]
+        [-0.0456, 1.5456]
     """
     from areal_lightning.metrics.paired import t_quantile
 

@@ -11,7 +11,7 @@ read with `read_prompt_outcomes`, holds each round of the run once, in order.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import lightning as L
@@ -22,6 +22,7 @@ from areal_lightning.callbacks.prompt_story import (
     StoryBuckets,
     first_round_bucket,
     gap_metrics,
+    story_metric_names,
     story_metrics,
 )
 from areal_lightning.callbacks.round_outcomes import RoundOutcomes
@@ -130,3 +131,17 @@ class StoryKeeper:
         self._first = _int_keys(state.get("first", {}))
         self._previous = _int_keys(state.get("previous", {}))
         self._resumed = True
+
+
+def story_names(eval_set: EvalSet, base_names: Iterable[str], settings: PromptStorySettings | None) -> list[str]:
+    """Every name the prompt story may add to `eval_set`'s metrics, given the names its rounds log
+    (known before any round: a config's thresholds and monitors can be checked against them).
+
+    Example:
+        >>> sorted(story_names(EvalSet("easy", [1, 2]), ["accuracy", "pass@1", "pass@4"], PromptStorySettings()))[-3:]
+        ['accuracy/gained', 'accuracy/lost', 'pass@4/gap']
+    """
+    strata: set[str] = set()
+    if settings is not None and settings.buckets is StoryBuckets.STRATUM:
+        strata = {sample_stratum(s, settings.stratum_field) for s in eval_set.samples}
+    return story_metric_names(base_names, settings, strata)

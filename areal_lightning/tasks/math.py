@@ -234,8 +234,8 @@ class MathTask:
         (GSM8K's ``... #### 72``, MATH's ``... \\boxed{...}``), or ``\\boxed{<answer>}`` for a plain answer.
 
         Example:
-            >>> MathTask.reference_completion(None, MathSample(0, "Q", "1/2", "test"))  # type: ignore[arg-type]
-            '\\boxed{1/2}'
+            >>> print(MathTask.reference_completion(None, MathSample(0, "Q", "1/2", "test")))  # type: ignore[arg-type]
+            \\boxed{1/2}
         """
         return sample.solution if sample.solution is not None else f"\\boxed{{{sample.answer}}}"
 
