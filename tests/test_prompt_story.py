@@ -115,3 +115,18 @@ def test_bad_options_are_named(options: dict[str, object], message: str) -> None
 def test_a_bucket_source_that_does_not_exist_is_named_with_the_choices() -> None:
     with pytest.raises(ArgumentError, match=r"Possible choices are: first_round, stratum$"):
         PromptStorySettings(buckets="strata")  # type: ignore[arg-type]
+
+
+def test_an_outcomes_line_is_the_documented_example_and_every_field_is_documented() -> None:
+    import json
+    from pathlib import Path
+
+    from areal_lightning.tracking.prompt_outcomes import outcome_row
+
+    outcomes = {"reward/mean": {0: 1.0, 1: 0.25, 2: 0.0}, "accuracy": {2: 0.0, 1: 0.25, 0: 1.0, 3: math.nan}}
+    line = outcome_row(120, 1, "easy", outcomes, 4, trigger=["steps"], run_id="k3j9x2a1", time=1764460800.5)
+    text = json.dumps(line)
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "eval_history.md").read_text()
+    assert text in doc
+    for field in line:
+        assert f"`{field}`" in doc, field
