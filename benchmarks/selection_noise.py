@@ -85,7 +85,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--sizes", type=int, nargs="+", default=[30, 100, 500])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--luck-corr", type=float, default=0.8, help="correlation of a prompt's luck at neighbouring checkpoints")
+    parser.add_argument(
+        "--luck-corr", type=float, default=0.8, help="correlation of a prompt's luck at neighbouring checkpoints"
+    )
     parser.add_argument("--fresh-seeds", action="store_true", help="new sampling seeds every round (ours keep them)")
     args = parser.parse_args()
     names = ["point", "lcb 95%", "paired 95%", "paired 80%"]

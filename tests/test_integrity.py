@@ -45,7 +45,13 @@ def test_a_constructed_overlap_is_found_with_counts_and_examples() -> None:
     overlap = find_overlap(train, evals)
     assert (overlap.prompts, overlap.exact, overlap.ngram, overlap.found) == (5, [0], [1], 2)
     exact, shared = overlap.examples
-    assert exact == {"index": 0, "prompt": "what is 3 + 4", "match": "exact", "train_index": 0, "train_prompt": train[0]}
+    assert exact == {
+        "index": 0,
+        "prompt": "what is 3 + 4",
+        "match": "exact",
+        "train_index": 0,
+        "train_prompt": train[0],
+    }
     assert shared["match"] == "13-gram" and shared["train_index"] == 1
     assert shared["ngram"] == "has 17 cows and 5 pigs in a red barn near the river"
 
@@ -99,8 +105,11 @@ def test_grpo_modules_grader_that_fails_its_own_gold_is_an_event_with_the_rows(t
 def test_fail_stops_the_fit_before_its_first_step(tmp_path: Path) -> None:
     module = CountingModule()
     module.integrity_train_prompts = lambda: ["3+4=", "5+5="]  # type: ignore[attr-defined]
-    with pytest.raises(IntegrityError, match=r"(?s)found 1 problem\(s\) before training \(integrity: fail\):\n"
-                       r"- eval set 'probe': 1 of its 3 prompts appear in the training prompts .*integrity: warn"):  # fmt: skip
+    with pytest.raises(
+        IntegrityError,
+        match=r"(?s)found 1 problem\(s\) before training \(integrity: fail\):\n"
+        r"- eval set 'probe': 1 of its 3 prompts appear in the training prompts .*integrity: warn",
+    ):
         _integrity(tmp_path, module, [EvalSet("probe", ["1+1=", "3 + 4 =", "9+9="])], "fail")
     assert float(module.w) == 0.0  # no optimizer step ran
     records = read_history(tmp_path)
@@ -131,7 +140,7 @@ def test_a_grader_that_raises_on_its_gold_is_a_finding_not_a_crash(tmp_path: Pat
     module = CountingModule()
     module.integrity_reference = lambda s: str(s)  # type: ignore[attr-defined]
     module.integrity_grade = lambda cs, ss: 1 / 0  # type: ignore[attr-defined]
-    (overlap, gold) = _integrity(tmp_path, module, [EvalSet("probe", [1.0])])
+    (_, gold) = _integrity(tmp_path, module, [EvalSet("probe", [1.0])])
     assert gold["status"] == "found" and "the gold check raised ZeroDivisionError: division by zero" in gold["message"]
 
 
@@ -178,4 +187,7 @@ def test_fit_with_integrity_fail_exits_2_naming_the_overlap(tmp_path: Path, caps
     assert "- eval set 'easy': " in err and "prompts appear in the training prompts" in err
     records = read_history(tmp_path / "run")
     assert eval_rows(records) == []  # not even the round before training
-    assert [(e["check"], e["status"]) for e in event_rows(records, "integrity")] == [("overlap", "found"), ("gold", "ok")]
+    assert [(e["check"], e["status"]) for e in event_rows(records, "integrity")] == [
+        ("overlap", "found"),
+        ("gold", "ok"),
+    ]

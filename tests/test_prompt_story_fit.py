@@ -59,7 +59,9 @@ def test_the_story_reaches_the_history_every_logger_and_the_outcomes_file(tmp_pa
 
     with open(next(tmp_path.glob("csv/version_*/metrics.csv"))) as f:
         csv_rows = [r for r in csv.DictReader(f) if r.get("eval/easy/accuracy/gained")]
-    assert [float(r["eval/easy/accuracy/gained"]) for r in csv_rows] == [expected[s]["accuracy/gained"] for s in STEPS[1:]]
+    assert [float(r["eval/easy/accuracy/gained"]) for r in csv_rows] == [
+        expected[s]["accuracy/gained"] for s in STEPS[1:]
+    ]
     logged = [r for r in wandb_history(read_wandb_records(tmp_path)) if "eval/easy/pass@4/gap" in r]
     assert [r["eval/easy/pass@4/gap"] for r in logged] == pytest.approx([expected[s]["pass@4/gap"] for s in STEPS])
     assert [r["eval/easy/accuracy/lost"] for r in logged[1:]] == [expected[s]["accuracy/lost"] for s in STEPS[1:]]

@@ -86,8 +86,16 @@ def test_lcb_without_outcomes_uses_the_published_interval() -> None:
 @pytest.mark.parametrize(
     ("rule", "candidate", "message"),
     [
-        ("paired", Candidate(0.5), r"^best_rule=paired needs the per-prompt outcomes of 'pass@4' \(evaluate_fn records"),
-        ("lcb", Candidate(0.5), r"^best_rule=lcb needs the interval of 'pass@4': per-prompt outcomes .* or pass@4/ci_low"),
+        (
+            "paired",
+            Candidate(0.5),
+            r"^best_rule=paired needs the per-prompt outcomes of 'pass@4' \(evaluate_fn records",
+        ),
+        (
+            "lcb",
+            Candidate(0.5),
+            r"^best_rule=lcb needs the interval of 'pass@4': per-prompt outcomes .* or pass@4/ci_low",
+        ),
     ],
 )
 def test_a_rule_that_lacks_what_it_needs_says_what_at_the_first_round(
@@ -148,8 +156,11 @@ def test_a_checkpoint_of_the_point_rule_resumed_under_paired_compares_once_by_va
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"rule": "lbc"}, r"^Unsupported parameter value `EvaluationCallback\(best_rule='lbc'\)`. Possible choices "
-         r"are: point, lcb, paired$"),  # fmt: skip
+        (
+            {"rule": "lbc"},
+            r"^Unsupported parameter value `EvaluationCallback\(best_rule='lbc'\)`. Possible choices "
+            r"are: point, lcb, paired$",
+        ),
         ({"confidence": 1.0}, r"^`EvaluationCallback\(best_confidence=...\)` must be a number in \(0, 1\), got 1.0$"),
     ],
 )

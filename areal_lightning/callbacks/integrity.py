@@ -1,6 +1,7 @@
-"""`check_integrity` (the `IntegrityChecks` follow-up runs it): at the start of every fit, before the first training step, look for training
-prompts in the eval sets and for reference answers the task's own grader fails (the checks of
-`callbacks.integrity_checks`), and record each finding as an ``integrity`` event of the eval history.
+"""`check_integrity` (the `IntegrityChecks` follow-up runs it): at the start of every fit, before the
+first training step, look for training prompts in the eval sets and for reference answers the task's
+own grader fails (the checks of `callbacks.integrity_checks`), and record each finding as an
+``integrity`` event of the eval history.
 
 ``warn`` (the default) records and warns; ``fail`` also stops the fit with `IntegrityError` when a
 check finds a problem; ``off`` checks nothing. The module being fit offers what the checks read
@@ -50,7 +51,7 @@ def _overlap(eval_set: EvalSet, train: Sequence[str] | None, module: Any) -> dic
         return _finding(OVERLAP, eval_set.name, SKIPPED, f"{where}: training prompts not checked: {why}")
     prompt = getattr(module, "integrity_prompt", None) or sample_prompt
     o = find_overlap(train, [prompt(x) for x in eval_set.samples])
-    fields = dict(prompts=o.prompts, exact=len(o.exact), ngram=len(o.ngram), ngram_n=NGRAM)
+    fields: dict[str, Any] = dict(prompts=o.prompts, exact=len(o.exact), ngram=len(o.ngram), ngram_n=NGRAM)
     fields.update(indices=sorted(o.exact + o.ngram), examples=o.examples)
     if not o.found:
         text = f"{where}: none of its {o.prompts} prompts is among the {len(train)} training prompts"
@@ -72,8 +73,8 @@ def _gold(eval_set: EvalSet, module: Any) -> dict[str, Any]:
         return _finding(GOLD, eval_set.name, SKIPPED, f"{where}: reference answers not graded: {why}")
     prompt = getattr(module, "integrity_prompt", None) or sample_prompt
     g = grade_references(eval_set.samples, reference, grade, prompt)
-    fields = dict(graded=g.graded, failed=len(g.failed), no_reference=g.no_reference, indices=g.failed)
-    fields["examples"] = g.examples
+    fields: dict[str, Any] = dict(graded=g.graded, failed=len(g.failed), no_reference=g.no_reference)
+    fields.update(indices=g.failed, examples=g.examples)
     if not g.graded:
         return _finding(GOLD, eval_set.name, SKIPPED, f"{where}: no sample has a reference answer to grade", **fields)
     if not g.failed:
@@ -107,7 +108,9 @@ def integrity_findings(module: Any, eval_sets: Sequence[EvalSet]) -> list[dict[s
         train = [str(p) for p in read_train()] if callable(read_train) else None
         unreadable = False
     except Exception as err:  # noqa: BLE001 - one finding for every set
-        findings.append(_finding(OVERLAP, None, FOUND, f"reading the training prompts raised {type(err).__name__}: {err}"))
+        findings.append(
+            _finding(OVERLAP, None, FOUND, f"reading the training prompts raised {type(err).__name__}: {err}")
+        )
         unreadable = True
     for eval_set in eval_sets:
         if not unreadable:
@@ -129,7 +132,7 @@ def check_integrity(
     found = integrity_findings(trainer.lightning_module, eval_sets) if trainer.is_global_zero else None
     # Rank 0 reads the training prompts and grades once; every rank acts on its findings: a fail
     # decided on one rank alone would leave the others waiting in the first step's collectives.
-    findings: list[dict[str, Any]] = trainer.strategy.broadcast(found, src=0)
+    findings: list[dict[str, Any]] = trainer.strategy.broadcast(found or [], src=0)
     problems = [f for f in findings if f["status"] == FOUND]
     for f in findings:
         level = logging.INFO if f["status"] != FOUND else logging.WARNING

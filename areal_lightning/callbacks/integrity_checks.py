@@ -151,7 +151,8 @@ def grade_references(
     """Grades each sample's reference completion with the task's grader, all in one call.
 
     Example:
-        >>> g = grade_references(["1+1=", "2+2="], lambda s: "2", lambda cs, ss: [c == str(eval(s[:-1])) for c, s in zip(cs, ss)])
+        >>> right = lambda cs, ss: [c == str(eval(s[:-1])) for c, s in zip(cs, ss)]
+        >>> g = grade_references(["1+1=", "2+2="], lambda s: "2", right)
         >>> g.graded, g.failed, g.examples[0]["reference"]
         (2, [1], '2')
     """

@@ -48,15 +48,18 @@ class PromptStorySettings:
     """Each prompt's outcome across rounds (the YAML ``evaluator.prompt_story`` block; null: off)."""
 
     metric: str = "accuracy"
-    """The per-prompt outcome the story follows (as evaluate_fn records it: the default evaluation records accuracy)."""
+    """The per-prompt outcome the story follows (as evaluate_fn records it; the default evaluation
+    records accuracy)."""
     buckets: StoryBuckets = StoryBuckets.FIRST_ROUND
-    """first_round: hard / medium / easy from each prompt's outcome at the first round; stratum: the samples' stratum_field."""
+    """first_round: hard / medium / easy from each prompt's outcome at the first round; stratum: the
+    samples' stratum_field."""
     stratum_field: str = "stratum"
     """With buckets: stratum, the sample attribute or key that names its bucket (the math task's level, ...)."""
     solved_at: float = 0.5
     """A prompt counts as solved in a round when its outcome is at least this (gained: unsolved before, solved now)."""
     max_file_mb: Optional[float] = DEFAULT_MAX_FILE_MB
-    """Bound of <output_dir>/prompt_outcomes.jsonl in MiB: rounds past it are not written (an event says so); null: none."""
+    """Bound of <output_dir>/prompt_outcomes.jsonl in MiB: rounds past it are not written (an event
+    says so); null: none."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.buckets, StoryBuckets):
@@ -78,7 +81,9 @@ class PromptStorySettings:
             raise ArgumentError("EvaluationCallback", "prompt_story.solved_at", solved, "a number in (0, 1]")
         mb = self.max_file_mb
         if mb is not None and (isinstance(mb, bool) or not isinstance(mb, (int, float)) or not 0 < mb < math.inf):
-            raise ArgumentError("EvaluationCallback", "prompt_story.max_file_mb", mb, "a positive number of MiB or None")
+            raise ArgumentError(
+                "EvaluationCallback", "prompt_story.max_file_mb", mb, "a positive number of MiB or None"
+            )
 
 
 def gap_names(base_names: Iterable[str]) -> list[str]:
@@ -110,7 +115,8 @@ def story_metric_names(
 
     Example:
         >>> story_metric_names(["accuracy", "pass@1", "pass@4"], PromptStorySettings())
-        ['accuracy/bucket/easy', 'accuracy/bucket/hard', 'accuracy/bucket/medium', 'accuracy/gained', 'accuracy/lost', 'pass@4/gap']
+        ['accuracy/bucket/easy', 'accuracy/bucket/hard', 'accuracy/bucket/medium', 'accuracy/gained',
+         'accuracy/lost', 'pass@4/gap']
     """
     if settings is None:
         return []

@@ -259,7 +259,8 @@ class Decisions:
     best_confidence: float = DEFAULT_SELECTION_CONFIDENCE
     """The confidence of the intervals best_rule lcb and paired use."""
     prompt_story: Optional[PromptStorySettings] = field(default_factory=PromptStorySettings)
-    """Each prompt's outcome across rounds: <metric>/gained, /lost, /bucket/<b>, and prompt_outcomes.jsonl; null: off."""
+    """Each prompt's outcome across rounds: <metric>/gained, /lost, /bucket/<b>, pass@<k>/gap, and
+    prompt_outcomes.jsonl, e.g. {buckets: stratum}; null: off."""
     integrity: IntegrityAction = IntegrityAction.WARN
     """At the start of fit, look for training prompts in the eval sets and reference answers the grader fails:
     warn (an integrity event and a warning), fail (training does not start), off."""

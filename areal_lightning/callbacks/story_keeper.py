@@ -32,6 +32,7 @@ from areal_lightning.eval_round.subsample import sample_stratum
 from areal_lightning.tracking.prompt_outcomes import MIB, OUTCOMES_FILENAME, PromptOutcomesFile, outcome_row
 from areal_lightning.tracking.recorder import EvalRecorder
 
+
 def _int_keys(per_set: Mapping[str, Mapping[Any, float]]) -> dict[str, dict[int, float]]:
     return {d: {int(i): float(v) for i, v in o.items()} for d, o in per_set.items()}
 
@@ -90,7 +91,13 @@ class StoryKeeper:
                 causes = [str(c) for c in done.causes]
                 rows.append(
                     outcome_row(
-                        done.step, done.epoch, r.dataset, per_metric, r.num_prompts, trigger=causes, run_id=recorder.run_id
+                        done.step,
+                        done.epoch,
+                        r.dataset,
+                        per_metric,
+                        r.num_prompts,
+                        trigger=causes,
+                        run_id=recorder.run_id,
                     )
                 )
             if metric in per_metric:

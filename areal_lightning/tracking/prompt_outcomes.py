@@ -50,8 +50,9 @@ def outcome_row(
     """One eval set's line of a round: each metric's outcomes as a list by sample index.
 
     Example:
-        >>> outcome_row(5, 0, "easy", {"accuracy": {1: 0.5, 0: 1.0}}, 3, trigger=["steps"], run_id="r", time=0.0)
-        {'step': 5, 'epoch': 0, 'time': 0.0, 'trigger': ['steps'], 'dataset': 'easy', 'run_id': 'r', 'num_prompts': 3, 'outcomes': {'accuracy': [1.0, 0.5, None]}}
+        >>> row = outcome_row(5, 0, "easy", {"accuracy": {1: 0.5, 0: 1.0}}, 3, trigger=["steps"], run_id="r")
+        >>> row["num_prompts"], row["outcomes"]
+        (3, {'accuracy': [1.0, 0.5, None]})
     """
     import time as _time
 

@@ -18,7 +18,8 @@ def group_members(records: Sequence[Mapping[str, Any]], prefix: str) -> list[str
     ``/ci_*`` bounds left out) with a value somewhere (an empty bucket is null throughout), in first-seen order.
 
     Example:
-        >>> recs = [{"step": 0, "dataset": "easy", "metrics": {"accuracy/bucket/hard": 0.1, "accuracy/bucket/easy": 0.9}}]
+        >>> metrics = {"accuracy/bucket/hard": 0.1, "accuracy/bucket/easy": 0.9}
+        >>> recs = [{"step": 0, "dataset": "easy", "metrics": metrics}]
         >>> group_members(recs, "accuracy/bucket")
         ['hard', 'easy']
     """
@@ -51,6 +52,8 @@ def group_records(records: Sequence[Mapping[str, Any]], prefix: str) -> list[dic
             if name not in metrics:
                 continue
             values = {prefix: metrics[name]}
-            values.update({prefix + bound: metrics[name + bound] for bound in ("/ci_low", "/ci_high") if name + bound in metrics})
+            values.update(
+                {prefix + bound: metrics[name + bound] for bound in ("/ci_low", "/ci_high") if name + bound in metrics}
+            )
             out.append({**row, "dataset": f"{row.get('dataset')}: {member}", "metrics": values})
     return out

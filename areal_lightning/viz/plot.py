@@ -370,7 +370,8 @@ def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metric",
         default=DEFAULT_METRIC,
-        help=f"metric to draw, e.g. accuracy, pass@4, reward/mean, or a group: accuracy/bucket (default: {DEFAULT_METRIC})",
+        help="metric to draw, e.g. accuracy, pass@4, reward/mean, or a group: accuracy/bucket "
+        f"(default: {DEFAULT_METRIC})",
     )
     parser.add_argument(
         "--out",
