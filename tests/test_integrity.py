@@ -6,6 +6,7 @@ checks nothing; a user's own LightningModule offers the checks through the same 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -113,14 +114,19 @@ def test_fail_stops_the_fit_before_its_first_step(tmp_path: Path) -> None:
         _integrity(tmp_path, module, [EvalSet("probe", ["1+1=", "3 + 4 =", "9+9="])], "fail")
     assert float(module.w) == 0.0  # no optimizer step ran
     records = read_history(tmp_path)
-    assert eval_rows(records) == [] and [e["status"] for e in event_rows(records, "integrity")] == ["found", "skipped"]
+    assert eval_rows(records) == [] and [e["status"] for e in event_rows(records, "integrity")] == ["found"]
 
 
-def test_a_users_own_module_offers_what_it_can_and_the_rest_is_skipped(tmp_path: Path) -> None:
+def test_a_users_own_module_offers_what_it_can_and_the_rest_is_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     module = CountingModule()
-    events = _integrity(tmp_path / "plain", module, [EvalSet("probe", [1.0, 2.0])])
-    assert [(e["check"], e["status"]) for e in events] == [("overlap", "skipped"), ("gold", "skipped")]
-    assert "CountingModule offers no integrity_train_prompts()" in events[0]["message"]
+    with caplog.at_level(logging.INFO, logger="areal_lightning.callbacks.integrity"):
+        assert _integrity(tmp_path / "plain", module, [EvalSet("probe", [1.0, 2.0])]) == []
+    assert "integrity check skipped: eval set 'probe': training prompts not checked: CountingModule offers no " in (
+        caplog.text
+    )
+    assert "offers no integrity_reference() and integrity_grade()" in caplog.text
     module = CountingModule()
     module.integrity_train_prompts = lambda: ["1.0"]  # type: ignore[attr-defined]
     module.integrity_reference = lambda s: str(s)  # type: ignore[attr-defined]
@@ -140,7 +146,7 @@ def test_a_grader_that_raises_on_its_gold_is_a_finding_not_a_crash(tmp_path: Pat
     module = CountingModule()
     module.integrity_reference = lambda s: str(s)  # type: ignore[attr-defined]
     module.integrity_grade = lambda cs, ss: 1 / 0  # type: ignore[attr-defined]
-    (_, gold) = _integrity(tmp_path, module, [EvalSet("probe", [1.0])])
+    (gold,) = _integrity(tmp_path, module, [EvalSet("probe", [1.0])])  # the overlap check: skipped
     assert gold["status"] == "found" and "the gold check raised ZeroDivisionError: division by zero" in gold["message"]
 
 

@@ -6,7 +6,7 @@ own grader fails (the checks of `callbacks.integrity_checks`), and record each f
 ``warn`` (the default) records and warns; ``fail`` also stops the fit with `IntegrityError` when a
 check finds a problem; ``off`` checks nothing. The module being fit offers what the checks read
 (`IntegritySource`: its training prompts, an eval sample's prompt, its reference completion and
-the grader); a check it offers nothing for is recorded as skipped.
+the grader); a check it offers nothing for is skipped (a log line, no event).
 """
 
 from __future__ import annotations
@@ -22,8 +22,11 @@ from areal_lightning.callbacks.integrity_checks import NGRAM, IntegrityError, fi
 from areal_lightning.eval_round import EvalSet
 from areal_lightning.tracking.recorder import EvalRecorder
 
+log = logging.getLogger(__name__)
+
 OK, FOUND, SKIPPED = "ok", "found", "skipped"
-"""An integrity event's ``status``: nothing found, a problem found (or the check itself failed), not checked."""
+"""A finding's ``status``: nothing found, a problem found (or the check itself failed), not checked
+(logged only: events hold ``ok`` and ``found``)."""
 OVERLAP, GOLD = "overlap", "gold"
 """An integrity event's ``check``: training prompts in the eval set, reference answers the grader fails."""
 MAX_ROWS_NAMED = 10
@@ -135,6 +138,10 @@ def check_integrity(
     findings: list[dict[str, Any]] = trainer.strategy.broadcast(found or [], src=0)
     problems = [f for f in findings if f["status"] == FOUND]
     for f in findings:
+        if f["status"] == SKIPPED:  # nothing checked: a log line, not a record in every plain module's history
+            if trainer.is_global_zero:
+                log.info("integrity check skipped: %s", f["message"])
+            continue
         level = logging.INFO if f["status"] != FOUND else logging.WARNING
         if f["status"] == FOUND and action is IntegrityAction.FAIL:
             level = logging.ERROR

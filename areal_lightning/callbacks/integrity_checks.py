@@ -32,7 +32,7 @@ _PUNCTUATION = str.maketrans({c: " " for c in string.punctuation})
 class IntegritySource(Protocol):
     """What the integrity checks read from the LightningModule being fit (`GRPOModule` has all of it).
 
-    Any method may be missing: a check whose methods the module lacks is recorded as skipped.
+    Any method may be missing: a check whose methods the module lacks is skipped (a log line says which).
     A user's own LightningModule offers the checks by defining these methods.
     """
 
