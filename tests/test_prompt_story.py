@@ -102,18 +102,19 @@ def test_the_names_the_story_may_add_follow_from_the_base_names() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"solved_at": 0}, r"^`EvaluationCallback\(prompt_story.solved_at=...\)` must be a number in \(0, 1\], got 0$"),
-        ({"metric": ""}, r"^`EvaluationCallback\(prompt_story.metric=...\)` must be a non-empty string, got ''$"),
+        ({"solved_at": 0}, r"^`PromptStorySettings\(solved_at=...\)` must be a number in \(0, 1\], got 0$"),
+        ({"metric": ""}, r"^`PromptStorySettings\(metric=...\)` must be a non-empty string, got ''$"),
         ({"max_file_mb": -1}, r"must be a positive number of MiB or None, got -1$"),
     ],
 )
 def test_bad_options_are_named(options: dict[str, object], message: str) -> None:
     with pytest.raises(ArgumentError, match=message):
-        PromptStorySettings(**options).check()  # type: ignore[arg-type]
+        PromptStorySettings(**options)  # type: ignore[arg-type]
 
 
 def test_a_bucket_source_that_does_not_exist_is_named_with_the_choices() -> None:
-    with pytest.raises(ArgumentError, match=r"Possible choices are: first_round, stratum$"):
+    message = r"^Unsupported parameter value `PromptStorySettings\(buckets='strata'\)`. Possible choices are: "
+    with pytest.raises(ArgumentError, match=message + "first_round, stratum$"):
         PromptStorySettings(buckets="strata")  # type: ignore[arg-type]
 
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Optional
 
-from areal_lightning.errors import ArgumentError
+from areal_lightning.callbacks.choices import choice
+from areal_lightning.errors import ArgumentError, owned_by
 
 GAINED, LOST, BUCKET, GAP = "gained", "lost", "bucket", "gap"
 """Name parts of the story metrics: ``accuracy/gained``, ``accuracy/bucket/hard``, ``pass@4/gap``."""
@@ -32,6 +33,7 @@ HARD, MEDIUM, EASY = "hard", "medium", "easy"
 FIRST_ROUND_BUCKETS = (HARD, MEDIUM, EASY)
 """The difficulty buckets from the first round: no sample right, some right, every sample right."""
 DEFAULT_MAX_FILE_MB = 64.0
+OWNER = "PromptStorySettings"
 _PASS_AT = re.compile(r"pass@(\d+)")
 
 
@@ -62,28 +64,26 @@ class PromptStorySettings:
     says so); null: none."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.buckets, StoryBuckets):
-            from areal_lightning.callbacks.choices import choice
-
-            self.buckets = choice("prompt_story.buckets", self.buckets, StoryBuckets)
+        with owned_by(OWNER):
+            self.buckets = choice("buckets", self.buckets, StoryBuckets)
+        self.check()
 
     def check(self) -> None:
         """Refuses a value the story cannot use.
 
         Raises:
-            ArgumentError: naming the option (``prompt_story.solved_at``), its value and what is accepted.
+            ArgumentError: naming the field (``PromptStorySettings(solved_at=...)``), its value and what
+                is accepted.
         """
         for arg, value in (("metric", self.metric), ("stratum_field", self.stratum_field)):
             if not isinstance(value, str) or not value:
-                raise ArgumentError("EvaluationCallback", f"prompt_story.{arg}", value, "a non-empty string")
+                raise ArgumentError(OWNER, arg, value, "a non-empty string")
         solved = self.solved_at
         if isinstance(solved, bool) or not isinstance(solved, (int, float)) or not 0 < solved <= 1:
-            raise ArgumentError("EvaluationCallback", "prompt_story.solved_at", solved, "a number in (0, 1]")
+            raise ArgumentError(OWNER, "solved_at", solved, "a number in (0, 1]")
         mb = self.max_file_mb
         if mb is not None and (isinstance(mb, bool) or not isinstance(mb, (int, float)) or not 0 < mb < math.inf):
-            raise ArgumentError(
-                "EvaluationCallback", "prompt_story.max_file_mb", mb, "a positive number of MiB or None"
-            )
+            raise ArgumentError(OWNER, "max_file_mb", mb, "a positive number of MiB or None")
 
 
 def gap_names(base_names: Iterable[str]) -> list[str]:

@@ -11,7 +11,7 @@ read with `read_prompt_outcomes`, holds each round of the run once, in order.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import lightning as L
@@ -22,6 +22,7 @@ from areal_lightning.callbacks.prompt_story import (
     StoryBuckets,
     first_round_bucket,
     gap_metrics,
+    gap_names,
     story_metric_names,
     story_metrics,
 )
@@ -51,21 +52,36 @@ class StoryKeeper:
         ArgumentError: for an option out of range (`PromptStorySettings.check`).
     """
 
-    def __init__(self, settings: PromptStorySettings, outcomes: RoundOutcomes) -> None:
+    def __init__(
+        self, settings: PromptStorySettings, outcomes: RoundOutcomes, eval_sets: Sequence[EvalSet] = ()
+    ) -> None:
         settings.check()
         self.settings = settings
         self.outcomes = outcomes
         self._first: dict[str, dict[int, float]] = {}
         self._previous: dict[str, dict[int, float]] = {}
-        self._strata: dict[str, dict[int, str]] = {}
+        self._strata: dict[str, dict[int, str]] = self._strata_of(eval_sets)
         self._file: PromptOutcomesFile | None = None
         self._full = False
         self._resumed = False
 
+    def _strata_of(self, eval_sets: Sequence[EvalSet]) -> dict[str, dict[int, str]]:
+        if self.settings.buckets is not StoryBuckets.STRATUM:
+            return {}
+        field = self.settings.stratum_field
+        return {s.name: {i: sample_stratum(x, field) for i, x in enumerate(s.samples)} for s in eval_sets}
+
+    def names(self, dataset: str, metrics: Collection[str], outcome_names: Collection[str]) -> set[str]:
+        """The names the story adds to `dataset`'s rounds, given the names a round produced and those
+        with per-prompt outcomes (the buckets of ``stratum`` from the eval sets it was given)."""
+        names = set(gap_names(metrics))
+        if self.settings.metric in outcome_names:
+            strata = set(self._strata.get(dataset, {}).values())
+            names |= set(story_metric_names([self.settings.metric], self.settings, strata))
+        return names
+
     def start(self, trainer: L.Trainer, eval_sets: Sequence[EvalSet], recorder: EvalRecorder) -> None:
-        if self.settings.buckets is StoryBuckets.STRATUM:
-            field = self.settings.stratum_field
-            self._strata = {s.name: {i: sample_stratum(x, field) for i, x in enumerate(s.samples)} for s in eval_sets}
+        self._strata = self._strata_of(eval_sets)
         if recorder.history is not None:  # rank 0, unless fast_dev_run
             mb = self.settings.max_file_mb
             self._file = PromptOutcomesFile(
