@@ -49,6 +49,7 @@ def expected_story(steps: list[int], solved_at: float = 0.5) -> dict[int, dict[s
             for b, members in buckets.items()
         }
         row["pass@4/gap"] = sum(v > 0 for v in now) / PROMPTS - sum(now) / PROMPTS
+        row["accuracy/gained"] = row["accuracy/lost"] = 0.0  # the first round: nothing to compare with
         if k:
             before = [share(i, steps[k - 1]) for i in range(PROMPTS)]
             row["accuracy/gained"] = float(sum(n >= solved_at > b for n, b in zip(now, before, strict=True)))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from callback_helpers import QUIET_WARNINGS, CountingModule, make_trainer, probe_weights
+from callback_helpers import QUIET_WARNINGS, CountingModule, make_trainer
 
 from areal_lightning.app.cli import main
 from areal_lightning.app.config import load_config
@@ -83,8 +83,12 @@ def _grpo(task: ArithmeticTask) -> GRPOModule:
     return GRPOModule(build_policy(cfg, task), task, cfg.grpo, seed=0)
 
 
+def _weight(module: Any, batches: Any, ctx: Any) -> dict[str, float]:
+    return {"w": float(module.w)}
+
+
 def _integrity(root: Path, module: Any, eval_sets: list[EvalSet], action: str = "warn") -> list[dict]:
-    evaluate_fn = None if isinstance(module, GRPOModule) else probe_weights
+    evaluate_fn = None if isinstance(module, GRPOModule) else _weight
     callback = EvaluationCallback(eval_sets, evaluate_fn, decisions={"integrity": action})
     make_trainer(root, [callback], max_steps=1).fit(module)
     return event_rows(read_history(root), "integrity")

@@ -62,7 +62,13 @@ def test_bucket_means_do_not_depend_on_the_order_of_the_prompts() -> None:
 def test_story_metrics_of_a_round_with_and_without_a_previous_one() -> None:
     buckets = {i: first_round_bucket(v) for i, v in ROUND_1.items()}
     first = story_metrics("accuracy", ROUND_1, None, buckets, ["hard", "medium", "easy"], 0.5)  # type: ignore[arg-type]
-    assert first == {"accuracy/bucket/hard": 0.0, "accuracy/bucket/medium": 0.375, "accuracy/bucket/easy": 1.0}
+    assert first == {
+        "accuracy/gained": 0.0,
+        "accuracy/lost": 0.0,
+        "accuracy/bucket/hard": 0.0,
+        "accuracy/bucket/medium": 0.375,
+        "accuracy/bucket/easy": 1.0,
+    }
     second = story_metrics("accuracy", ROUND_2, ROUND_1, buckets, ["hard", "medium", "easy"], 0.5)  # type: ignore[arg-type]
     assert second["accuracy/gained"] == 1.0 and second["accuracy/lost"] == 1.0
     assert second["accuracy/bucket/hard"] == 0.75 and second["accuracy/bucket/medium"] == 0.125

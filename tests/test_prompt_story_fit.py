@@ -49,22 +49,20 @@ def test_the_story_reaches_the_history_every_logger_and_the_outcomes_file(tmp_pa
     wandb_logger.experiment.finish()
 
     expected = expected_story(STEPS)
-    assert any(v["accuracy/gained"] and v["accuracy/lost"] for v in expected.values() if "accuracy/gained" in v)
+    assert any(v["accuracy/gained"] and v["accuracy/lost"] for v in expected.values())
     rows = {r["step"]: r["metrics"] for r in eval_rows(read_history(tmp_path))}
     assert sorted(rows) == STEPS
     for step in STEPS:
         for name, value in expected[step].items():
             assert _same(rows[step][name], value), (step, name)
-    assert "accuracy/gained" not in rows[0]  # the first round has no previous one
+    assert rows[0]["accuracy/gained"] == rows[0]["accuracy/lost"] == 0  # the first round has no previous one
 
     with open(next(tmp_path.glob("csv/version_*/metrics.csv"))) as f:
         csv_rows = [r for r in csv.DictReader(f) if r.get("eval/easy/accuracy/gained")]
-    assert [float(r["eval/easy/accuracy/gained"]) for r in csv_rows] == [
-        expected[s]["accuracy/gained"] for s in STEPS[1:]
-    ]
+    assert [float(r["eval/easy/accuracy/gained"]) for r in csv_rows] == [expected[s]["accuracy/gained"] for s in STEPS]
     logged = [r for r in wandb_history(read_wandb_records(tmp_path)) if "eval/easy/pass@4/gap" in r]
     assert [r["eval/easy/pass@4/gap"] for r in logged] == pytest.approx([expected[s]["pass@4/gap"] for s in STEPS])
-    assert [r["eval/easy/accuracy/lost"] for r in logged[1:]] == [expected[s]["accuracy/lost"] for s in STEPS[1:]]
+    assert [r["eval/easy/accuracy/lost"] for r in logged] == [expected[s]["accuracy/lost"] for s in STEPS]
 
     lines = read_prompt_outcomes(tmp_path)
     assert [(r["step"], r["dataset"], r["num_prompts"]) for r in lines] == [(s, "easy", PROMPTS) for s in STEPS]
@@ -125,3 +123,21 @@ def test_plot_draws_the_buckets_as_a_group(tmp_path: Path) -> None:
     assert [line.get_label() for line in fig.axes[0].get_lines()] == ["easy: hard", "easy: medium", "easy: easy"]
     gap = build_figure(load_runs([tmp_path]), "pass@4/gap")
     assert [line.get_label() for line in gap.axes[0].get_lines()] == ["easy"]
+
+
+def test_monitors_and_best_metrics_may_name_the_story_before_any_round(tmp_path: Path) -> None:
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    from areal_lightning.callbacks.sanity import MetricNameError
+
+    callback = _callback(best_metrics={"accuracy/bucket/hard": "max"}, prompt_story={"solved_at": 0.75})
+    stop = EarlyStopping(monitor="eval/easy/accuracy/gained", mode="max", patience=10)
+    make_trainer(tmp_path / "ok", [callback, stop], max_steps=2).fit(CountingModule(epoch_len=6))
+    rows = eval_rows(read_history(tmp_path / "ok"))
+    assert rows[-1]["metrics"]["accuracy/bucket/hard/best_step"] in (0.0, 2.0)
+    assert rows[-1]["metrics"]["accuracy/gained"] == expected_story([0, 2], solved_at=0.75)[2]["accuracy/gained"]
+    typo = EarlyStopping(monitor="eval/easy/accuracy/bucket/hardd", mode="max")
+    with pytest.raises(
+        MetricNameError, match=r"names eval/easy/accuracy/bucket/hardd, .*did you mean eval/easy/accuracy/bucket/hard\?"
+    ):
+        make_trainer(tmp_path / "typo", [_callback(), typo], max_steps=2).fit(CountingModule(epoch_len=6))

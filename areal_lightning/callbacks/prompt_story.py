@@ -106,7 +106,7 @@ def story_metric_names(
     """Every name the prompt story may add to an eval set whose rounds log `base_names`, sorted.
 
     The gap needs ``pass@1`` and a ``pass@<k>``; the other names need the story's `metric` among
-    `base_names` and its per-prompt outcomes (``gained`` / ``lost`` from the second round on).
+    `base_names` and its per-prompt outcomes.
 
     Args:
         base_names: the names the set's evaluation logs (``accuracy``, ``pass@1``, ``pass@4`` ...).
@@ -200,17 +200,17 @@ def story_metrics(
     bucket_names: Iterable[str],
     solved_at: float,
 ) -> dict[str, float]:
-    """The story of one eval set's round for `metric`: gained and lost (when there is a previous
-    round) and each bucket's mean outcome.
+    """The story of one eval set's round for `metric`: gained and lost since the previous round (0
+    and 0 at the first round: nothing to compare with) and each bucket's mean outcome.
 
     Example:
         >>> story_metrics("accuracy", {0: 1.0, 1: 0.0}, {0: 0.0, 1: 0.0}, {0: "hard", 1: "hard"}, ["hard"], 0.5)
         {'accuracy/gained': 1.0, 'accuracy/lost': 0.0, 'accuracy/bucket/hard': 0.5}
     """
     out: dict[str, float] = {}
-    if previous is not None:
-        gained, lost = gained_lost(current, previous, solved_at)
-        out[f"{metric}/{GAINED}"], out[f"{metric}/{LOST}"] = float(gained), float(lost)
+    # The first round has none to compare with: nothing gained or lost (and a monitor finds its value).
+    gained, lost = gained_lost(current, previous, solved_at) if previous is not None else (0, 0)
+    out[f"{metric}/{GAINED}"], out[f"{metric}/{LOST}"] = float(gained), float(lost)
     for bucket, mean in bucket_means(current, buckets, bucket_names).items():
         out[f"{metric}/{BUCKET}/{bucket}"] = mean
     return out
