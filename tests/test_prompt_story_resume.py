@@ -86,3 +86,30 @@ def test_a_resume_from_an_older_checkpoint_keeps_the_outcomes_file_whole_and_con
     assert story[6]["accuracy/gained"] == expected[6]["accuracy/gained"]
     assert story[6]["accuracy/lost"] == expected[6]["accuracy/lost"] > 0  # against step 4, restored
     assert not math.isnan(expected[6]["accuracy/bucket/hard"])
+
+
+def test_an_eval_set_whose_content_changed_starts_its_story_anew(tmp_path: Path) -> None:
+    def fit(samples: list[int], ckpt_path: str | None, max_steps: int) -> None:
+        callback = EvaluationCallback(
+            [EvalSet("easy", samples, batch_size=BATCH)],
+            story_evaluate,
+            schedule={"freq_steps": 2, "eval_before_train": True, "eval_at_end": False},
+        )
+        checkpoints = ModelCheckpoint(
+            dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=2, save_top_k=-1
+        )
+        trainer = make_trainer(tmp_path, [callback, checkpoints], max_steps=max_steps)
+        trainer.fit(CountingModule(epoch_len=5), ckpt_path=ckpt_path)
+
+    fit(list(range(PROMPTS)), None, 4)
+    fit([100 + i for i in range(PROMPTS)], str(tmp_path / "ckpt" / "step=4.ckpt"), 6)  # new content, same size
+    records = read_history(tmp_path)
+    assert [r["dataset"] for r in records if r.get("event") == "drift"] == ["easy"]
+    after = eval_rows(records)[-1]
+    assert after["step"] == 6
+    # Against step 4 five prompts would be lost, and step 0's buckets would all hold prompts; the
+    # changed set's story starts at step 6: nothing gained or lost, every prompt at 1/4 is medium.
+    assert expected_story([4, 6])[6]["accuracy/lost"] == 5
+    assert (after["metrics"]["accuracy/gained"], after["metrics"]["accuracy/lost"]) == (0.0, 0.0)
+    assert after["metrics"]["accuracy/bucket/medium"] == 0.25
+    assert after["metrics"]["accuracy/bucket/hard"] is None and after["metrics"]["accuracy/bucket/easy"] is None

@@ -199,3 +199,10 @@ def test_checkpoint_and_early_stopping_on_best_step_follow_the_rule(
     assert float(checkpoint.best_model_score) == best_step
     last = eval_rows(read_history(tmp_path))[-1]["metrics"]
     assert last["accuracy/best"] == ROUNDS[best_step // 2] / PROMPTS
+
+
+def test_a_changed_eval_set_is_compared_by_value_once_then_by_the_rule() -> None:
+    best = BestValues({"accuracy": "max"}, "paired")
+    _run(best, [10])
+    best.reset("easy")  # its content changed: the kept outcomes are of other prompts
+    assert _run(best, [11, 12, 19], first_step=1) == [2, 2, 6]

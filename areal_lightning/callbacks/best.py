@@ -163,6 +163,11 @@ class BestValues:
             kept[name] = Candidate(candidate.value, dict(candidate.outcomes or {}), candidate.ci_low, candidate.ci_high)
         return True
 
+    def reset(self, dataset: str) -> None:
+        """Forgets the best round's outcomes and bound of an eval set whose content changed: its next
+        round is compared with the best by value once, then by the rule (the best value stays)."""
+        self._kept.pop(dataset, None)
+
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {
             _KEY_BEST: {d: {m: [v, s] for m, (v, s) in per.items()} for d, per in self._best.items()}

@@ -104,18 +104,21 @@ class IntegrityChecks(FollowUp):
 
 
 class DriftCheck(FollowUp):
-    """Compares each eval set with the one the checkpoint saw; a changed set starts its pairing anew."""
+    """Compares each eval set with the one the checkpoint saw; a changed set starts its pairing (and
+    whatever else keeps its prompts' outcomes: `others`, each with a ``reset(eval_set)``) anew."""
 
     state_key = "drift"
     keeps = "monitor"
 
-    def __init__(self, pairs: PairedRounds) -> None:
+    def __init__(self, pairs: PairedRounds, *others: Any) -> None:
         self.monitor = DriftMonitor()
         self.pairs = pairs
+        self.others = others
 
     def start(self, trainer: L.Trainer, eval_sets: Sequence[EvalSet], recorder: EvalRecorder) -> None:
         for name, message in self.monitor.check(eval_sets).items():
-            self.pairs.reset(name)  # the new content has nothing to pair with
+            for keeper in (self.pairs, *self.others):
+                keeper.reset(name)  # the new content has nothing to pair with
             recorder.drift(trainer, trainer.global_step, name, message)
 
 
@@ -327,15 +330,16 @@ def build_follow_ups(
     pairs = PairedRounds()
     outcomes = RoundOutcomes()
     budget = schedule.eval_budget(clock)
-    story = decisions.prompt_story
+    best = decisions.best()
+    story = StoryKeeper(decisions.prompt_story, outcomes, eval_sets) if decisions.prompt_story is not None else None
     follow_ups: list[FollowUp | None] = [
         IntegrityChecks(decisions.integrity),
-        DriftCheck(pairs),
+        DriftCheck(pairs, best, *([story] if story is not None else [])),
         PairedDeltas(pairs),
         BudgetShare(budget) if budget is not None else None,
         AdaptiveInterval(schedule.adaptive.build(), pairs) if schedule.adaptive is not None else None,
-        PromptStory(StoryKeeper(story, outcomes, eval_sets)) if story is not None else None,
-        BestMetrics(decisions.best(), outcomes),
+        PromptStory(story) if story is not None else None,
+        BestMetrics(best, outcomes),
         ThresholdAlerts(decisions.thresholds(), decisions.threshold_action),
         RewardHackingWatch(decisions.reward_watch.build()) if decisions.reward_watch is not None else None,
     ]

@@ -47,6 +47,7 @@ class StoryKeeper:
     Args:
         settings: the story's options (checked here).
         outcomes: where the round's outcomes of every rank are gathered (shared with the best rule).
+        eval_sets: the eval sets, for the names of ``stratum`` buckets before any round.
 
     Raises:
         ArgumentError: for an option out of range (`PromptStorySettings.check`).
@@ -144,6 +145,11 @@ class StoryKeeper:
                 "are not written to it (the story metrics go on); raise evaluator.prompt_story.max_file_mb to keep them"
             )
             recorder.event(trainer, "prompt_outcomes", step, message, level=logging.WARNING, path=str(self._file.path))
+
+    def reset(self, dataset: str) -> None:
+        """Forgets an eval set's rounds (its content changed): its next round is a first round again."""
+        self._first.pop(dataset, None)
+        self._previous.pop(dataset, None)
 
     def state_dict(self) -> dict[str, Any]:
         return {"first": self._first, "previous": self._previous}
