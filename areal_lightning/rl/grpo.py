@@ -168,11 +168,11 @@ class GRPOModule(L.LightningModule):
         return seeded_generators([sample_seed(self.seed, TRAIN_STREAM, stream)], self.device)[0]
 
     def score(self, completions: Tensor, answers: Sequence[str]) -> tuple[list[str], Tensor]:
-        """Decoded completions and their rewards (float32, one per row)."""
+        """Decoded completions and their rewards (float32, one per row), scored together by the
+        task's `score_many` where it has one (the code task runs its programs in parallel)."""
         texts = [self.tokenizer.decode(row) for row in completions.cpu()]
-        rewards = torch.tensor(
-            [self.task.reward(t, a) for t, a in zip(texts, answers, strict=True)], dtype=torch.float32
-        )
+        scores = score_texts(self.task, texts, answers)
+        rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32)
         return texts, rewards.to(completions.device)
 
     def evaluate(self, batches: Sequence[Any], ctx: Any) -> dict[str, Any]:
