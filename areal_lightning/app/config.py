@@ -99,7 +99,11 @@ class WandbMode(str, Enum):
     DISABLED = "disabled"
 
 
-SETTINGS_PATHS = {"AdaptiveSettings": "evaluator.adaptive", "RewardWatchSettings": "evaluator.reward_watch"}
+SETTINGS_PATHS = {
+    "AdaptiveSettings": "evaluator.adaptive",
+    "RewardWatchSettings": "evaluator.reward_watch",
+    "PromptStorySettings": "evaluator.prompt_story",
+}
 """Where the settings classes that check their own fields when built live in the YAML file (the
 four groups of `EvaluationCallback`: ``evaluator``)."""
 
