@@ -23,6 +23,7 @@ from areal_lightning.callbacks.conclusion import Conclusion
 from areal_lightning.callbacks.follow_ups import FollowUp
 from areal_lightning.callbacks.lightning_monitors import EVAL_STEP_KEY
 from areal_lightning.callbacks.runners import RoundSpec, run_unrecorded
+from areal_lightning.callbacks.selection import CI_HIGH, CI_LOW, NoiseUnknownError, SelectionRule
 from areal_lightning.callbacks.settings import Decisions, Schedule
 from areal_lightning.callbacks.training_position import fast_dev_run
 from areal_lightning.errors import ArgumentError
@@ -232,3 +233,29 @@ class SanityPass:
         run_level = set().union(*(f.run_level_names() for f in self.follow_ups))
         named = named_in_settings(self.schedule, self.decisions) + monitored_eval_metrics(trainer)
         check_metric_names(named, produced, run_level)
+        check_noise_known(self.decisions, results)
+
+
+def check_noise_known(decisions: Decisions, results: Sequence[SetResult]) -> None:
+    """A noise-aware `best_rule` needs, for each best metric a round logs, its per-prompt outcomes
+    (``lcb``: or its published ``ci_low``/``ci_high``); checked before step 1, not at the first round.
+
+    Raises:
+        NoiseUnknownError: naming the rule, the metric and the eval set, and the ways out.
+    """
+    rule = decisions.best_rule
+    if rule is SelectionRule.POINT:
+        return
+    for r in results:
+        for metric in decisions.best().directions:
+            interval = {f"{metric}/{CI_LOW}", f"{metric}/{CI_HIGH}"} <= set(r.metrics)
+            if metric not in r.metrics or metric in r.outcome_names or (rule is SelectionRule.LCB and interval):
+                continue
+            also = (
+                f" or {metric}/{CI_LOW} and {metric}/{CI_HIGH} among its metrics" if rule is SelectionRule.LCB else ""
+            )
+            raise NoiseUnknownError(
+                f"`Decisions(best_rule={rule.value!r})` needs the per-prompt outcomes of {metric!r} on eval set "
+                f"{r.dataset!r} (evaluate_fn records them with ctx.record_outcomes({metric!r}, ...)){also}; "
+                "record them, or use best_rule='point'"
+            )
