@@ -73,9 +73,19 @@ def gsm8k(tmp_path):
 def test_gsm8k_rows_become_samples_with_plain_prompts(gsm8k):
     samples = MathTask(gsm8k).samples()
     assert samples == [
-        MathSample(index=0, prompt=f"Question: {GSM8K_ROWS[0]['question']}\nAnswer:", answer="8", stratum="gsm8k_test"),
         MathSample(
-            index=1, prompt=f"Question: {GSM8K_ROWS[1]['question']}\nAnswer:", answer="1,050", stratum="gsm8k_test"
+            index=0,
+            prompt=f"Question: {GSM8K_ROWS[0]['question']}\nAnswer:",
+            answer="8",
+            stratum="gsm8k_test",
+            solution=GSM8K_ROWS[0]["answer"],  # the row's whole solution: the reference completion
+        ),
+        MathSample(
+            index=1,
+            prompt=f"Question: {GSM8K_ROWS[1]['question']}\nAnswer:",
+            answer="1,050",
+            stratum="gsm8k_test",
+            solution=GSM8K_ROWS[1]["answer"],
         ),
     ]
     assert samples[0].key == samples[0].prompt + "8"
