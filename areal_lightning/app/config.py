@@ -416,7 +416,9 @@ class EvalSetConfig:
     size: Optional[int] = None
     """Number of prompts; null: 200 for arithmetic sets, every row for file sets (else the first `size` rows)."""
     n_samples: int = 4
-    """Completions sampled per prompt (pass@k and maj@k use k = 1 and k = n_samples)."""
+    """Completions sampled per prompt."""
+    ks: Optional[list[int]] = None
+    """The k of pass@k, pass^k and maj@k, each at most n_samples, e.g. [1, 4, 16]; null: 1 and n_samples."""
     temperature: float = 0.6
     """Sampling temperature; 0 means greedy."""
     top_p: float = 1.0
@@ -473,6 +475,7 @@ class EvalSetConfig:
             max_new_tokens=self.max_new_tokens or default_max_new_tokens,
             stop=list(self.stop),
             seed=self.seed,
+            ks=None if self.ks is None else list(self.ks),
         )
 
 
@@ -601,7 +604,7 @@ class Config:
             metric_names,  # torch and torchmetrics: only when needed
         )
 
-        logged = sorted({m for es in self.eval_sets.values() for m in metric_names(es.n_samples)})
+        logged = sorted({m for es in self.eval_sets.values() for m in metric_names(es.n_samples, es.ks)})
         named = [(f"evaluator.metric_thresholds.{name}", name, True) for name in ev.metric_thresholds]
         named += [(f"evaluator.best_metrics.{name}", name, False) for name in ev.best_metrics or {}]
         if ev.reward_watch is not None:

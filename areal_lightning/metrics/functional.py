@@ -186,6 +186,39 @@ def pass_at_k(correct: Tensor, k: int) -> Tensor:
     return _pass_at_k_per_prompt(correct, _check_k(k, "pass_at_k"), "pass_at_k").mean()
 
 
+def _pass_hat_k_per_prompt(correct: Tensor, k: int, where: str, name: str = "k") -> Tensor:
+    correct = _check_binary(_as_2d(correct, "correct", where), "correct", where)
+    n = correct.shape[1]
+    _check_k_le_n(k, n, where, name)
+    # C(c, k) / C(n, k) for c = 0 .. n, each the float64 nearest to the exact ratio (integer binomials).
+    table = torch.tensor([math.comb(c, k) / math.comb(n, k) for c in range(n + 1)], dtype=torch.float64)
+    return table.to(correct.device)[correct.sum(dim=1)]
+
+
+def pass_hat_k_per_prompt(correct: Tensor, k: int) -> Tensor:
+    """Unbiased pass^k of each prompt: the probability that ``k`` samples drawn without replacement
+    from the ``n`` are all correct, ``C(c, k) / C(n, k)`` with ``c`` correct out of ``n``.
+
+    Each value is the float64 nearest to the exact ratio. pass^1 is the share of correct samples;
+    pass^k falls with k where pass@k rises: together they tell reliability from coverage.
+
+    Args:
+        correct: ``[P, n]`` bool or 0/1 tensor, whether each sample is correct.
+        k: positive integer, ``k <= n``.
+
+    Returns:
+        ``[P]`` float64.
+
+    Raises:
+        ValueError: if ``correct`` is not 2-D or not 0/1, ``k`` is not a positive integer, or ``k > n``.
+
+    Example:
+        >>> pass_hat_k_per_prompt(torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]), k=2)  # C(3,2)/C(4,2) = 1/2
+        tensor([0.5000, 1.0000], dtype=torch.float64)
+    """
+    return _pass_hat_k_per_prompt(correct, _check_k(k, "pass_hat_k_per_prompt"), "pass_hat_k_per_prompt")
+
+
 def _maj_at_k_per_prompt(answer_ids: Tensor, correct: Tensor, k: int, where: str, name: str = "k") -> Tensor:
     answer_ids = _as_2d(answer_ids, "answer_ids", where)
     correct = _check_binary(_as_2d(correct, "correct", where), "correct", where)
