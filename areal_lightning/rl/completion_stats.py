@@ -89,3 +89,28 @@ def update_completion_metrics(
         logprobs, entropy, mask = scores
         metrics[LOGPROB].update(logprobs.detach().float(), mask)
         metrics[ENTROPY].update(entropy.detach().float(), mask)
+
+
+def step_completion_stats(
+    metrics: Mapping[str, Metric],
+    generation: Generation,
+    eos_id: int,
+    answer_ids: Sequence[int],
+    scores: tuple[Tensor, Tensor, Tensor] | None = None,
+    prefix: str = "train/",
+) -> dict[str, Tensor]:
+    """The completion statistics of one batch of rollouts over every rank's batch, by logged name
+    (``train/completion/length/mean`` ...): `metrics` are reset, updated and computed, which syncs
+    them over the ranks (every rank must call it, as every rank runs each training step), so the
+    values are the same on every rank and on any number of ranks for the same rollouts."""
+    for metric in metrics.values():
+        metric.reset()
+    update_completion_metrics(metrics, generation, eos_id, answer_ids, scores=scores)
+    values: dict[str, Tensor] = {}
+    for name, metric in metrics.items():
+        value = metric.compute()
+        if isinstance(value, dict):
+            values.update({f"{prefix}{name}/{key}": v for key, v in value.items()})
+        else:
+            values[f"{prefix}{name}"] = value
+    return values

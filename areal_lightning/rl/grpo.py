@@ -18,7 +18,7 @@ from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round.sharding import sample_seed
 from areal_lightning.metrics import AdvantageMetric, RewardMetric
 from areal_lightning.metrics.functional import group_advantages
-from areal_lightning.rl.completion_stats import completion_metrics, update_completion_metrics
+from areal_lightning.rl.completion_stats import completion_metrics, step_completion_stats
 from areal_lightning.rl.generation import Generation, generate_scored
 from areal_lightning.rl.policy import Policy, TinyPolicy, completion_mask
 from areal_lightning.rl.protocols import PromptTokenizer, RLTask, seeded_generators
@@ -233,22 +233,13 @@ class GRPOModule(L.LightningModule):
 
     def _log_completion_stats(self, generation: Generation, texts: Sequence[str], scores: tuple[Tensor, ...]) -> None:
         """``train/completion/...``: the evaluation's completion statistics of this step's rollouts,
-        over every rank's (one sync per state: the same on any number of ranks); log-probability and
-        entropy are the loss's, at the training temperature."""
-        for metric in self.train_completions.values():
-            metric.reset()
+        over every rank's (the same on any number of ranks); log-probability and entropy are the
+        loss's, at the training temperature."""
         answer_ids = [self.task.answer_id(t) for t in texts]
         logp, entropy, mask = scores
-        update_completion_metrics(
+        values = step_completion_stats(
             self.train_completions, generation, self.policy.eos_id, answer_ids, scores=(logp, entropy, mask)
         )
-        values: dict[str, Tensor] = {}
-        for name, metric in self.train_completions.items():
-            value = metric.compute()
-            if isinstance(value, dict):
-                values.update({f"train/{name}/{key}": v for key, v in value.items()})
-            else:
-                values[f"train/{name}"] = value
         self.log_dict(values, batch_size=len(texts))
 
     @override
