@@ -115,14 +115,18 @@ def test_bad_ks_in_yaml_names_the_eval_set_the_value_and_what_is_accepted(ks: st
 
 
 def test_ks_in_yaml_reach_the_eval_set_and_thresholds_may_name_them() -> None:
-    cfg = load_config(None, ["eval_sets.easy.n_samples=8", "eval_sets.easy.ks=[8,2]", "evaluator.best_metrics={pass^2: max}"])
+    cfg = load_config(
+        None, ["eval_sets.easy.n_samples=8", "eval_sets.easy.ks=[8,2]", "evaluator.best_metrics={pass^2: max}"]
+    )
     assert cfg.eval_sets["easy"].sampling(None).at_ks == (2, 8)
     with pytest.raises(ConfigError, match=r"evaluator.best_metrics.pass\^3 names a metric the evaluation does not log"):
         load_config(None, ["eval_sets.easy.ks=[1,2]", "evaluator.best_metrics={pass^3: max}"])
 
 
 def test_bad_ks_in_python_are_refused_with_the_value_and_what_is_accepted() -> None:
-    with pytest.raises(ArgumentError, match=r"`SamplingParams\(ks=...\)` must be .* each at most n_samples=4, got \[5\]"):
+    with pytest.raises(
+        ArgumentError, match=r"`SamplingParams\(ks=...\)` must be .* each at most n_samples=4, got \[5\]"
+    ):
         SamplingParams(n_samples=4, ks=[5])
     assert SamplingParams(n_samples=4, ks=(4, 2)).as_record(0)["ks"] == [2, 4]
 
@@ -131,5 +135,7 @@ def test_bad_ks_in_an_eval_sets_options_fail_the_round_naming_the_set() -> None:
     from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     bad = EvalSet("tricky", [None], options={"n_samples": 2, "ks": [3]})
-    with pytest.raises(Exception, match=r"eval set 'tricky': `SamplingParams\(ks=...\)` must be .*n_samples=2, got \[3\]"):
+    with pytest.raises(
+        Exception, match=r"eval set 'tricky': `SamplingParams\(ks=...\)` must be .*n_samples=2, got \[3\]"
+    ):
         run_round(torch.nn.Identity(), [bad], rollout_evaluate, seed=0, global_step=0, epoch=0)

@@ -75,7 +75,9 @@ def _facts(generation: Generation, answer_ids: list[int], stop_in_text: list[boo
     out: dict[str, float] = {}
     for name, metric in metrics.items():
         value = metric.compute()
-        out.update({f"{name}/{k}": v.item() for k, v in value.items()} if isinstance(value, dict) else {name: value.item()})
+        out.update(
+            {f"{name}/{k}": v.item() for k, v in value.items()} if isinstance(value, dict) else {name: value.item()}
+        )
     return out
 
 

@@ -35,7 +35,9 @@ def _round(rank: int, world_size: int) -> dict[str, dict[str, float]]:
 
     cfg = load_config(None, OVERRIDES)
     module = GRPOModule.from_config(cfg)  # the same seeded weights on every rank
-    results = run_round(module, build_eval_sets(cfg, module.task), rollout_evaluate, seed=cfg.seed, global_step=0, epoch=0)
+    results = run_round(
+        module, build_eval_sets(cfg, module.task), rollout_evaluate, seed=cfg.seed, global_step=0, epoch=0
+    )
     return {r.dataset: r.metrics for r in results}
 
 
@@ -45,7 +47,7 @@ def one_process() -> dict[str, dict[str, float]]:
 
 
 def _same(a: dict[str, float], b: dict[str, float]) -> bool:
-    return a.keys() == b.keys() and all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a.values(), b.values()))
+    return a.keys() == b.keys() and all(a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a)
 
 
 def test_a_round_reports_completions_and_every_k(one_process: dict[str, dict[str, Any]]) -> None:
@@ -66,7 +68,11 @@ def test_the_same_numbers_on_more_ranks(world_size: int, one_process: dict[str, 
     per_rank = run_ddp(_round, world_size, timeout_s=240)
     for rank, got in enumerate(per_rank):
         for dataset, metrics in one_process.items():
-            assert _same(got[dataset], metrics), (rank, dataset, {k: (v, got[dataset].get(k)) for k, v in metrics.items()})
+            assert _same(got[dataset], metrics), (
+                rank,
+                dataset,
+                {k: (v, got[dataset].get(k)) for k, v in metrics.items()},
+            )
 
 
 # ----------------------------------------------------------------------------- training rollouts
@@ -105,7 +111,11 @@ def _train_stats(rank: int, world_size: int) -> dict[str, float]:
         rows = torch.tensor(mine)
         mask = completion_mask(tokens[rows], 2)
         values = step_completion_stats(
-            metrics, Generation(tokens[rows], stopped[rows]), 2, [answers[i] for i in mine], (logp[rows], entropy[rows], mask)
+            metrics,
+            Generation(tokens[rows], stopped[rows]),
+            2,
+            [answers[i] for i in mine],
+            (logp[rows], entropy[rows], mask),
         )
         out = {name: value.item() for name, value in values.items()}
     return out

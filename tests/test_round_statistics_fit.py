@@ -36,7 +36,17 @@ SMALL = [
     "evaluator.freq_epochs=null",
     "evaluator.freq_secs=null",
 ]
-COMPLETION = ["length/mean", "length/p50", "length/p95", "length/max", "truncated", "stopped", "no_answer", "logprob", "entropy"]
+COMPLETION = [
+    "length/mean",
+    "length/p50",
+    "length/p95",
+    "length/max",
+    "truncated",
+    "stopped",
+    "no_answer",
+    "logprob",
+    "entropy",
+]
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +61,9 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "evaluator.metric_thresholds={pass@2: 0.99}",
         f"output_dir={run}",
     ]
-    proc = run_in_group([sys.executable, "-m", "areal_lightning", "fit", "-c", str(EXAMPLE), *args], timeout=300, env=env)
+    proc = run_in_group(
+        [sys.executable, "-m", "areal_lightning", "fit", "-c", str(EXAMPLE), *args], timeout=300, env=env
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run
 
@@ -67,7 +79,10 @@ def test_every_round_of_the_history_has_the_completion_statistics_and_every_k(ru
         assert row["sampling"]["ks"] == ks
         assert {f"{m}{k}{s}" for m in ("pass@", "pass^", "maj@") for k in ks for s in ("", "/stderr")} <= names
     easy = [r["metrics"] for r in rows if r["dataset"] == "easy"]
-    assert all(m["completion/length/mean/best"] == min(e["completion/length/mean"] for e in easy[: i + 1]) for i, m in enumerate(easy))
+    assert all(
+        m["completion/length/mean/best"] == min(e["completion/length/mean"] for e in easy[: i + 1])
+        for i, m in enumerate(easy)
+    )
     assert "pass^2/best" in easy[-1]
 
 
@@ -89,7 +104,17 @@ def test_metrics_csv_and_wandb_have_them_for_eval_and_training(run_dir: Path) ->
 @pytest.mark.slow
 def test_plot_draws_a_completion_statistic(run_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "truncated.png"
-    cmd = [sys.executable, "-m", "areal_lightning", "plot", str(run_dir), "--metric", "completion/truncated", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "areal_lightning",
+        "plot",
+        str(run_dir),
+        "--metric",
+        "completion/truncated",
+        "--out",
+        str(out),
+    ]
     proc = run_in_group(cmd, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert out.is_file() and out.stat().st_size > 10_000

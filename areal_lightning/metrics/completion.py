@@ -63,6 +63,7 @@ class CompletionLength(Float64StateMetric):
     full_state_update = False
 
     histogram: Tensor
+    max_length: int
 
     def __init__(self, max_length: int, **kwargs: Any) -> None:
         # No compute cache: a rank without updates since its last compute would skip the gathers.
@@ -81,7 +82,9 @@ class CompletionLength(Float64StateMetric):
         lengths = torch.as_tensor(lengths).detach().flatten()
         if lengths.dtype == torch.bool or lengths.is_complex():
             raise ValueError(f"`CompletionLength.update(lengths=...)` must hold integers, got dtype {lengths.dtype}")
-        whole = lengths == lengths.floor() if lengths.is_floating_point() else torch.ones_like(lengths, dtype=torch.bool)
+        whole = (
+            lengths == lengths.floor() if lengths.is_floating_point() else torch.ones_like(lengths, dtype=torch.bool)
+        )
         bad = (lengths < 0) | (lengths > self.max_length) | ~whole
         if bool(bad.any()):
             raise ValueError(

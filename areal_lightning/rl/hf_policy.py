@@ -225,9 +225,16 @@ class HFPolicy(nn.Module):
             ValueError: for `max_new_tokens < 1`, a negative temperature, a top_p outside (0, 1],
                 a top_k below 1, or a generator count that is neither 1 nor B.
         """
-        sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k)
         return self.generate_scored(
-            prompt_ids, prompt_mask, generators=generators, stop_at_eos=stop_at_eos, scores=False, **sampling
+            prompt_ids,
+            prompt_mask,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            generators=generators,
+            top_p=top_p,
+            top_k=top_k,
+            stop_at_eos=stop_at_eos,
+            scores=False,
         ).tokens
 
     @torch.no_grad()

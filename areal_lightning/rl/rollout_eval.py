@@ -296,7 +296,9 @@ def _evaluate_batch(
     for k in sp.at_ks:
         metrics[f"{PassAtK.symbol}{k}"].update(correct)
         metrics[f"{PassHatK.symbol}{k}"].update(correct)
-        metrics[f"{MajAtK.symbol}{k}"].update(torch.tensor(answer_ids, device=ctx.device).view(len(samples), n), correct)
+        metrics[f"{MajAtK.symbol}{k}"].update(
+            torch.tensor(answer_ids, device=ctx.device).view(len(samples), n), correct
+        )
     stop_in_text = torch.tensor([len(c) < len(r) for c, r in zip(texts, raw_texts, strict=True)], dtype=torch.bool)
     update_completion_metrics(metrics, generation, module.policy.eos_id, raw_ids, stop_in_text)
     ctx.num_samples += rewards.numel()
