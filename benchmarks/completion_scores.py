@@ -71,7 +71,9 @@ def _llama(vocab: int, hidden: int, rows: int, device: torch.device) -> tuple[ob
     return policy, ids, torch.ones_like(ids, dtype=torch.bool), 32
 
 
-def measure(name: str, case: tuple[object, torch.Tensor, torch.Tensor, int], repeats: int, device: torch.device) -> None:
+def measure(
+    name: str, case: tuple[object, torch.Tensor, torch.Tensor, int], repeats: int, device: torch.device
+) -> None:
     policy, ids, mask, new = case
     times: dict[bool, list[float]] = {False: [], True: []}
 

@@ -273,7 +273,7 @@ def test_cli_prints_the_path_or_the_error_with_status_2(
 ) -> None:
     out = str(tmp_path / "p.png")
     args = _cli([str(runs["mt2"]), str(runs["mt4"]), "--metric", "pass@4", "--out", out])
-    assert (args.metric, args.out) == ("pass@4", str(tmp_path / "p.png"))
+    assert (args.metric, args.out) == (["pass@4"], str(tmp_path / "p.png"))
     assert plot_main(args) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "p.png")
     _assert_png(tmp_path / "p.png", [runs["mt2"], runs["mt4"]], "pass@4")

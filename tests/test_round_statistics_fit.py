@@ -65,6 +65,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         [sys.executable, "-m", "areal_lightning", "fit", "-c", str(EXAMPLE), *args], timeout=300, env=env
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    (run / "fit.log").write_text(proc.stdout + proc.stderr)
     return run
 
 
@@ -87,6 +88,15 @@ def test_every_round_of_the_history_has_the_completion_statistics_and_every_k(ru
 
 
 @pytest.mark.slow
+def test_each_rounds_summary_line_shows_length_truncation_and_entropy(run_dir: Path) -> None:
+    lines = [line for line in (run_dir / "fit.log").read_text().splitlines() if "evaluation at step" in line]
+    assert len(lines) == 3
+    for line in lines:
+        assert "easy: accuracy=" in line and "completion/length/mean=" in line
+        assert "completion/truncated=" in line and "completion/entropy=" in line
+
+
+@pytest.mark.slow
 def test_metrics_csv_and_wandb_have_them_for_eval_and_training(run_dir: Path) -> None:
     (csv_path,) = run_dir.rglob("metrics.csv")
     with csv_path.open() as f:
@@ -102,22 +112,22 @@ def test_metrics_csv_and_wandb_have_them_for_eval_and_training(run_dir: Path) ->
 
 
 @pytest.mark.slow
-def test_plot_draws_a_completion_statistic(run_dir: Path, tmp_path: Path) -> None:
-    out = tmp_path / "truncated.png"
-    cmd = [
-        sys.executable,
-        "-m",
-        "areal_lightning",
-        "plot",
-        str(run_dir),
-        "--metric",
-        "completion/truncated",
-        "--out",
-        str(out),
-    ]
-    proc = run_in_group(cmd, timeout=120)
+def test_plot_draws_a_completion_statistic_alone_and_length_and_truncation_next_to_accuracy(run_dir: Path) -> None:
+    from areal_lightning.viz.panels import build_panels
+
+    plot = [sys.executable, "-m", "areal_lightning", "plot", str(run_dir)]
+    proc = run_in_group([*plot, "--metric", "completion/truncated"], timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert out.is_file() and out.stat().st_size > 10_000
+    assert Path(proc.stdout.strip()) == run_dir / "eval_completion_truncated.png"
+    panels = ["accuracy", "completion/length/mean", "completion/truncated"]
+    proc = run_in_group([*plot, *(a for m in panels for a in ("--metric", m))], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = Path(proc.stdout.strip())
+    assert out == run_dir / "eval_accuracy+completion_length_mean+completion_truncated.png"
+    assert out.is_file() and out.stat().st_size > 20_000
+    figure = build_panels({"run": read_history(run_dir)}, panels)
+    assert [ax.get_ylabel() for ax in figure.axes] == panels
+    assert all({line.get_label() for line in ax.get_lines()} >= {"easy", "hard"} for ax in figure.axes)
 
 
 @pytest.mark.slow

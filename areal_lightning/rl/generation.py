@@ -56,8 +56,15 @@ def step_scores(logits: Tensor, token: Tensor) -> tuple[Tensor, Tensor]:
     return logp.gather(-1, token[:, None]).squeeze(-1), -torch.special.xlogy(logp.exp(), logp.exp()).sum(-1)
 
 
+SCORE_BUFFER_ELEMENTS = 1 << 24
+"""Logits a `ScoreRecorder` holds before scoring them in one go (64 MB of float32): a small
+vocabulary is scored once per generation, a large one every step."""
+
+
 class ScoreRecorder:
-    """Collects a decode loop's scores step by step (nothing when `enabled` is False)."""
+    """Collects a decode loop's scores (nothing when `enabled` is False). The steps' logits are kept
+    until `SCORE_BUFFER_ELEMENTS` and then scored together: a few tensor operations per batch of
+    steps rather than per step, which is what the scores cost a small model."""
 
     def __init__(self, rows: int, steps: int, device: torch.device, enabled: bool) -> None:
         self.enabled = enabled
@@ -65,19 +72,35 @@ class ScoreRecorder:
         self.logprobs = torch.zeros(shape, device=device)
         self.entropy = torch.zeros(shape, device=device)
         self.scored = torch.zeros(shape, dtype=torch.bool, device=device)
+        self._pending: list[tuple[int, Tensor, Tensor, Tensor]] = []
+        self._held = 0
 
     def add(self, step: int, logits: Tensor, token: Tensor, live: Tensor) -> None:
         """Scores of `token` [B] sampled from the raw `logits` [B, V] at `step`, kept for the `live` rows."""
         if not self.enabled:
             return
-        logp, entropy = step_scores(logits, token)
-        self.logprobs[:, step] = torch.where(live, logp, 0.0)
-        self.entropy[:, step] = torch.where(live, entropy, 0.0)
-        self.scored[:, step] = live
+        self._pending.append((step, logits, token, live.clone()))
+        self._held += logits.numel()
+        if self._held >= SCORE_BUFFER_ELEMENTS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        steps = [p[0] for p in self._pending]
+        logits = torch.stack([p[1] for p in self._pending], dim=1)  # [B, S, V]
+        token = torch.stack([p[2] for p in self._pending], dim=1)
+        live = torch.stack([p[3] for p in self._pending], dim=1)
+        logp, entropy = step_scores(logits.flatten(0, 1), token.flatten())
+        self.logprobs[:, steps] = torch.where(live, logp.view_as(live), 0.0)
+        self.entropy[:, steps] = torch.where(live, entropy.view_as(live), 0.0)
+        self.scored[:, steps] = live
+        self._pending, self._held = [], 0
 
     def generation(self, tokens: Tensor, stopped: Tensor) -> Generation:
         if not self.enabled:
             return Generation(tokens, stopped)
+        self._flush()
         return Generation(tokens, stopped, self.logprobs, self.entropy, self.scored)
 
 

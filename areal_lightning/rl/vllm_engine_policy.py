@@ -59,9 +59,15 @@ class _EnginePolicy:
     ) -> Tensor:
         """`HFPolicy.generate`'s contract: [B, max_new_tokens] ids, EOS then pad; a completion
         that produced a stop string gets an EOS after it (if there is room)."""
-        sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
         return self.generate_scored(
-            prompt_ids, prompt_mask, max_new_tokens=max_new_tokens, generators=generators, scores=False, **sampling
+            prompt_ids,
+            prompt_mask,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            generators=generators,
+            top_p=top_p,
+            top_k=top_k,
+            scores=False,
         ).tokens
 
     def _params(
@@ -74,7 +80,8 @@ class _EnginePolicy:
     ) -> list[Any]:
         from vllm import SamplingParams
 
-        params, position = [], {}
+        params: list[Any] = []
+        position: dict[int, int] = {}
         for row, g in enumerate(generators):
             # Rows of one prompt share its generator: the k-th of them is the prompt's k-th sample.
             k = position[id(g)] = position.get(id(g), -1) + 1

@@ -24,7 +24,7 @@ from areal_lightning.rl.vllm_engine_policy import ENTROPY_REQUEST_KEY
 _RECORDERS: weakref.WeakSet[EntropyRecorder] = weakref.WeakSet()  # an engine rebuilt in this process adds one
 
 
-class EntropyRecorder(LogitsProcessor):  # type: ignore[misc]  # vLLM ships no types
+class EntropyRecorder(LogitsProcessor):
     """Records ``{request key: {position: entropy}}`` for the requests that carry a key."""
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:

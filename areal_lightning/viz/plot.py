@@ -325,17 +325,18 @@ def load_runs(run_dirs: Sequence[Path]) -> dict[str, list[dict[str, Any]]]:
     return runs
 
 
-def plot_runs(run_dirs: Sequence[str | Path], metric: str = DEFAULT_METRIC, out: str | Path | None = None) -> Path:
+def plot_runs(
+    run_dirs: Sequence[str | Path], metric: str | Sequence[str] = DEFAULT_METRIC, out: str | Path | None = None
+) -> Path:
     """Read the runs' eval histories, draw :func:`build_figure`, save it, return the path.
 
     Args:
         run_dirs: one or more run output directories (each holds ``eval_history.jsonl``).
-        metric: the metric to draw, e.g. ``"accuracy"``, ``"pass@4"``, ``"reward/mean"``.
+        metric: the metric to draw (``"accuracy"``, ``"pass@4"`` ...); several: a panel each (`viz.panels`).
         out: where to save (``.png``, ``.pdf`` or ``.svg``); default: see :func:`default_output`.
 
     Raises:
-        PlotError: a run dir is missing, given twice or has no / an empty history, no run has
-            ``metric``, or ``out`` has an unsupported suffix.
+        PlotError: a run dir missing, given twice or without history, a metric no run has, a bad suffix.
 
     Example:
         >>> plot_runs(["runs/arith-grpo/trial0"])  # doctest: +SKIP
@@ -348,14 +349,17 @@ def plot_runs(run_dirs: Sequence[str | Path], metric: str = DEFAULT_METRIC, out:
     for i, r in enumerate(resolved):
         if r in resolved[:i]:
             raise PlotError(f"run directory {str(dirs[i])!r} is given twice; pass each run once")
-    target = Path(out) if out is not None else default_output(dirs, metric)
+    from areal_lightning.viz.panels import figure_of, output_of
+
+    metrics = [metric] if isinstance(metric, str) else list(metric)
+    target = Path(out) if out is not None else output_of(dirs, metrics)
     if target.suffix.lower() not in SAVE_FORMATS:
         raise PlotError(f"plot --out {str(target)!r} must end in one of {', '.join(SAVE_FORMATS)}")
     runs = load_runs(dirs)
     problem = option_problem("plot --out", target, is_file=True)
     if problem is not None:
         raise PlotError(f"{problem}; pass a writable --out FILE")
-    fig = build_figure(runs, metric)
+    fig = figure_of(runs, metrics)
     target.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(target)
     return target
@@ -368,8 +372,8 @@ def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--metric",
-        default=DEFAULT_METRIC,
-        help=f"metric to draw, e.g. accuracy, pass@4, reward/mean (default: {DEFAULT_METRIC})",
+        action="append",
+        help=f"metric to draw, e.g. pass@4 (default: {DEFAULT_METRIC}); repeat it for panels side by side",
     )
     parser.add_argument(
         "--out",
@@ -385,7 +389,7 @@ def plot_main(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            path = plot_runs(args.run_dirs, metric=args.metric, out=args.out)
+            path = plot_runs(args.run_dirs, metric=args.metric or DEFAULT_METRIC, out=args.out)
         except PlotError as err:
             status, message = 2, f"areal-lightning plot: error: {err}"
         else:
