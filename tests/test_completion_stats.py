@@ -32,10 +32,11 @@ def test_length_quantiles_are_exact_values_of_the_lengths() -> None:
         "p95": float(np.quantile(lengths, 0.95, method="inverted_cdf")),
         "max": float(lengths.max()),
     }
-    # At exactly 95% the boundary value counts: 19 of 20 lengths are 1, so p95 is 1, not 7.
+    # Exactly half the lengths at or below 1: the median is 1 (as numpy's), not 2.
     edge = CompletionLength(max_length=8)
-    edge.update(torch.tensor([1] * 19 + [7]))
-    assert edge.compute()["p95"].item() == 1.0 and edge.compute()["max"].item() == 7.0
+    edge.update(torch.tensor([1] * 10 + [2] * 9 + [7]))
+    assert edge.compute()["p50"].item() == 1.0 == np.quantile([1] * 10 + [2] * 9 + [7], 0.5, method="inverted_cdf")
+    assert edge.compute()["p95"].item() == 2.0 and edge.compute()["max"].item() == 7.0
 
 
 def test_length_refuses_lengths_outside_the_histogram() -> None:

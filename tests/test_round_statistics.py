@@ -26,6 +26,25 @@ OVERRIDES = [
 ]
 
 
+def _first_digit_task() -> Any:
+    """The arithmetic task graded by a rule an untrained policy often meets (its first character is
+    a digit below 4), so that correctness, and with it every k, varies between prompts."""
+    from areal_lightning.scoring import Score
+    from areal_lightning.tasks.arithmetic import NO_ANSWER_ID, ArithmeticTask
+
+    class FirstDigitTask(ArithmeticTask):
+        def reward(self, completion: str, answer: str) -> float:
+            return 1.0 if completion[:1] in ("0", "1", "2", "3") else 0.0
+
+        def score_many(self, completions: list[str], answers: list[str]) -> list[Score]:
+            return [Score(self.reward(c, a)) for c, a in zip(completions, answers, strict=True)]
+
+        def answer_id(self, completion: str) -> int:
+            return int(completion[0]) if completion[:1].isdigit() else NO_ANSWER_ID
+
+    return FirstDigitTask()
+
+
 def _round(rank: int, world_size: int) -> dict[str, dict[str, float]]:
     from areal_lightning.app.builders import build_eval_sets
     from areal_lightning.app.config import load_config
@@ -35,6 +54,7 @@ def _round(rank: int, world_size: int) -> dict[str, dict[str, float]]:
 
     cfg = load_config(None, OVERRIDES)
     module = GRPOModule.from_config(cfg)  # the same seeded weights on every rank
+    module.task = _first_digit_task()
     results = run_round(
         module, build_eval_sets(cfg, module.task), rollout_evaluate, seed=cfg.seed, global_step=0, epoch=0
     )
@@ -58,8 +78,9 @@ def test_a_round_reports_completions_and_every_k(one_process: dict[str, dict[str
     assert easy["completion/length/p50"] <= easy["completion/length/p95"] <= easy["completion/length/max"] <= 3
     assert easy["completion/logprob"] < 0 < easy["completion/entropy"]
     assert 0 <= easy["completion/no_answer"] <= 1
-    assert easy["pass@1"] <= easy["pass@2"] <= easy["pass@4"] and easy["pass^4"] <= easy["pass^2"] <= easy["pass^1"]
-    assert easy["pass^1"] == easy["pass@1"]
+    assert 0 < easy["pass@1"] < easy["pass@2"] < easy["pass@4"] < 1  # prompts differ: every k is tested
+    assert 0 < easy["pass^4"] < easy["pass^2"] < easy["pass^1"] == easy["pass@1"]
+    assert all(easy[f"{m}{k}/stderr"] > 0 for m in ("pass@", "pass^", "maj@") for k in (1, 2, 4))
 
 
 @pytest.mark.ddp
@@ -129,3 +150,18 @@ def test_training_statistics_are_the_steps_over_every_rank() -> None:
     for world_size in (2, 3):
         for rank, got in enumerate(run_ddp(_train_stats, world_size, timeout_s=120)):
             assert _same(got, alone), (world_size, rank, got, alone)
+
+
+def test_token_scores_can_be_switched_off_per_eval_set() -> None:
+    from areal_lightning.app.builders import build_eval_sets
+    from areal_lightning.app.config import load_config
+    from areal_lightning.eval_round import run_round
+    from areal_lightning.rl.grpo import GRPOModule
+    from areal_lightning.rl.rollout_eval import rollout_evaluate
+
+    cfg = load_config(None, ["eval_sets.easy.size=4", "eval_sets.hard.size=4", "eval_sets.hard.token_scores=false"])
+    module = GRPOModule.from_config(cfg)
+    easy, hard = run_round(module, build_eval_sets(cfg, module.task), rollout_evaluate, seed=0, global_step=0, epoch=0)
+    assert math.isfinite(easy.metrics["completion/entropy"]) and math.isfinite(easy.metrics["completion/logprob"])
+    assert math.isnan(hard.metrics["completion/entropy"]) and math.isnan(hard.metrics["completion/logprob"])
+    assert math.isfinite(hard.metrics["completion/length/mean"])

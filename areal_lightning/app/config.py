@@ -419,6 +419,9 @@ class EvalSetConfig:
     """Completions sampled per prompt."""
     ks: Optional[list[int]] = None
     """The k of pass@k, pass^k and maj@k, each at most n_samples, e.g. [1, 4, 16]; null: 1 and n_samples."""
+    token_scores: bool = True
+    """Log the engine's mean log-probability and entropy per token (completion/logprob, completion/entropy);
+    false saves their cost (benchmarks/RESULTS.md) and logs them as null."""
     temperature: float = 0.6
     """Sampling temperature; 0 means greedy."""
     top_p: float = 1.0
