@@ -33,6 +33,7 @@ from areal_lightning.eval_round import EvalBatch, EvalContext, SamplingParams, c
 from areal_lightning.eval_round.sampling_params import check_ks
 from areal_lightning.metrics import (
     AccuracyMetric,
+    LabelCountMetric,
     MajAtK,
     PassAtK,
     PassHatK,
@@ -43,9 +44,11 @@ from areal_lightning.rl.completion_stats import completion_metrics, update_compl
 from areal_lightning.rl.generation import Generation, generate_scored
 from areal_lightning.rl.policy import Policy
 from areal_lightning.rl.protocols import PromptTokenizer, RLTask, seeded_generators
-from areal_lightning.scoring import Score, ScorerFailingError
+from areal_lightning.scoring import Score, ScoreLabels, ScorerFailingError
 from areal_lightning.tasks.arithmetic import CORRECT_REWARD, NO_ANSWER_ID, WRONG_REWARD
 
+TOKEN_SCORES_OPTION = "token_scores"
+"""`EvalSet.options` key: False skips the engine's per-token scores (completion/logprob and /entropy are NaN)."""
 NON_FINITE_KEY = "reward/non_finite"
 """Samples of a round whose reward was NaN or infinite (left out of ``reward/*``, counted incorrect)."""
 MAX_INDICES_SHOWN = 5
@@ -93,7 +96,9 @@ def sampling_of(ctx: EvalContext) -> SamplingParams:
         ) from None
 
 
-def _score_all(task: Any, texts: Sequence[str], answers: Sequence[str]) -> list[Score]:
+def _score_all(task: Any, texts: Sequence[str], answers: Sequence[str], prompts: Sequence[str] | None) -> list[Score]:
+    if prompts is not None and callable(getattr(task, "score_rollouts", None)):  # a grader that reads the prompt
+        return task.score_rollouts(list(prompts), list(texts), list(answers))
     if callable(getattr(task, "score_many", None)):
         return task.score_many(list(texts), list(answers))
     return [Score(float(task.reward(t, a))) for t, a in zip(texts, answers, strict=True)]
@@ -108,8 +113,11 @@ def _where_raised(err: BaseException) -> str:
     return f" in {frame.name} ({Path(frame.filename).name}:{frame.lineno})"
 
 
-def score_texts(task: Any, texts: Sequence[str], answers: Sequence[str]) -> list[Score]:
-    """The task's `score_many` where it has one (statuses for timeouts and parse failures), else its `reward`.
+def score_texts(
+    task: Any, texts: Sequence[str], answers: Sequence[str], prompts: Sequence[str] | None = None
+) -> list[Score]:
+    """The task's `score_rollouts` (given `prompts`) or `score_many` where it has one (statuses for
+    timeouts and parse failures), else its `reward`.
 
     Raises:
         RewardError: the scoring raised; it names the task, the function that raised and, found by
@@ -117,13 +125,13 @@ def score_texts(task: Any, texts: Sequence[str], answers: Sequence[str]) -> list
         ScorerFailingError: as the task's `SafeScorer` raised it (it is not scored again sample by sample).
     """
     try:
-        return _score_all(task, texts, answers)
+        return _score_all(task, texts, answers, prompts)
     except ScorerFailingError:
         raise  # a broken scorer, already worded; scoring again would wait on its time limits again
     except Exception as err:
         for row, (text, answer) in enumerate(zip(texts, answers, strict=True)):  # the failure path only
             try:
-                _score_all(task, [text], [answer])
+                _score_all(task, [text], [answer], None if prompts is None else [prompts[row]])
             except Exception as one:
                 raise RewardError(
                     f"{type(task).__name__}'s scoring raised {type(one).__name__}: {one}"
@@ -154,9 +162,10 @@ def _never() -> bool:
     return False
 
 
-def metric_names(n_samples: int, ks: Sequence[int] | None = None) -> list[str]:
-    """Every name a round of the default evaluation logs for an eval set (``reward/mean``, ``pass@4`` ...),
-    known before any round runs, so that a threshold on a metric it never logs is refused up front.
+def metric_names(n_samples: int, labels: Sequence[ScoreLabels] = (), ks: Sequence[int] | None = None) -> list[str]:
+    """Every name a round of the default evaluation logs for an eval set (``reward/mean``, ``pass@4`` ...,
+    ``completion/length/mean`` ..., and the counts of a task's `labels`), for the eval set's `ks`, known
+    before any round runs, so that a threshold on a metric it never logs is refused up front.
 
     Example:
         >>> metric_names(4)[:3], "pass@4/stderr" in metric_names(4), "pass@2" in metric_names(4, ks=[2, 4])
@@ -175,7 +184,7 @@ def metric_names(n_samples: int, ks: Sequence[int] | None = None) -> list[str]:
             value = metric.compute()
         keys = value.keys() if isinstance(value, dict) else [name]
         names += [key if key == name else f"{name}/{key}" for key in keys]
-    return sorted(names)
+    return sorted(names + [name for group in labels for name in group.names()])
 
 
 def _per_prompt_answer_ids(answer_ids: Sequence[int], n: int) -> list[int]:
@@ -211,7 +220,7 @@ def _check_fits(module: RolloutModule, prompt_ids: Tensor, max_new_tokens: int, 
 
 def _score(task: Any, texts: list[str], answers: list[str], batch: EvalBatch, n: int, ctx: EvalContext) -> list[Score]:
     try:
-        return score_texts(task, texts, answers)
+        return score_texts(task, texts, answers, [s.prompt for s in batch.samples for _ in range(n)])
     except Exception as err:
         row = getattr(err, "row", None)
         if row is None:
@@ -240,6 +249,23 @@ def _report_non_finite(rewards: Tensor, batch: EvalBatch, ctx: EvalContext) -> T
     return finite
 
 
+def _count_outcomes(task: Any, scores: Sequence[Score], scoring: Metric, ctx: EvalContext) -> None:
+    """Counts the scoring failures, and a task's own outcomes (``code/timeout``, ...) when it declares
+    them (`ScoreLabels`)."""
+    scoring.update(scores)
+    for labels in getattr(task, "score_labels", ()):
+        ctx.metric(labels.prefix, functools.partial(LabelCountMetric, labels)).update(scores)
+
+
+def _correctness(scores: Sequence[Score], rewards: Tensor, finite: Tensor) -> tuple[Tensor, Tensor]:
+    """Each sample's correctness [P, n] (``Score.correct``, else ``reward >= 1``, and finite), and
+    what accuracy counts: the rewards, or the correctness when a score states it (a continuous reward)."""
+    verdicts = [s.reward >= CORRECT_REWARD if s.correct is None else s.correct for s in scores]
+    correct = finite & torch.tensor(verdicts, device=rewards.device).view(rewards.shape)
+    stated = any(s.correct is not None for s in scores)
+    return correct, correct.float() if stated else rewards
+
+
 def _generate(
     module: RolloutModule, batch: EvalBatch, ctx: EvalContext, sp: SamplingParams, max_new_tokens: int
 ) -> tuple[Generation, list[str]]:
@@ -256,7 +282,7 @@ def _generate(
         ids,
         mask,
         stop=sp.stop,
-        scores=True,
+        scores=bool(ctx.options.get(TOKEN_SCORES_OPTION, True)),
         max_new_tokens=max_new_tokens,
         temperature=sp.temperature,
         generators=generators,
@@ -280,18 +306,18 @@ def _evaluate_batch(
     answers = [s.answer for s in samples for _ in range(n)]
     texts = [cut_at_stop(text, sp.stop) for text in raw_texts]
     scores = _score(module.task, texts, answers, batch, n, ctx)
-    metrics["scoring"].update(scores)
+    _count_outcomes(module.task, scores, metrics["scoring"], ctx)
     rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32, device=ctx.device).view(len(samples), n)
     finite = _report_non_finite(rewards, batch, ctx)
-    correct = finite & (rewards >= CORRECT_REWARD)
+    correct, judged = _correctness(scores, rewards, finite)
     raw_ids = [module.task.answer_id(t) for t in texts]
     answer_ids = _per_prompt_answer_ids(raw_ids, n)
     metrics["reward"].update(rewards[finite])
-    scored = torch.where(finite, rewards, torch.full_like(rewards, WRONG_REWARD))
-    metrics["accuracy"].update(scored)
+    metrics["accuracy"].update(torch.where(finite, judged, torch.full_like(rewards, WRONG_REWARD)))
     metrics[NON_FINITE_KEY].update((~finite).sum().double())
     # Per-prompt outcomes pair this round with earlier ones (eval/<set>/accuracy/delta).
     ctx.record_outcomes("accuracy", batch.indices, correct.double().mean(1))
+    scored = torch.where(finite, rewards, torch.full_like(rewards, WRONG_REWARD))
     ctx.record_outcomes("reward/mean", batch.indices, scored.double().mean(1))
     for k in sp.at_ks:
         metrics[f"{PassAtK.symbol}{k}"].update(correct)
@@ -319,7 +345,8 @@ def rollout_evaluate(module: RolloutModule, batches: Sequence[EvalBatch], ctx: E
     accuracy, pass@k, pass^k and maj@k for each of the set's `ks` (with standard errors), the
     completion statistics (``completion/length/...``, ``completion/truncated`` ...:
     `rl.completion_stats`), the scoring failures (``scoring/timeouts``, ``scoring/parse_failures``,
-    ``scoring/errors``) and the count of non-finite rewards (module docstring).
+    ``scoring/errors``), a task's own outcome counts (``code/timeout`` ...: its `score_labels`) and the
+    count of non-finite rewards (module docstring).
 
     Raises:
         RewardError: the task's reward raised; the message names the eval set, the sample and the cause.
