@@ -19,14 +19,13 @@ from areal_lightning.tracking.history import (
     read_history,
 )
 from areal_lightning.tracking.records import eval_record, event_record
+from areal_lightning.viz.command import add_plot_arguments, plot_main
 from areal_lightning.viz.plot import (
     FIGURE_DPI,
     FIGURE_SIZE_IN,
     PlotError,
-    add_plot_arguments,
     build_figure,
     load_runs,
-    plot_main,
     plot_runs,
     run_names,
 )

@@ -17,8 +17,7 @@ from areal_lightning.viz.plot import (
     _draw_series,
     _metric_file_part,
     _style_axes,
-    build_figure,
-    default_output,
+    runs_and_target,
 )
 
 if TYPE_CHECKING:
@@ -58,17 +57,26 @@ def build_panels(runs: Mapping[str, Sequence[Mapping[str, Any]]], metrics: Seque
     return fig
 
 
-def figure_of(runs: Mapping[str, Sequence[Mapping[str, Any]]], metrics: Sequence[str]) -> Figure:
-    """`build_figure` of one metric, `build_panels` of several."""
-    return build_figure(runs, metrics[0]) if len(metrics) == 1 else build_panels(runs, metrics)
-
-
-def output_of(run_dirs: Sequence[Path], metrics: Sequence[str]) -> Path:
-    """`default_output` of one metric; of several ``<run>/eval_<metric>+<metric>....png`` for one
-    run, ``compare_...`` beside the first of several."""
-    if len(metrics) == 1:
-        return default_output(run_dirs, metrics[0])
+def panels_output(run_dirs: Sequence[Path], metrics: Sequence[str]) -> Path:
+    """``<run>/eval_<metric>+<metric>....png`` for one run, ``compare_...`` beside the first of several."""
     part = "+".join(_metric_file_part(m) for m in metrics)
     if len(run_dirs) == 1:
         return run_dirs[0] / f"eval_{part}.png"
     return run_dirs[0].parent / f"compare_{part}.png"
+
+
+def plot_panels(run_dirs: Sequence[str | Path], metrics: Sequence[str], out: str | Path | None = None) -> Path:
+    """Read the runs' eval histories, draw :func:`build_panels`, save it, return the path.
+
+    Raises:
+        PlotError: as :func:`~areal_lightning.viz.plot.plot_runs`, for each metric.
+
+    Example:
+        >>> plot_panels(["runs/arith-grpo/trial0"], ["accuracy", "completion/truncated"])  # doctest: +SKIP
+        PosixPath('runs/arith-grpo/trial0/eval_accuracy+completion_truncated.png')
+    """
+    runs, target = runs_and_target(run_dirs, out, lambda dirs: panels_output(dirs, metrics))
+    fig = build_panels(runs, metrics)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target)
+    return target
