@@ -128,6 +128,7 @@ def test_plot_draws_a_completion_statistic_alone_and_length_and_truncation_next_
     figure = build_panels({"run": read_history(run_dir)}, panels)
     assert [ax.get_ylabel() for ax in figure.axes] == panels
     assert all({line.get_label() for line in ax.get_lines()} >= {"easy", "hard"} for ax in figure.axes)
+    assert figure.axes[2].get_ylim() == (0.0, 1.0)  # a share: the unit interval, as accuracy
 
 
 @pytest.mark.slow
