@@ -19,8 +19,8 @@ def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metric",
         action="append",
-        help=f"metric to draw, e.g. accuracy, pass@4, completion/truncated (default: {DEFAULT_METRIC}); "
-        "repeat it for one panel per metric, side by side",
+        help="metric to draw, e.g. accuracy, pass@4, completion/truncated, or a group: accuracy/bucket "
+        f"(default: {DEFAULT_METRIC}); repeat it for one panel per metric, side by side",
     )
     parser.add_argument(
         "--out",
