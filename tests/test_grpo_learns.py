@@ -72,14 +72,20 @@ def test_training_step_logs_the_grpo_statistics(tmp_path):
         "train/zero_std_frac",
         "train/kl",
         "train/clip_frac",
-        "train/completion_len",
-        "train/entropy",
+        "train/completion/length/mean",
+        "train/completion/length/p95",
+        "train/completion/entropy",
+        "train/completion/logprob",
         "train/loss",
     ):
         assert name in logged and torch.isfinite(logged[name]), name
     assert 0.0 <= float(logged["train/zero_std_frac"]) <= 1.0
     # completions are 2 digits + EOS for one-digit sums, at most max_new_tokens
-    assert 1.0 <= float(logged["train/completion_len"]) <= cfg.grpo.max_new_tokens
+    assert 1.0 <= float(logged["train/completion/length/mean"]) <= cfg.grpo.max_new_tokens
+    assert float(logged["train/completion/length/max"]) <= cfg.grpo.max_new_tokens
+    for share in ("truncated", "stopped", "no_answer"):
+        assert 0.0 <= float(logged[f"train/completion/{share}"]) <= 1.0
+    assert float(logged["train/completion/entropy"]) > 0 > float(logged["train/completion/logprob"])
 
 
 def test_kl_to_a_reference_that_differs_is_positive(tmp_path):

@@ -88,7 +88,7 @@ def test_fit_trains_the_hf_model_and_evaluates_it_on_the_gsm8k_file(run) -> None
     assert ckpt["state_dict"][f"policy.model.{head}"].shape == start[head].shape
     assert not torch.equal(ckpt["state_dict"][f"policy.model.{head}"], start[head])
     metrics_csv = next((tmp / "run" / "csv").rglob("metrics.csv")).read_text()
-    assert "train/reward" in metrics_csv and "train/entropy" in metrics_csv
+    assert "train/reward" in metrics_csv and "train/completion/entropy" in metrics_csv
 
 
 @pytest.mark.slow

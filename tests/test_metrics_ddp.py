@@ -28,11 +28,23 @@ from test_metrics_functional import random_rewards, ref_maj_at_k, ref_pass_at_k,
 from torchmetrics import Metric
 from torchmetrics.utilities.distributed import gather_all_tensors
 
-from areal_lightning.metrics import ADVANTAGE_EPS, AccuracyMetric, AdvantageMetric, MajAtK, PassAtK, RewardMetric
+from areal_lightning.metrics import (
+    ADVANTAGE_EPS,
+    AccuracyMetric,
+    AdvantageMetric,
+    CompletionLength,
+    MajAtK,
+    PassAtK,
+    PassHatK,
+    RewardMetric,
+    Share,
+    TokenMean,
+)
 
 pytestmark = pytest.mark.ddp
 
 WORLD_SIZE = 2
+LENGTH_MAX = 9
 NAN = float("nan")
 PHASES = ("mid", "final")
 
@@ -43,6 +55,10 @@ METRICS: dict[str, Callable[..., Metric]] = {
     "accuracy": lambda **kw: AccuracyMetric(threshold=0.8, nan_strategy=0.0, **kw),
     "pass@2": lambda **kw: PassAtK(k=2, **kw),
     "maj@3": lambda **kw: MajAtK(k=3, **kw),
+    "pass^2": lambda **kw: PassHatK(k=2, stderr=True, **kw),
+    "length": lambda **kw: CompletionLength(max_length=LENGTH_MAX, **kw),
+    "share": lambda **kw: Share(**kw),
+    "token_mean": lambda **kw: TokenMean(**kw),
 }
 
 # Number of updates on (rank 0, rank 1); "hand" uses the hand-made batches of HAND.
@@ -56,6 +72,13 @@ HAND: dict[str, tuple[list[Batch], list[Batch]]] = {
     "accuracy": ([(np.array([[1.0, 0.8]], dtype=np.float32),)], [(np.array([[0.9, NAN, 0.0]], dtype=np.float32),)]),
     "pass@2": ([(np.array([[1, 0, 0, 0]]),)], [(np.array([[1, 1, 0, 0]]),)]),
     "maj@3": ([(np.array([[3, 5, 5]]), np.array([[0, 1, 1]]))], [(np.array([[-1, -1, -1]]), np.array([[0, 0, 0]]))]),
+    "pass^2": ([(np.array([[1, 1, 1, 0]]),)], [(np.array([[1, 1, 0, 0]]),)]),
+    "length": ([(np.array([1, 9, 3]),)], [(np.array([3, 3]),)]),
+    "share": ([(np.array([True, False]),)], [(np.array([True, True, False]),)]),
+    "token_mean": (
+        [(np.array([[-0.5, -1.0, 7.0]]), np.array([[True, True, False]]))],
+        [(np.array([[-1.5, 7.0, 7.0]]), np.array([[True, False, False]]))],
+    ),
 }
 _HALF = 0.5 / (math.sqrt(0.5) + ADVANTAGE_EPS)  # rank 0: {1, 0}, sample std sqrt(1/2)
 HAND_EXPECTED: dict[str, dict[str, float]] = {
@@ -65,6 +88,11 @@ HAND_EXPECTED: dict[str, dict[str, float]] = {
     "accuracy": dict(zip(("accuracy", "ci_low", "ci_high"), (0.4, *ref_wilson(2, 5)), strict=True)),
     "pass@2": {"value": (0.5 + 5 / 6) / 2},
     "maj@3": {"value": 0.5},
+    # per prompt C(3,2)/C(4,2) = 1/2 and C(2,2)/C(4,2) = 1/6: sample std of the two over sqrt(2)
+    "pass^2": {"pass^2": 1 / 3, "stderr": (1 / 2 - 1 / 6) / 2},
+    "length": {"mean": 19 / 5, "p50": 3.0, "p95": 9.0, "max": 9.0},
+    "share": {"value": 3 / 5},
+    "token_mean": {"value": -1.0},
 }
 
 
@@ -76,8 +104,15 @@ def _random_batch(name: str, rng: np.random.Generator) -> Batch:
         return (random_rewards(rng, p, int(rng.integers(1, 7))).astype(np.float32),)
     if name == "advantage":
         return (random_rewards(rng, p + 1, int(rng.integers(1, 7))),)
-    if name == "pass@2":
-        return (rng.random((p, int(rng.integers(2, 8)))) < 0.3,)
+    if name in ("pass@2", "pass^2"):
+        return (rng.random((p, int(rng.integers(2, 8)))) < 0.5,)
+    if name == "length":
+        return (rng.integers(0, LENGTH_MAX + 1, size=p * 3),)
+    if name == "share":
+        return (rng.random(p * 2) < 0.3,)
+    if name == "token_mean":
+        shape = (p, int(rng.integers(1, 6)))
+        return rng.normal(-1.0, 1.0, size=shape), rng.random(shape) < 0.7
     ids = rng.integers(-1, 4, size=(p, int(rng.integers(3, 8))))
     return ids, ((ids == 2) ^ (rng.random(ids.shape) < 0.1)).astype(int)
 
@@ -164,11 +199,33 @@ def reference(name: str, batches: list[Batch]) -> dict[str, float]:
         successes = int((v > np.float32(0.8)).sum())
         low, high = ref_wilson(successes, v.size)
         return {"accuracy": successes / v.size if v.size else NAN, "ci_low": low, "ci_high": high}
+    if name in ("length", "share", "token_mean"):
+        return _completion_reference(name, batches)
+    if name == "pass^2":
+        per_prompt = [math.comb(int(sum(row)), 2) / math.comb(len(row), 2) for b in batches for row in b[0].astype(int)]
+        if not per_prompt:
+            return {"pass^2": NAN, "stderr": NAN}
+        stderr = float(np.std(per_prompt, ddof=1) / math.sqrt(len(per_prompt))) if len(per_prompt) > 1 else NAN
+        return {"pass^2": float(np.mean(per_prompt)), "stderr": stderr}
     if name == "pass@2":
         per_prompt = [x for b in batches for x in ref_pass_at_k(b[0].astype(int).tolist(), 2)]
     else:
         per_prompt = [x for b in batches for x in ref_maj_at_k(b[0].tolist(), b[1].tolist(), 3)]
     return {"value": float(np.mean(per_prompt)) if per_prompt else NAN}
+
+
+def _completion_reference(name: str, batches: list[Batch]) -> dict[str, float]:
+    if name == "length":
+        v = np.concatenate([b[0] for b in batches] + [np.zeros(0, dtype=np.int64)])
+        if not v.size:
+            return dict.fromkeys(("mean", "p50", "p95", "max"), NAN)
+        quantile = lambda q: float(np.quantile(v, q, method="inverted_cdf"))  # noqa: E731
+        return {"mean": float(v.mean()), "p50": quantile(0.5), "p95": quantile(0.95), "max": float(v.max())}
+    if name == "share":
+        v = np.concatenate([b[0] for b in batches] + [np.zeros(0, dtype=bool)])
+        return {"value": float(v.mean()) if v.size else NAN}
+    v = np.concatenate([b[0][b[1]] for b in batches] + [np.zeros(0)])
+    return {"value": float(v.mean()) if v.size else NAN}
 
 
 # The float64 mean of rewards near 1e8 is only good to ~1e-8, which bounds the std to ~1e-16 * mean / std.

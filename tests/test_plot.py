@@ -19,14 +19,13 @@ from areal_lightning.tracking.history import (
     read_history,
 )
 from areal_lightning.tracking.records import eval_record, event_record
+from areal_lightning.viz.command import add_plot_arguments, plot_main
 from areal_lightning.viz.plot import (
     FIGURE_DPI,
     FIGURE_SIZE_IN,
     PlotError,
-    add_plot_arguments,
     build_figure,
     load_runs,
-    plot_main,
     plot_runs,
     run_names,
 )
@@ -273,7 +272,7 @@ def test_cli_prints_the_path_or_the_error_with_status_2(
 ) -> None:
     out = str(tmp_path / "p.png")
     args = _cli([str(runs["mt2"]), str(runs["mt4"]), "--metric", "pass@4", "--out", out])
-    assert (args.metric, args.out) == ("pass@4", str(tmp_path / "p.png"))
+    assert (args.metric, args.out) == (["pass@4"], str(tmp_path / "p.png"))
     assert plot_main(args) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "p.png")
     _assert_png(tmp_path / "p.png", [runs["mt2"], runs["mt4"]], "pass@4")
@@ -291,7 +290,7 @@ def test_cli_prints_the_path_or_the_error_with_status_2(
     captured = capsys.readouterr()
     assert captured.err.count("areal-lightning plot: warning:") == 1
     assert "unfinished last line" in captured.err
-    assert _cli([str(runs["mt4"])]).metric == "accuracy"
+    assert captured.out.strip() == str(runs["mt4"] / "eval_accuracy.png")  # no --metric: accuracy
 
 
 def _round(step: int, accuracy: float, run_id: str | None, source: str = "training") -> dict:

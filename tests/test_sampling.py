@@ -126,6 +126,7 @@ def test_every_round_result_says_how_it_was_sampled():
         "max_new_tokens": 3,
         "stop": ["9"],
         "seed": 5,
+        "ks": [1, 4],
     }
     assert hard.sampling == {
         "n_samples": 2,
@@ -135,6 +136,7 @@ def test_every_round_result_says_how_it_was_sampled():
         "max_new_tokens": 3,
         "stop": [],
         "seed": 7,
+        "ks": [1, 2],
     }
     assert hard.num_samples == 12
     assert {"scoring/timeouts", "scoring/parse_failures", "scoring/errors"} <= set(easy.metrics)

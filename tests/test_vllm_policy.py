@@ -16,6 +16,7 @@ from hf_models import save_tiny_llama
 from vllm_helpers import CPU_OPTIONS, HIDDEN, require_vllm
 
 from areal_lightning.rl.hf_policy import HFPolicy
+from areal_lightning.rl.policy import completion_mask
 from areal_lightning.rl.vllm_policy import VLLMEngine, _EnginePolicy
 
 require_vllm()
@@ -141,3 +142,26 @@ def test_pushed_weights_after_training_steps_give_the_new_greedy_completions(set
     after = _greedy(engine_policy, prompts)
     assert not torch.equal(before, after), "training changed nothing: the test would not see stale weights"
     assert torch.equal(after, _greedy(policy, prompts))
+
+
+def test_the_engines_scores_are_the_raw_distributions_of_the_sampled_tokens(setup) -> None:
+    # vLLM's own log-probabilities and the EntropyRecorder's entropies equal HFPolicy's forward at
+    # temperature 1, whatever the sampling temperature; a stop string ends a completion, unscored EOS after it.
+    policy, engine_policy = setup
+    ids, mask = policy.encode_prompts(PROMPTS)
+    kw = dict(max_new_tokens=MAX_NEW, temperature=0.7, top_k=20)
+    out = engine_policy.generate_scored(ids, mask, generators=_generators([1, 2, 3, 4, 5]), **kw)
+    assert torch.equal(out.tokens, engine_policy.generate(ids, mask, generators=_generators([1, 2, 3, 4, 5]), **kw))
+    with torch.no_grad():
+        logp, entropy = policy.completion_logprobs(ids, mask, out.tokens, temperature=1.0)
+    scored = out.scored
+    assert scored is not None and out.logprobs is not None and out.entropy is not None
+    assert torch.equal(scored, completion_mask(out.tokens, policy.eos_id))  # no stop string: every token sampled
+    torch.testing.assert_close(out.logprobs[scored], logp[scored], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out.entropy[scored], entropy[scored], atol=1e-4, rtol=1e-4)
+    text = policy.decode_completions(out.tokens[:1])[0]
+    stop = text[len(text) // 2 : len(text) // 2 + 1]
+    cut = engine_policy.generate_scored(ids[:1], mask[:1], generators=_generators([1]), stop=[stop], **kw)
+    end = int((cut.tokens[0] == policy.eos_id).nonzero()[0])
+    assert bool(cut.stopped[0]) and cut.scored is not None
+    assert cut.scored[0, end - 1] and not cut.scored[0, end]

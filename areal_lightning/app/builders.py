@@ -50,6 +50,10 @@ def build_module(cfg: Config) -> GRPOModule:
     return GRPOModule.from_config(cfg)
 
 
+TOKEN_SCORES = "token_scores"
+"""The `EvalSet.options` key the default evaluation reads (`rl.rollout_eval.TOKEN_SCORES_OPTION`)."""
+
+
 def build_eval_sets(cfg: Config, task: RLTask | None = None) -> list[EvalSet]:
     """The config's eval sets, in config order: arithmetic sets made by `task` when it is an
     `ArithmeticTask` (else by the config's arithmetic task), file sets read from their ``path``
@@ -102,6 +106,7 @@ def build_eval_sets(cfg: Config, task: RLTask | None = None) -> list[EvalSet]:
             key_fn=lambda s: s.key,
             max_batch_cost=es.max_batch_cost,
             sampling=es.sampling(cfg.grpo.max_new_tokens),
+            options={} if es.token_scores else {TOKEN_SCORES: False},
         )
         if es.subsample is not None:  # chosen before the deal: the same subset on any number of devices
             eval_set = subsample(eval_set, es.subsample.build(cfg.seed))

@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     from areal_lightning.app.example_configs import add_example_arguments, example_main
     from areal_lightning.app.fit import add_fit_arguments, fit_main
     from areal_lightning.app.watch_checkpoints import add_watch_arguments, evaluate_command
-    from areal_lightning.viz.plot import add_plot_arguments, plot_main
+    from areal_lightning.viz.command import add_plot_arguments, plot_main
 
     parser = argparse.ArgumentParser(
         prog="areal-lightning", description="RL training of language models with evaluation"

@@ -448,7 +448,12 @@ class EvalSetConfig:
     size: Optional[int] = None
     """Number of prompts; null: 200 for arithmetic sets, every row for file sets (else the first `size` rows)."""
     n_samples: int = 4
-    """Completions sampled per prompt (pass@k and maj@k use k = 1 and k = n_samples)."""
+    """Completions sampled per prompt."""
+    ks: Optional[list[int]] = None
+    """The k of pass@k, pass^k and maj@k, each at most n_samples, e.g. [1, 4, 16]; null: 1 and n_samples."""
+    token_scores: bool = True
+    """Log the engine's mean log-probability and entropy per token (completion/logprob, completion/entropy);
+    false saves their cost (benchmarks/RESULTS.md) and logs them as null."""
     temperature: float = 0.6
     """Sampling temperature; 0 means greedy."""
     top_p: float = 1.0
@@ -507,6 +512,7 @@ class EvalSetConfig:
             max_new_tokens=self.max_new_tokens or default_max_new_tokens,
             stop=list(self.stop),
             seed=self.seed,
+            ks=None if self.ks is None else list(self.ks),
         )
 
 
@@ -626,7 +632,7 @@ class Config:
         )
 
         labels = _task_labels(self.task.name)
-        base = {m for es in self.eval_sets.values() for m in metric_names(es.n_samples, labels)}
+        base = {m for es in self.eval_sets.values() for m in metric_names(es.n_samples, labels, es.ks)}
         story = ev.prompt_story
         # Stratum buckets are named by the data's strata, unknown here: the sanity pass checks those.
         by_stratum = story is not None and story.buckets is StoryBuckets.STRATUM

@@ -26,7 +26,7 @@ class SamplingParams:
     """The complete sampling settings of one eval set; a history record carries them (`as_record`).
 
     Args:
-        n_samples: completions per prompt (pass@k and maj@k use k = 1 and k = n_samples).
+        n_samples: completions per prompt.
         temperature: softmax temperature; 0 is greedy (then top_p and top_k change nothing).
         top_p: nucleus sampling: keep the most likely tokens whose probabilities (after the
             temperature) add up to at least top_p; 1 keeps all.
@@ -34,6 +34,8 @@ class SamplingParams:
         max_new_tokens: tokens generated per completion; None: the module's default.
         stop: strings that end a completion; its text is cut where the first one begins.
         seed: seed of this set's per-sample seeds; None: the run seed.
+        ks: the k of pass@k, pass^k and maj@k (distinct positive integers, each at most n_samples);
+            None: 1 and n_samples. Kept sorted.
 
     Raises:
         ArgumentError: for a value out of range, naming the argument and what is accepted.
@@ -54,6 +56,7 @@ class SamplingParams:
     max_new_tokens: int | None = None
     stop: Sequence[str] = field(default_factory=tuple)
     seed: int | None = None
+    ks: Sequence[int] | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.n_samples) or self.n_samples < 1:
@@ -73,6 +76,13 @@ class SamplingParams:
         object.__setattr__(self, "stop", tuple(self.stop))
         if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
             raise ArgumentError("SamplingParams", "seed", self.seed, "a non-negative integer or None")
+        if self.ks is not None:
+            object.__setattr__(self, "ks", check_ks(self.ks, self.n_samples))
+
+    @property
+    def at_ks(self) -> tuple[int, ...]:
+        """The k of pass@k, pass^k and maj@k, ascending: `ks`, or 1 and n_samples."""
+        return tuple(self.ks) if self.ks is not None else tuple(sorted({1, self.n_samples}))
 
     def resolved_seed(self, run_seed: int) -> int:
         """The seed the per-sample seeds derive from: this set's own, else the run's."""
@@ -88,7 +98,29 @@ class SamplingParams:
             "max_new_tokens": self.max_new_tokens,
             "stop": list(self.stop),
             "seed": self.resolved_seed(run_seed),
+            "ks": list(self.at_ks),
         }
+
+
+def check_ks(ks: Any, n_samples: int) -> tuple[int, ...]:
+    """`ks` as a sorted tuple, when it is a non-empty list of distinct positive integers, each at most `n_samples`.
+
+    Raises:
+        ArgumentError: naming the value and what is accepted.
+
+    Example:
+        >>> check_ks([8, 1, 4], n_samples=8)
+        (1, 4, 8)
+        >>> check_ks([1, 16], n_samples=8)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        areal_lightning.errors.ArgumentError: `SamplingParams(ks=...)` must be ... each at most n_samples=8, got [1, 16]
+    """
+    accepted = f"a non-empty list of distinct positive integers, each at most n_samples={n_samples}"
+    items = list(ks) if isinstance(ks, (list, tuple)) else None
+    if not items or not all(_is_int(k) and 1 <= k <= n_samples for k in items) or len(set(items)) != len(items):
+        raise ArgumentError("SamplingParams", "ks", ks, accepted)
+    return tuple(sorted(items))
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> str:

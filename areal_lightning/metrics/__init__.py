@@ -29,6 +29,12 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
     from areal_lightning.metrics.at_k import (
         MajAtK as MajAtK,
         PassAtK as PassAtK,
+        PassHatK as PassHatK,
+    )
+    from areal_lightning.metrics.completion import (
+        CompletionLength as CompletionLength,
+        Share as Share,
+        TokenMean as TokenMean,
     )
     from areal_lightning.metrics.constants import (
         NO_ANSWER as NO_ANSWER,
@@ -42,6 +48,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
         mean_at_n as mean_at_n,
         pass_at_k as pass_at_k,
         pass_at_k_per_prompt as pass_at_k_per_prompt,
+        pass_hat_k_per_prompt as pass_hat_k_per_prompt,
         wilson_interval as wilson_interval,
         zero_std_groups as zero_std_groups,
     )
@@ -64,13 +71,17 @@ _EXPORTS = {
     "AccuracyMetric": "areal_lightning.metrics.accuracy",
     "AdvantageMetric": "areal_lightning.metrics.advantage",
     "AdvantageStd": "areal_lightning.metrics.constants",
+    "CompletionLength": "areal_lightning.metrics.completion",
     "ExactMean": "areal_lightning.metrics.mean",
     "LabelCountMetric": "areal_lightning.metrics.label_counts",
     "MajAtK": "areal_lightning.metrics.at_k",
     "PassAtK": "areal_lightning.metrics.at_k",
+    "PassHatK": "areal_lightning.metrics.at_k",
     "RewardMetric": "areal_lightning.metrics.reward",
     "NO_ANSWER": "areal_lightning.metrics.constants",
     "ScoringMetric": "areal_lightning.metrics.scoring_failures",
+    "Share": "areal_lightning.metrics.completion",
+    "TokenMean": "areal_lightning.metrics.completion",
     **{
         name: _FUNCTIONAL
         for name in (
@@ -81,6 +92,7 @@ _EXPORTS = {
             "mean_at_n",
             "pass_at_k",
             "pass_at_k_per_prompt",
+            "pass_hat_k_per_prompt",
             "wilson_interval",
             "zero_std_groups",
         )

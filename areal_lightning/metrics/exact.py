@@ -168,6 +168,21 @@ def _ratio(numerator: int, denominator: int) -> float:
         return math.inf if numerator > 0 else -math.inf  # the denominator is positive
 
 
+def sum_over(state: Tensor, divisor: int) -> float:
+    """The float64 nearest to the exact sum divided by the positive integer `divisor` (a mean over
+    something else than the values added, e.g. per-token values added as per-completion sums);
+    NaN when `divisor` is 0, the IEEE result when a NaN or infinite value was added.
+
+    Example:
+        >>> sum_over(add_values(new_sum(), torch.tensor([0.1, 0.2], dtype=torch.float64)), 3) == 0.1
+        True
+    """
+    scaled, special, _ = _read(state)
+    if divisor == 0:
+        return math.nan
+    return special if special is not None else _ratio(scaled, divisor << -_LOWEST_EXPONENT)
+
+
 def sum_fraction(state: Tensor) -> Fraction | float:
     """The exact sum as a Fraction, or NaN / +-inf when a non-finite value was added."""
     scaled, special, _ = _read(state)
@@ -230,3 +245,23 @@ def std_float(sums: Tensor, squares: Tensor) -> float:
     # var = Q / n - S**2 / n**2 = (n * scaled_squares * 2**-L - scaled**2) / (n**2 * 2**-2L).
     numerator = count * (scaled_squares << -_LOWEST_EXPONENT) - scaled * scaled
     return _sqrt_ratio(numerator, (count * count) << (-2 * _LOWEST_EXPONENT))
+
+
+def stderr_float(sums: Tensor, squares: Tensor) -> float:
+    """The float64 nearest to the standard error of the mean of the values added to both states:
+    their sample std (divisor ``n - 1``) over ``sqrt(n)``, i.e. ``sqrt((n * Q - S**2) / (n**2 * (n - 1)))``.
+
+    Exact until the one rounding, like :func:`std_float`. NaN with fewer than two values or when a
+    value was NaN or infinite.
+
+    Example:
+        >>> values = torch.tensor([0.0, 1.0, 1.0, 1.0], dtype=torch.float64)
+        >>> stderr_float(add_values(new_sum(), values), add_squares(new_sum(), values))  # sample std 0.5, over sqrt(4)
+        0.25
+    """
+    scaled, special, count = _read(sums)
+    scaled_squares, _, _ = _read(squares)
+    if special is not None or count < 2:
+        return math.nan
+    numerator = count * (scaled_squares << -_LOWEST_EXPONENT) - scaled * scaled
+    return _sqrt_ratio(numerator, (count * count * (count - 1)) << (-2 * _LOWEST_EXPONENT))

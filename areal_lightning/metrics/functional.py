@@ -144,20 +144,20 @@ def _pass_at_k_per_prompt(correct: Tensor, k: int, where: str, name: str = "k") 
     correct = _check_binary(_as_2d(correct, "correct", where), "correct", where)
     n = correct.shape[1]
     _check_k_le_n(k, n, where, name)
-    c = correct.sum(dim=1, keepdim=True)
-    # C(n-c, k) / C(n, k) = prod_{i=n-c+1}^{n} (1 - k / i): no huge binomials (Codex paper, Chen et al. 2021).
-    i = torch.arange(1, n + 1, dtype=torch.float64, device=correct.device).unsqueeze(0)
-    terms = torch.where(i > n - c, 1.0 - k / i, torch.ones_like(i))
-    fail_all = terms.prod(dim=1)
-    # With fewer than k wrong samples every k-subset holds a correct one.
-    return torch.where((n - c.squeeze(1)) < k, torch.ones_like(fail_all), 1.0 - fail_all)
+    # 1 - C(n-c, k) / C(n, k) for c = 0 .. n, each the float64 nearest to the exact value: integer
+    # binomials, one correctly rounded division (a float product, as in Chen et al. 2021, is off by
+    # up to 11 units in the last place for n <= 32).
+    total = math.comb(n, k)
+    table = [(total - math.comb(n - c, k)) / total for c in range(n + 1)]
+    return torch.tensor(table, dtype=torch.float64, device=correct.device)[correct.sum(dim=1)]
 
 
 def pass_at_k_per_prompt(correct: Tensor, k: int) -> Tensor:
     """Unbiased pass@k of each prompt: ``1 - C(n - c, k) / C(n, k)``, ``c`` correct out of ``n``.
 
     The probability that at least one of ``k`` samples drawn without replacement from the ``n``
-    is correct, computed as a product (Chen et al. 2021), stable for large ``n``.
+    is correct (Chen et al. 2021), each value the float64 nearest to the exact ratio (computed from
+    integer binomials).
 
     Args:
         correct: ``[P, n]`` bool or 0/1 tensor, whether each sample is correct.
@@ -184,6 +184,40 @@ def pass_at_k(correct: Tensor, k: int) -> Tensor:
         tensor(0.6667, dtype=torch.float64)
     """
     return _pass_at_k_per_prompt(correct, _check_k(k, "pass_at_k"), "pass_at_k").mean()
+
+
+def _pass_hat_k_per_prompt(correct: Tensor, k: int, where: str, name: str = "k") -> Tensor:
+    correct = _check_binary(_as_2d(correct, "correct", where), "correct", where)
+    n = correct.shape[1]
+    _check_k_le_n(k, n, where, name)
+    # C(c, k) / C(n, k) for c = 0 .. n, each the float64 nearest to the exact ratio (integer binomials).
+    total = math.comb(n, k)
+    table = [math.comb(c, k) / total for c in range(n + 1)]
+    return torch.tensor(table, dtype=torch.float64, device=correct.device)[correct.sum(dim=1)]
+
+
+def pass_hat_k_per_prompt(correct: Tensor, k: int) -> Tensor:
+    """Unbiased pass^k of each prompt: the probability that ``k`` samples drawn without replacement
+    from the ``n`` are all correct, ``C(c, k) / C(n, k)`` with ``c`` correct out of ``n``.
+
+    Each value is the float64 nearest to the exact ratio. pass^1 is the share of correct samples;
+    pass^k falls with k where pass@k rises: together they tell reliability from coverage.
+
+    Args:
+        correct: ``[P, n]`` bool or 0/1 tensor, whether each sample is correct.
+        k: positive integer, ``k <= n``.
+
+    Returns:
+        ``[P]`` float64.
+
+    Raises:
+        ValueError: if ``correct`` is not 2-D or not 0/1, ``k`` is not a positive integer, or ``k > n``.
+
+    Example:
+        >>> pass_hat_k_per_prompt(torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]), k=2)  # C(3,2)/C(4,2) = 1/2
+        tensor([0.5000, 1.0000], dtype=torch.float64)
+    """
+    return _pass_hat_k_per_prompt(correct, _check_k(k, "pass_hat_k_per_prompt"), "pass_hat_k_per_prompt")
 
 
 def _maj_at_k_per_prompt(answer_ids: Tensor, correct: Tensor, k: int, where: str, name: str = "k") -> Tensor:

@@ -19,6 +19,8 @@ from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round.sharding import sample_seed
 from areal_lightning.metrics import AdvantageMetric, RewardMetric
 from areal_lightning.metrics.functional import group_advantages
+from areal_lightning.rl.completion_stats import completion_metrics, step_completion_stats
+from areal_lightning.rl.generation import Generation, generate_scored
 from areal_lightning.rl.policy import Policy, TinyPolicy, completion_mask
 from areal_lightning.rl.protocols import PromptTokenizer, RLTask, seeded_generators
 from areal_lightning.rl.rollout_eval import rollout_evaluate, score_texts
@@ -99,6 +101,12 @@ class GRPOModule(L.LightningModule):
         self.eval_generate = eval_generate
         self.train_reward = RewardMetric()
         self.train_advantage = AdvantageMetric(scale=self.grpo.scale_advantages, std=self.grpo.advantage_std)
+        # By their logged names; registered as submodules too (ModuleDict keys take no "/"), so they
+        # follow the module to its device.
+        self.train_completions = {name: make() for name, make in completion_metrics(self.grpo.max_new_tokens).items()}
+        self._train_completion_modules = torch.nn.ModuleDict(
+            {name.replace("/", "_"): metric for name, metric in self.train_completions.items()}
+        )
 
     @classmethod
     def from_config(cls, cfg: Config) -> GRPOModule:
@@ -208,13 +216,16 @@ class GRPOModule(L.LightningModule):
         ids = batch["prompt_ids"].repeat_interleave(g, dim=0)
         mask = batch["prompt_mask"].repeat_interleave(g, dim=0)
         answers = [a for a in batch["answers"] for _ in range(g)]
-        completions = self.policy.generate(
+        generation = generate_scored(
+            self.policy,
             ids,
             mask,
+            scores=False,  # the loss's forward below gives them
             max_new_tokens=hp.max_new_tokens,
             temperature=hp.temperature,
             generators=self._rollout_generator(),
         )
+        completions = generation.tokens
         texts, rewards = self.score(completions, answers)
         grouped = rewards.view(-1, g)
         advantages = group_advantages(grouped, scale=hp.scale_advantages, std=hp.advantage_std).reshape(-1, 1)
@@ -251,13 +262,23 @@ class GRPOModule(L.LightningModule):
                 "train/zero_std_frac": adv_stats["zero_std_frac"],
                 "train/kl": token_mean(kl.detach()),
                 "train/clip_frac": token_mean(((ratio - clipped).abs() > 0).float().detach()),
-                "train/completion_len": tokens.sum(dim=1).mean(),
-                "train/entropy": token_mean(entropy.detach()),
                 "train/loss": loss.detach(),
             },
             batch_size=len(texts),
         )
+        self._log_completion_stats(generation, texts, (logp, entropy, tokens.bool()))
         return loss
+
+    def _log_completion_stats(self, generation: Generation, texts: Sequence[str], scores: tuple[Tensor, ...]) -> None:
+        """``train/completion/...``: the evaluation's completion statistics of this step's rollouts,
+        over every rank's (the same on any number of ranks); log-probability and entropy are the
+        loss's, at the training temperature."""
+        answer_ids = [self.task.answer_id(t) for t in texts]
+        logp, entropy, mask = scores
+        values = step_completion_stats(
+            self.train_completions, generation, self.policy.eos_id, answer_ids, scores=(logp, entropy, mask)
+        )
+        self.log_dict(values, batch_size=len(texts))
 
     @override
     def on_train_epoch_end(self) -> None:

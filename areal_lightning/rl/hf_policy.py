@@ -11,8 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from areal_lightning.rl.generation import Generation, ScoreRecorder
 from areal_lightning.rl.hf_tokenizer import HFTokenizer
-from areal_lightning.rl.policy import MIN_LOGPROB_TEMPERATURE, Generators, completion_mask, truncate_logits
+from areal_lightning.rl.policy import MIN_LOGPROB_TEMPERATURE, Generators, completion_mask
+from areal_lightning.rl.sampling import race_noise, sample_tokens
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # A stop string is looked for in this many decoded tokens per character of the longest one:
@@ -24,36 +26,6 @@ ENTROPY_CHUNK_ROWS = 8
 
 class LocalModelNotFoundError(FileNotFoundError):
     """`HFPolicy.from_pretrained` got a path that is not a local model directory."""
-
-
-def race_noise(generators: Generators, rows: int, vocab: int, device: torch.device) -> Tensor:
-    """One decoding step's Exponential(1) noise [rows, vocab] for the exponential-race trick.
-
-    With one generator per row, row ``i`` draws one ``vocab``-sized vector from ``generators[i]``
-    per step (rows that share a generator draw in row order), so a row's sample depends on its
-    own seed only. Each generator draws on its own device; the noise is then moved to `device`.
-    Memory is O(rows x vocab) per step, never O(rows x steps x vocab).
-    """
-    if isinstance(generators, torch.Generator):
-        return torch.empty(rows, vocab, device=generators.device).exponential_(generator=generators).to(device)
-    if len(generators) != rows:
-        raise ValueError(f"got {len(generators)} generators for {rows} rows; pass one per row or a single one")
-    return torch.stack([torch.empty(vocab, device=g.device).exponential_(generator=g) for g in generators]).to(device)
-
-
-def sample_tokens(
-    logits: Tensor, temperature: float, noise: Tensor | None, top_p: float = 1.0, top_k: int | None = None
-) -> Tensor:
-    """Greedy ids when `temperature == 0`, else samples of softmax(logits / temperature),
-    truncated to the top k tokens and the nucleus of mass top_p (`truncate_logits`).
-
-    argmax(logits / T - log E) with E ~ Exponential(1) is a sample of softmax(logits / T): the
-    exponential race, the same as Gumbel-max. Truncated tokens (-inf) never win.
-    """
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    assert noise is not None, "sampling at temperature > 0 needs noise"
-    return (truncate_logits(logits.float() / temperature, top_k, top_p) - noise.log()).argmax(dim=-1)
 
 
 def zero_dropout(model: nn.Module) -> None:
@@ -223,7 +195,6 @@ class HFPolicy(nn.Module):
         out = self.model(input_ids=ids, attention_mask=mask.long(), position_ids=positions, **kwargs)
         return out.logits[:, -keep:], out[self._cache_key] if use_cache else None
 
-    @torch.no_grad()
     def generate(
         self,
         prompt_ids: Tensor,
@@ -254,14 +225,40 @@ class HFPolicy(nn.Module):
             ValueError: for `max_new_tokens < 1`, a negative temperature, a top_p outside (0, 1],
                 a top_k below 1, or a generator count that is neither 1 nor B.
         """
-        if max_new_tokens < 1:
-            raise ValueError(f"`HFPolicy.generate(max_new_tokens={max_new_tokens})` must be a positive integer")
-        if temperature < 0:
-            raise ValueError(f"`HFPolicy.generate(temperature={temperature})` must be >= 0 (0 is greedy)")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"`HFPolicy.generate(top_p={top_p})` must be in (0, 1]")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"`HFPolicy.generate(top_k={top_k})` must be a positive integer or None")
+        return self.generate_scored(
+            prompt_ids,
+            prompt_mask,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            generators=generators,
+            top_p=top_p,
+            top_k=top_k,
+            stop_at_eos=stop_at_eos,
+            scores=False,
+        ).tokens
+
+    @torch.no_grad()
+    def generate_scored(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        generators: Generators,
+        top_p: float = 1.0,
+        top_k: int | None = None,
+        stop_at_eos: bool = True,
+        stop: Sequence[str] = (),
+        scores: bool = True,
+    ) -> Generation:
+        """`generate`, ending a completion also at the `stop` strings (beside the tokenizer's own),
+        with each sampled token's raw log-probability and entropy when `scores` (`rl.generation`).
+
+        Raises:
+            ValueError: as `generate`.
+        """
+        _check_sampling(max_new_tokens, temperature, top_p, top_k)
         b, device = prompt_ids.shape[0], prompt_ids.device
         if not isinstance(generators, torch.Generator) and len(generators) != b:
             raise ValueError(f"got {len(generators)} generators for {b} rows; pass one per row or a single one")
@@ -271,24 +268,29 @@ class HFPolicy(nn.Module):
         logits, cache = self._forward(prompt_ids, mask, positions, keep=1, use_cache=True)
         out = torch.full((b, max_new_tokens), self.pad_id, dtype=torch.long, device=device)
         done = torch.zeros(b, dtype=torch.bool, device=device)
-        stop_window = STOP_WINDOW_TOKENS_PER_CHAR * max((len(s) for s in self.tokenizer.stop_strings), default=0)
+        stopped = torch.zeros(b, dtype=torch.bool, device=device)
+        stop_strings = (*self.tokenizer.stop_strings, *stop)
+        stop_window = STOP_WINDOW_TOKENS_PER_CHAR * max((len(s) for s in stop_strings), default=0)
+        recorder = ScoreRecorder(b, max_new_tokens, device, scores)
         for t in range(max_new_tokens):
             noise = None if temperature == 0 else self._step_noise(generators, done, logits.shape[-1], device)
             token = sample_tokens(logits[:, -1], temperature, noise, top_p, top_k)
+            recorder.add(t, logits[:, -1], token, ~done)
             out[:, t] = torch.where(done, out[:, t], token)  # a finished row keeps its pad (or appended EOS)
             ended = ~done & (token == self.eos_id)
             if stop_window:
-                stopped = ~done & ~ended & self._stop_string_hits(out, t, stop_window, device)
+                hits = ~done & ~ended & self._stop_string_hits(out, t, stop_window, device, stop_strings)
                 if t + 1 < max_new_tokens:
-                    out[stopped, t + 1] = self.eos_id
-                ended |= stopped
+                    out[hits, t + 1] = self.eos_id
+                ended |= hits
+                stopped |= hits
             done |= ended
             if t == max_new_tokens - 1 or (stop_at_eos and bool(done.all())):
                 break
             mask = torch.cat([mask, torch.ones(b, 1, dtype=torch.bool, device=device)], dim=1)
             logits, cache = self._forward(token[:, None], mask, next_pos, keep=1, use_cache=True, cache=cache)
             next_pos = next_pos + 1
-        return out
+        return recorder.generation(out, stopped)
 
     def _step_noise(self, generators: Generators, done: Tensor, vocab: int, device: torch.device) -> Tensor:
         """This step's race noise; finished rows with their own generators draw nothing (ones)."""
@@ -301,11 +303,13 @@ class HFPolicy(nn.Module):
             noise[live] = race_noise([generators[i] for i in live], len(live), vocab, device)
         return noise
 
-    def _stop_string_hits(self, out: Tensor, t: int, window: int, device: torch.device) -> Tensor:
-        """True for rows whose last `window` completion tokens, decoded, contain a stop string."""
+    def _stop_string_hits(
+        self, out: Tensor, t: int, window: int, device: torch.device, stop_strings: Sequence[str]
+    ) -> Tensor:
+        """True for rows whose last `window` completion tokens, decoded, contain one of `stop_strings`."""
         tails = out[:, max(0, t + 1 - window) : t + 1].tolist()
         decode = self.tokenizer.tokenizer.decode
-        hits = [any(s in decode(tail) for s in self.tokenizer.stop_strings) for tail in tails]
+        hits = [any(s in decode(tail) for s in stop_strings) for tail in tails]
         return torch.tensor(hits, dtype=torch.bool, device=device)
 
     def completion_logprobs(
@@ -331,6 +335,17 @@ class HFPolicy(nn.Module):
             entropy = torch.cat([_entropy(rows) for rows in scaled.split(ENTROPY_CHUNK_ROWS)])
         valid = completion_mask(completion_ids, self.eos_id)
         return token_logp.masked_fill(~valid, 0.0), entropy.masked_fill(~valid, 0.0)
+
+
+def _check_sampling(max_new_tokens: int, temperature: float, top_p: float, top_k: int | None) -> None:
+    if max_new_tokens < 1:
+        raise ValueError(f"`HFPolicy.generate(max_new_tokens={max_new_tokens})` must be a positive integer")
+    if temperature < 0:
+        raise ValueError(f"`HFPolicy.generate(temperature={temperature})` must be >= 0 (0 is greedy)")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"`HFPolicy.generate(top_p={top_p})` must be in (0, 1]")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"`HFPolicy.generate(top_k={top_k})` must be a positive integer or None")
 
 
 def _entropy(logits: Tensor) -> Tensor:

@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from areal_lightning.rl.generation import Generation, ScoreRecorder
+
 Generators = torch.Generator | Sequence[torch.Generator]
 # Log-probs at temperature 0 (greedy sampling) are taken at this temperature instead of dividing by 0.
 MIN_LOGPROB_TEMPERATURE = 1e-8
@@ -179,7 +181,6 @@ class TinyPolicy(nn.Module):
             x = block(x, attn_mask, None if caches is None else caches[i])
         return self.head(self.ln_f(x))
 
-    @torch.no_grad()
     def generate(
         self,
         prompt_ids: Tensor,
@@ -199,6 +200,36 @@ class TinyPolicy(nn.Module):
 
         `stop_at_eos=False` decodes every step even once all rows ended (see `Policy`).
         """
+        return self.generate_scored(
+            prompt_ids,
+            prompt_mask,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            generators=generators,
+            top_p=top_p,
+            top_k=top_k,
+            stop_at_eos=stop_at_eos,
+            scores=False,
+        ).tokens
+
+    @torch.no_grad()
+    def generate_scored(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        generators: Generators,
+        top_p: float = 1.0,
+        top_k: int | None = None,
+        stop_at_eos: bool = True,
+        stop: Sequence[str] = (),
+        scores: bool = True,
+    ) -> Generation:
+        """`generate`'s completions with each sampled token's raw log-probability and entropy
+        (`rl.generation`) when `scores`. The tiny policy has no text to look for `stop` strings in:
+        it never ends at one (its `stopped` is all False)."""
         b = prompt_ids.shape[0]
         noise = sampling_noise(generators, b, max_new_tokens, self.head.out_features, prompt_ids.device)
         caches: list[dict[str, Tensor]] = [{} for _ in self.blocks]
@@ -208,12 +239,14 @@ class TinyPolicy(nn.Module):
         logits = self(prompt_ids, key_valid, positions, caches)[:, -1]
         out = torch.full((b, max_new_tokens), self.pad_id, dtype=torch.long, device=prompt_ids.device)
         done = torch.zeros(b, dtype=torch.bool, device=prompt_ids.device)
+        recorder = ScoreRecorder(b, max_new_tokens, prompt_ids.device, scores)
         for t in range(max_new_tokens):
             if temperature > 0:
                 tempered = truncate_logits(logits / temperature, top_k, top_p)
                 token = (F.log_softmax(tempered, dim=-1) - noise[:, t].log()).argmax(dim=-1)
             else:
                 token = logits.argmax(dim=-1)
+            recorder.add(t, logits, token, ~done)
             out[:, t] = torch.where(done, torch.full_like(token, self.pad_id), token)
             done |= token == self.eos_id
             if t == max_new_tokens - 1 or (stop_at_eos and bool(done.all())):
@@ -221,7 +254,7 @@ class TinyPolicy(nn.Module):
             key_valid = torch.cat([key_valid, torch.ones(b, 1, dtype=torch.bool, device=key_valid.device)], dim=1)
             logits = self(token[:, None], key_valid, next_pos, caches)[:, -1]
             next_pos = next_pos + 1
-        return out
+        return recorder.generation(out, torch.zeros(b, dtype=torch.bool, device=out.device))
 
     def completion_logprobs(
         self, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, *, temperature: float = 1.0

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,20 +28,27 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric, SumMetric
 
+from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round import EvalBatch, EvalContext, SamplingParams, cut_at_stop
+from areal_lightning.eval_round.sampling_params import check_ks
 from areal_lightning.metrics import (
     AccuracyMetric,
     LabelCountMetric,
     MajAtK,
     PassAtK,
+    PassHatK,
     RewardMetric,
     ScoringMetric,
 )
+from areal_lightning.rl.completion_stats import completion_metrics, update_completion_metrics
+from areal_lightning.rl.generation import Generation, generate_scored
 from areal_lightning.rl.policy import Policy
 from areal_lightning.rl.protocols import PromptTokenizer, RLTask, seeded_generators
 from areal_lightning.scoring import Score, ScoreLabels, ScorerFailingError
 from areal_lightning.tasks.arithmetic import CORRECT_REWARD, NO_ANSWER_ID, WRONG_REWARD
 
+TOKEN_SCORES_OPTION = "token_scores"
+"""`EvalSet.options` key: False skips the engine's per-token scores (completion/logprob and /entropy are NaN)."""
 NON_FINITE_KEY = "reward/non_finite"
 """Samples of a round whose reward was NaN or infinite (left out of ``reward/*``, counted incorrect)."""
 MAX_INDICES_SHOWN = 5
@@ -79,8 +87,13 @@ def sampling_of(ctx: EvalContext) -> SamplingParams:
     temperature and max_new_tokens in its `options` instead."""
     if ctx.sampling is not None:
         return ctx.sampling
-    keys = ("n_samples", "temperature", "max_new_tokens")
-    return SamplingParams(**{k: ctx.options[k] for k in keys if k in ctx.options})
+    keys = ("n_samples", "temperature", "max_new_tokens", "ks")
+    try:
+        return SamplingParams(**{k: ctx.options[k] for k in keys if k in ctx.options})
+    except ArgumentError as err:
+        raise ArgumentError(
+            "EvalSet", f"options[{err.arg!r}]", err.value, err.accepted, f"eval set {ctx.dataset!r}: {err}"
+        ) from None
 
 
 def _score_all(task: Any, texts: Sequence[str], answers: Sequence[str], prompts: Sequence[str] | None) -> list[Score]:
@@ -130,13 +143,18 @@ def score_texts(
         ) from err
 
 
-def default_metrics(n_samples: int) -> dict[str, Callable[[], Metric]]:
-    """The metrics the default evaluation keeps for `n_samples` completions per prompt, by name."""
+def default_metrics(
+    n_samples: int, ks: Sequence[int] | None = None, max_new_tokens: int = 1
+) -> dict[str, Callable[[], Metric]]:
+    """The metrics the default evaluation keeps for `n_samples` completions per prompt, by name:
+    pass@k, pass^k and maj@k (each with its standard error) for every k of `ks` (None: 1 and
+    `n_samples`), and the completion statistics of completions of at most `max_new_tokens`."""
     factories: dict[str, Callable[[], Metric]] = {"reward": RewardMetric, "accuracy": AccuracyMetric}
-    for k in sorted({1, n_samples}):
-        factories[f"pass@{k}"] = functools.partial(PassAtK, k)
-    factories[f"maj@{n_samples}"] = lambda: MajAtK(n_samples)
+    for k in check_ks(ks, n_samples) if ks is not None else sorted({1, n_samples}):
+        for cls in (PassAtK, PassHatK, MajAtK):
+            factories[f"{cls.symbol}{k}"] = functools.partial(cls, k, stderr=True)
     factories[NON_FINITE_KEY] = lambda: SumMetric(nan_strategy="disable").set_dtype(torch.float64)
+    factories.update(completion_metrics(max_new_tokens))
     return factories
 
 
@@ -144,31 +162,26 @@ def _never() -> bool:
     return False
 
 
-def metric_names(n_samples: int, labels: Sequence[ScoreLabels] = ()) -> list[str]:
+def metric_names(n_samples: int, labels: Sequence[ScoreLabels] = (), ks: Sequence[int] | None = None) -> list[str]:
     """Every name a round of the default evaluation logs for an eval set (``reward/mean``, ``pass@4`` ...,
-    and the counts of a task's `labels`), known before any round runs, so that a threshold on a metric
-    it never logs is refused up front.
+    ``completion/length/mean`` ..., and the counts of a task's `labels`), for the eval set's `ks`, known
+    before any round runs, so that a threshold on a metric it never logs is refused up front.
 
     Example:
-        >>> metric_names(4)[3:6], "reward/mean" in metric_names(4)
-        (['maj@4', 'pass@1', 'pass@4'], True)
+        >>> metric_names(4)[:3], "pass@4/stderr" in metric_names(4), "pass@2" in metric_names(4, ks=[2, 4])
+        (['accuracy', 'accuracy/ci_high', 'accuracy/ci_low'], True, True)
     """
     names = []
-    for name, factory in default_metrics(n_samples).items():
+    for name, factory in default_metrics(n_samples, ks).items():
         metric = factory()
         # Local names only: config checks run on one rank at times (a resumed run's copy of the config
         # on rank 0, the watcher's W&B config on rank 0), where a synced compute() would wait in a
         # collective the other ranks never join. `sync_on_compute = False` set after construction is
         # not enough (torchmetrics reads it at construction); no process group means no sync at all.
         metric.distributed_available_fn = _never
-        correct = torch.ones(1, n_samples)
-        if isinstance(metric, MajAtK):
-            metric.update(torch.zeros(1, n_samples, dtype=torch.long), correct.bool())
-        elif isinstance(metric, PassAtK):
-            metric.update(correct.bool())
-        else:
-            metric.update(correct)
-        value = metric.compute()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "compute before update": only the names are wanted
+            value = metric.compute()
         keys = value.keys() if isinstance(value, dict) else [name]
         names += [key if key == name else f"{name}/{key}" for key in keys]
     return sorted(names + [name for group in labels for name in group.names()])
@@ -253,73 +266,97 @@ def _correctness(scores: Sequence[Score], rewards: Tensor, finite: Tensor) -> tu
     return correct, correct.float() if stated else rewards
 
 
+def _generate(
+    module: RolloutModule, batch: EvalBatch, ctx: EvalContext, sp: SamplingParams, max_new_tokens: int
+) -> tuple[Generation, list[str]]:
+    """The batch's `n_samples` completions per prompt and their decoded texts (before the stop-string cut)."""
+    n, tok = sp.n_samples, module.tokenizer
+    ids, mask = tok.pad_left([tok.encode(s.prompt) for s in batch.samples])
+    _check_fits(module, ids, max_new_tokens, ctx)
+    ids, mask = ids.repeat_interleave(n, 0).to(ctx.device), mask.repeat_interleave(n, 0).to(ctx.device)
+    # One generator per prompt, repeated for its n rows: its completions depend on its seed only
+    # (on a GPU the generator lives there, seeded alike, so the rows' noise is drawn in place).
+    generators = [g for g in seeded_generators(batch.seeds, ctx.device) for _ in range(n)]
+    generation = generate_scored(
+        module.policy,
+        ids,
+        mask,
+        stop=sp.stop,
+        scores=bool(ctx.options.get(TOKEN_SCORES_OPTION, True)),
+        max_new_tokens=max_new_tokens,
+        temperature=sp.temperature,
+        generators=generators,
+        top_p=sp.top_p,
+        top_k=sp.top_k,
+        stop_at_eos=not ctx.lockstep,
+    )
+    return generation, [tok.decode(row) for row in generation.tokens.cpu()]
+
+
+def _evaluate_batch(
+    module: RolloutModule,
+    batch: EvalBatch,
+    ctx: EvalContext,
+    sp: SamplingParams,
+    max_new_tokens: int,
+    metrics: dict[str, Any],
+) -> None:
+    n, samples = sp.n_samples, batch.samples
+    generation, raw_texts = _generate(module, batch, ctx, sp, max_new_tokens)
+    answers = [s.answer for s in samples for _ in range(n)]
+    texts = [cut_at_stop(text, sp.stop) for text in raw_texts]
+    scores = _score(module.task, texts, answers, batch, n, ctx)
+    _count_outcomes(module.task, scores, metrics["scoring"], ctx)
+    rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32, device=ctx.device).view(len(samples), n)
+    finite = _report_non_finite(rewards, batch, ctx)
+    correct, judged = _correctness(scores, rewards, finite)
+    raw_ids = [module.task.answer_id(t) for t in texts]
+    answer_ids = _per_prompt_answer_ids(raw_ids, n)
+    metrics["reward"].update(rewards[finite])
+    metrics["accuracy"].update(torch.where(finite, judged, torch.full_like(rewards, WRONG_REWARD)))
+    metrics[NON_FINITE_KEY].update((~finite).sum().double())
+    # Per-prompt outcomes pair this round with earlier ones (eval/<set>/accuracy/delta).
+    ctx.record_outcomes("accuracy", batch.indices, correct.double().mean(1))
+    scored = torch.where(finite, rewards, torch.full_like(rewards, WRONG_REWARD))
+    ctx.record_outcomes("reward/mean", batch.indices, scored.double().mean(1))
+    for k in sp.at_ks:
+        metrics[f"{PassAtK.symbol}{k}"].update(correct)
+        metrics[f"{PassHatK.symbol}{k}"].update(correct)
+        metrics[f"{MajAtK.symbol}{k}"].update(
+            torch.tensor(answer_ids, device=ctx.device).view(len(samples), n), correct
+        )
+    stop_in_text = torch.tensor([len(c) < len(r) for c, r in zip(texts, raw_texts, strict=True)], dtype=torch.bool)
+    update_completion_metrics(metrics, generation, module.policy.eos_id, raw_ids, stop_in_text)
+    ctx.num_samples += rewards.numel()
+    for row, (index, sample) in enumerate(zip(batch.indices, samples, strict=True)):
+        ctx.record_sample(
+            index,
+            prompt=sample.prompt,
+            completion=texts[row * n],
+            answer=sample.answer,
+            reward=float(rewards[row, 0]),
+            correct=bool(correct[row, 0]),
+        )
+
+
 def rollout_evaluate(module: RolloutModule, batches: Sequence[EvalBatch], ctx: EvalContext) -> dict[str, Any]:
     """Samples `n_samples` completions per prompt, each prompt from its own seed, with the eval
     set's `SamplingParams`; cuts each completion at its first stop string; updates reward,
-    accuracy, pass@1, pass@n, maj@n and the scoring failures (``scoring/timeouts``,
-    ``scoring/parse_failures``, ``scoring/errors``) and the count of non-finite rewards (module docstring).
+    accuracy, pass@k, pass^k and maj@k for each of the set's `ks` (with standard errors), the
+    completion statistics (``completion/length/...``, ``completion/truncated`` ...:
+    `rl.completion_stats`), the scoring failures (``scoring/timeouts``, ``scoring/parse_failures``,
+    ``scoring/errors``), a task's own outcome counts (``code/timeout`` ...: its `score_labels`) and the
+    count of non-finite rewards (module docstring).
 
     Raises:
         RewardError: the task's reward raised; the message names the eval set, the sample and the cause.
         ValueError: a prompt plus ``max_new_tokens`` does not fit the policy's ``max_len``.
     """
     sp = sampling_of(ctx)
-    n, temperature = sp.n_samples, sp.temperature
     max_new_tokens = sp.max_new_tokens or module.grpo.max_new_tokens
-    metrics = {name: ctx.metric(name, factory) for name, factory in default_metrics(n).items()}
-    reward, accuracy, maj, non_finite = (
-        metrics["reward"],
-        metrics["accuracy"],
-        metrics[f"maj@{n}"],
-        metrics[NON_FINITE_KEY],
-    )
-    pass_at = {k: metrics[f"pass@{k}"] for k in sorted({1, n})}
-    scoring = ctx.metric("scoring", ScoringMetric)
-    tok = module.tokenizer
+    factories = default_metrics(sp.n_samples, sp.at_ks, max_new_tokens)
+    metrics: dict[str, Any] = {name: ctx.metric(name, factory) for name, factory in factories.items()}
+    metrics["scoring"] = ctx.metric("scoring", ScoringMetric)
     for batch in batches:
-        samples = batch.samples
-        ids, mask = tok.pad_left([tok.encode(s.prompt) for s in samples])
-        _check_fits(module, ids, max_new_tokens, ctx)
-        ids, mask = ids.repeat_interleave(n, 0).to(ctx.device), mask.repeat_interleave(n, 0).to(ctx.device)
-        # One generator per prompt, repeated for its n rows: its completions depend on its seed only
-        # (on a GPU the generator lives there, seeded alike, so the rows' noise is drawn in place).
-        generators = [g for g in seeded_generators(batch.seeds, ctx.device) for _ in range(n)]
-        completions = module.policy.generate(
-            ids,
-            mask,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            generators=generators,
-            top_p=sp.top_p,
-            top_k=sp.top_k,
-            stop_at_eos=not ctx.lockstep,
-        )
-        answers = [s.answer for s in samples for _ in range(n)]
-        texts = [cut_at_stop(tok.decode(row), sp.stop) for row in completions.cpu()]
-        scores = _score(module.task, texts, answers, batch, n, ctx)
-        _count_outcomes(module.task, scores, scoring, ctx)
-        rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32, device=ctx.device).view(len(samples), n)
-        finite = _report_non_finite(rewards, batch, ctx)
-        correct, judged = _correctness(scores, rewards, finite)
-        answer_ids = _per_prompt_answer_ids([module.task.answer_id(t) for t in texts], n)
-        reward.update(rewards[finite])
-        accuracy.update(torch.where(finite, judged, torch.full_like(rewards, WRONG_REWARD)))
-        non_finite.update((~finite).sum().double())
-        # Per-prompt outcomes pair this round with earlier ones (eval/<set>/accuracy/delta).
-        ctx.record_outcomes("accuracy", batch.indices, correct.double().mean(1))
-        scored = torch.where(finite, rewards, torch.full_like(rewards, WRONG_REWARD))
-        ctx.record_outcomes("reward/mean", batch.indices, scored.double().mean(1))
-        for metric in pass_at.values():
-            metric.update(correct)
-        maj.update(torch.tensor(answer_ids, device=ctx.device).view(len(samples), n), correct)
-        ctx.num_samples += rewards.numel()
-        for row, (index, sample) in enumerate(zip(batch.indices, samples, strict=True)):
-            ctx.record_sample(
-                index,
-                prompt=sample.prompt,
-                completion=texts[row * n],
-                answer=sample.answer,
-                reward=float(rewards[row, 0]),
-                correct=bool(correct[row, 0]),
-            )
+        _evaluate_batch(module, batch, ctx, sp, max_new_tokens, metrics)
     return {}

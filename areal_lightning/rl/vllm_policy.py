@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
 import io
 import logging
 import multiprocessing
@@ -35,32 +34,21 @@ from lightning.pytorch.utilities.seed import isolate_rng
 from torch import Tensor, nn
 
 from areal_lightning.eval_round import EvalBatch, EvalContext
-from areal_lightning.rl.policy import Generators
 from areal_lightning.rl.rollout_eval import RolloutModule, rollout_evaluate, sampling_of
+from areal_lightning.rl.vllm_engine_policy import _EngineModule, _EnginePolicy
 from areal_lightning.rl.vllm_options import DEFAULT_MAX_NUM_BATCHED_TOKENS, VLLMOptions
 
 log = logging.getLogger(__name__)
 
 WEIGHTS_STEP_KEY = "vllm/weights_step"
 """What each round returns: the training step whose weights the engine generated with."""
-_SEED_BITS = 63
+ENTROPY_RECORDER = "areal_lightning.rl.vllm_entropy:EntropyRecorder"
+"""The logits processor every engine runs (by name: its module imports vLLM)."""
 _DEAD_ENGINE_POLL_S = 0.2
 
 
 class VLLMEngineError(RuntimeError):
     """The vLLM engine failed during a round (it died, or a request crashed it); it is rebuilt for the next round."""
-
-
-def completion_seed(prompt_seed: int, sample: int) -> int:
-    """The seed of the `sample`-th completion of a prompt: a hash of both, so that completions of
-    one prompt differ and each depends on its own two numbers only (not on the batch or the rank).
-
-    Example:
-        >>> completion_seed(7, 0) == completion_seed(7, 0), completion_seed(7, 0) == completion_seed(7, 1)
-        (True, False)
-    """
-    digest = hashlib.blake2b(f"{prompt_seed}:{sample}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> (64 - _SEED_BITS)
 
 
 def _weights_key(model: nn.Module, step: int) -> tuple[Any, ...]:
@@ -115,6 +103,7 @@ class VLLMEngine:
             enforce_eager=device.type == "cpu",
             load_format="dummy",
             worker_extension_cls=f"{WeightLoader.__module__}.{WeightLoader.__qualname__}",
+            logits_processors=[ENTROPY_RECORDER],
             seed=0,
         )
         if self._in_process:
@@ -217,6 +206,18 @@ class VLLMEngine:
             ) from error
         return list(outputs)
 
+    def entropies(self, keys: list[str]) -> list[list[float]]:
+        """The entropies recorded for the requests named `keys` (`rl.vllm_entropy`), forgotten afterwards.
+
+        Raises:
+            VLLMEngineError: the engine failed; it is closed, the next `ensure` builds a new one.
+        """
+        try:
+            return list(self._llm.collective_rpc("take_entropies", args=(keys,))[0])
+        except Exception as err:
+            self.close()
+            raise VLLMEngineError(f"the vLLM engine failed during the round ({type(err).__name__}: {err})") from err
+
     def close(self) -> None:
         """Shuts the engine down and frees its memory; the next `ensure` builds a new one."""
         llm, self._llm, self._pushed = self._llm, None, None
@@ -288,74 +289,11 @@ class WeightLoader:
         weights = torch.load(io.BytesIO(state), weights_only=True) if isinstance(state, bytes) else state
         self.model_runner.reload_weights(weights_iterator=iter(weights.items()))
 
+    def take_entropies(self, keys: list[str]) -> list[list[float]]:
+        """The entropies `EntropyRecorder` recorded for the requests named `keys`, in position order."""
+        from areal_lightning.rl.vllm_entropy import take_entropies
 
-class _EnginePolicy:
-    """The policy as `rollout_evaluate` sees it, generating with the engine: `HFPolicy`'s outputs."""
-
-    def __init__(self, engine: VLLMEngine, policy: Any, stop: Sequence[str]) -> None:
-        self.engine, self.policy = engine, policy
-        self.eos_id, self.pad_id = policy.eos_id, policy.pad_id
-        self.stop = [*policy.tokenizer.stop_strings, *stop]
-
-    def generate(
-        self,
-        prompt_ids: Tensor,
-        prompt_mask: Tensor,
-        *,
-        max_new_tokens: int,
-        temperature: float,
-        generators: Generators,
-        top_p: float = 1.0,
-        top_k: int | None = None,
-        stop_at_eos: bool = True,
-    ) -> Tensor:
-        """`HFPolicy.generate`'s contract: [B, max_new_tokens] ids, EOS then pad; a completion
-        that produced a stop string gets an EOS after it (if there is room)."""
-        from vllm import SamplingParams
-
-        rows = prompt_ids.shape[0]
-        if isinstance(generators, torch.Generator):
-            generators = [generators] * rows
-        prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu(), strict=True)]
-        params = []
-        position: dict[int, int] = {}
-        for g in generators:
-            # Rows of one prompt share its generator: the k-th of them is the prompt's k-th sample.
-            k = position[id(g)] = position.get(id(g), -1) + 1
-            params.append(
-                SamplingParams(
-                    n=1,
-                    temperature=temperature,
-                    top_p=top_p,
-                    top_k=top_k or 0,
-                    seed=completion_seed(g.initial_seed(), k),
-                    max_tokens=max_new_tokens,
-                    ignore_eos=True,  # the policy's EOS below is the only end token, as in HFPolicy
-                    stop_token_ids=[self.eos_id],
-                    stop=self.stop or None,
-                    include_stop_str_in_output=True,
-                    detokenize=bool(self.stop),
-                )
-            )
-        outputs = self.engine.generate(prompts, params)
-        out = torch.full((rows, max_new_tokens), self.pad_id, dtype=torch.long)
-        for row, output in enumerate(outputs):
-            completion = output.outputs[0]
-            tokens = list(completion.token_ids)[:max_new_tokens]
-            if isinstance(completion.stop_reason, str) and len(tokens) < max_new_tokens:
-                tokens.append(self.eos_id)
-            out[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-        return out.to(prompt_ids.device)
-
-
-class _EngineModule:
-    """The module as `rollout_evaluate` sees it: its task, tokenizer and settings, the engine's policy."""
-
-    def __init__(self, module: Any, policy: _EnginePolicy) -> None:
-        self._module, self.policy = module, policy
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._module, name)
+        return take_entropies(keys)
 
 
 class VLLMEvaluator:

@@ -24,8 +24,8 @@ from areal_lightning.tracking.records import eval_record, event_record
 
 log = logging.getLogger(__name__)
 
-SUMMARY_METRICS = ("accuracy", "reward/mean")
-"""The metrics of a round's one-line summary in the log."""
+SUMMARY_METRICS = ("accuracy", "reward/mean", "completion/length/mean", "completion/truncated", "completion/entropy")
+"""The metrics of a round's one-line summary in the log, in this order (those the round has)."""
 
 
 class EvalRecorder:
@@ -100,7 +100,7 @@ class EvalRecorder:
                     {**{f"{EVAL_PREFIX}/{k}": v for k, v in extras.items()}, "eval/step": step}, step=step
                 )
         summary = ", ".join(
-            f"{r.dataset}: " + " ".join(f"{k}={v:.3f}" for k, v in r.metrics.items() if k in SUMMARY_METRICS)
+            f"{r.dataset}: " + " ".join(f"{k}={r.metrics[k]:.3f}" for k in SUMMARY_METRICS if k in r.metrics)
             for r in results
         )
         level = logging.INFO if self.verbose else logging.DEBUG

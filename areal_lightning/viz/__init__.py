@@ -1,13 +1,13 @@
 """Figures of evaluation curves drawn from eval histories."""
 
+from areal_lightning.viz.command import add_plot_arguments, plot_main
+from areal_lightning.viz.panels import build_panels, plot_panels
 from areal_lightning.viz.plot import (
     DEFAULT_METRIC,
     PlotError,
-    add_plot_arguments,
     build_figure,
     default_output,
     metric_names,
-    plot_main,
     plot_runs,
 )
 
@@ -16,8 +16,10 @@ __all__ = [
     "PlotError",
     "add_plot_arguments",
     "build_figure",
+    "build_panels",
     "default_output",
     "metric_names",
     "plot_main",
+    "plot_panels",
     "plot_runs",
 ]

@@ -13,12 +13,10 @@ never touches pyplot's global state.
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
-import sys
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,7 +50,9 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINE_STYLES = ("-", "--", ":", "-.")
 # Metrics that live in [0, 1]; their y axis is fixed to [0, 1] so curves from runs compare at a
 # glance. Matched against the metric name or its last "/" component.
-UNIT_INTERVAL_METRIC = re.compile(r"(accuracy|acc|(pass|maj|best|mean|worst)@\d+|success_rate|zero_std_frac(tion)?)")
+UNIT_INTERVAL_METRIC = re.compile(
+    r"(accuracy|acc|(pass|maj|best|mean|worst)@\d+|pass\^\d+|success_rate|zero_std_frac(tion)?|truncated|stopped|no_answer)"
+)
 
 
 class PlotError(ValueError):
@@ -342,6 +342,22 @@ def plot_runs(run_dirs: Sequence[str | Path], metric: str = DEFAULT_METRIC, out:
         >>> plot_runs(["runs/arith-grpo/trial0"])  # doctest: +SKIP
         PosixPath('runs/arith-grpo/trial0/eval_accuracy.png')
     """
+    runs, target = runs_and_target(run_dirs, out, lambda dirs: default_output(dirs, metric))
+    fig = build_figure(runs, metric)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(target)
+    return target
+
+
+def runs_and_target(
+    run_dirs: Sequence[str | Path], out: str | Path | None, default: Callable[[list[Path]], Path]
+) -> tuple[dict[str, list[dict[str, Any]]], Path]:
+    """The runs' histories (`load_runs`) and where their figure goes (`out`, else `default(dirs)`).
+
+    Raises:
+        PlotError: no run dir, one given twice, missing or without history; an unsupported suffix
+            or an unwritable place for the figure.
+    """
     dirs = [Path(d) for d in run_dirs]
     if not dirs:
         raise PlotError("plot needs at least one run directory, got none")
@@ -349,50 +365,11 @@ def plot_runs(run_dirs: Sequence[str | Path], metric: str = DEFAULT_METRIC, out:
     for i, r in enumerate(resolved):
         if r in resolved[:i]:
             raise PlotError(f"run directory {str(dirs[i])!r} is given twice; pass each run once")
-    target = Path(out) if out is not None else default_output(dirs, metric)
+    target = Path(out) if out is not None else default(dirs)
     if target.suffix.lower() not in SAVE_FORMATS:
         raise PlotError(f"plot --out {str(target)!r} must end in one of {', '.join(SAVE_FORMATS)}")
     runs = load_runs(dirs)
     problem = option_problem("plot --out", target, is_file=True)
     if problem is not None:
         raise PlotError(f"{problem}; pass a writable --out FILE")
-    fig = build_figure(runs, metric)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(target)
-    return target
-
-
-def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``RUN_DIR [RUN_DIR ...] [--metric NAME] [--out FILE]`` to the ``plot`` subcommand."""
-    parser.add_argument(
-        "run_dirs", nargs="+", metavar="RUN_DIR", help=f"run output directories, each holding {HISTORY_FILENAME}"
-    )
-    parser.add_argument(
-        "--metric",
-        default=DEFAULT_METRIC,
-        help="metric to draw, e.g. accuracy, pass@4, reward/mean, or a group: accuracy/bucket "
-        f"(default: {DEFAULT_METRIC})",
-    )
-    parser.add_argument(
-        "--out",
-        default=None,
-        metavar="FILE",
-        help="output image (.png, .pdf, .svg); default: RUN_DIR/eval_<metric>.png "
-        "for one run, compare_<metric>.png beside the first run for several",
-    )
-
-
-def plot_main(args: argparse.Namespace) -> int:
-    """Run ``areal-lightning plot``: print the saved path, return 0; or print why, return 2."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            path = plot_runs(args.run_dirs, metric=args.metric, out=args.out)
-        except PlotError as err:
-            status, message = 2, f"areal-lightning plot: error: {err}"
-        else:
-            status, message = 0, str(path)
-    for warning in caught:
-        print(f"areal-lightning plot: warning: {warning.message}", file=sys.stderr)
-    print(message, file=sys.stderr if status else sys.stdout)
-    return status
+    return runs, target
