@@ -167,12 +167,24 @@ def _record_resume(run: _Run, ckpt: str) -> None:
     )
 
 
+def _prestart_async_worker(cfg: Config) -> None:
+    """In async mode, the worker's fork server starts importing torch and Lightning now, beside this
+    process's own start-up, so that the worker is ready when training starts."""
+    from areal_lightning.callbacks.choices import EvalMode
+
+    if cfg.evaluator.mode is EvalMode.ASYNC:
+        from areal_lightning.callbacks.worker_launch import prestart
+
+        prestart(["areal_lightning.rl.grpo", "areal_lightning.rl.rollout_eval"])
+
+
 def fit_main(args: argparse.Namespace) -> int:
     """Trains the config's module with the evaluation callback; returns the exit status."""
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as err:
         return fail(str(err))
+    _prestart_async_worker(cfg)
     if args.ckpt is not None and args.new_run:
         return fail("--ckpt resumes a run and --new-run starts a new one; pass one of them")
     quiet_lightning()

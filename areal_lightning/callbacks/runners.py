@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import lightning as L
+from lightning.pytorch.trainer.states import TrainerFn
 
 from areal_lightning.callbacks.async_evaluator import AsyncEvaluator, module_evaluate
 from areal_lightning.callbacks.choices import EvalMode, OnBusy
@@ -239,6 +240,9 @@ class AsyncRunner:
 
     def setup(self, trainer: L.Trainer) -> None:
         refuse_for_async(trainer.strategy)
+        if trainer.state.fn == TrainerFn.FITTING:
+            # Started now, the worker is ready when training starts and the first round falls due.
+            self.evaluator.launch([type(trainer.lightning_module).__module__])
 
     def start(self, trainer: L.Trainer, pl_module: L.LightningModule, spec: RoundSpec) -> None:
         self._eval_sets = list(spec.eval_sets)
@@ -303,6 +307,7 @@ class AsyncRunner:
             "lag_steps": trainer.global_step - snapshot.step,
             "snapshot_mb": snapshot.mb,
             "snapshot_secs": snapshot.copy_secs,
+            "start_secs": self.evaluator.start_secs,
         }
         blocked += self._clock() - started
         return [Finished(snapshot.step, snapshot.epoch, causes, results, blocked_secs=blocked, fields=dict(fields))]
