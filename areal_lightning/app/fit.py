@@ -167,12 +167,19 @@ def _record_resume(run: _Run, ckpt: str) -> None:
     )
 
 
-def _prestart_async_worker(cfg: Config) -> None:
+def _prestart_async_worker(args: argparse.Namespace) -> None:
     """In async mode, the worker's fork server starts importing torch and Lightning now, beside this
-    process's own start-up, so that the worker is ready when training starts."""
-    from areal_lightning.callbacks.choices import EvalMode
+    process's own start-up (reading the config imports them too), so that the worker is ready
+    when training starts. A peek at the raw YAML and overrides: a config that does not load is
+    reported by `load_config`, and a missed peek only makes the worker start later."""
+    from omegaconf import OmegaConf
 
-    if cfg.evaluator.mode is EvalMode.ASYNC:
+    try:
+        layers = [OmegaConf.load(args.config)] if args.config else []
+        mode = OmegaConf.select(OmegaConf.merge(*layers, OmegaConf.from_dotlist(list(args.overrides))), "evaluator.mode")
+    except Exception:  # noqa: BLE001 - load_config names what is wrong
+        return
+    if str(mode).lower() == "async":
         from areal_lightning.callbacks.worker_launch import prestart
 
         prestart(["areal_lightning.rl.grpo", "areal_lightning.rl.rollout_eval"])
@@ -180,11 +187,11 @@ def _prestart_async_worker(cfg: Config) -> None:
 
 def fit_main(args: argparse.Namespace) -> int:
     """Trains the config's module with the evaluation callback; returns the exit status."""
+    _prestart_async_worker(args)
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as err:
         return fail(str(err))
-    _prestart_async_worker(cfg)
     if args.ckpt is not None and args.new_run:
         return fail("--ckpt resumes a run and --new-run starts a new one; pass one of them")
     quiet_lightning()
