@@ -176,7 +176,8 @@ def _prestart_async_worker(args: argparse.Namespace) -> None:
 
     try:
         layers = [OmegaConf.load(args.config)] if args.config else []
-        mode = OmegaConf.select(OmegaConf.merge(*layers, OmegaConf.from_dotlist(list(args.overrides))), "evaluator.mode")
+        raw = OmegaConf.merge(*layers, OmegaConf.from_dotlist(list(args.overrides)))
+        mode = OmegaConf.select(raw, "evaluator.mode")
     except Exception:  # noqa: BLE001 - load_config names what is wrong
         return
     if str(mode).lower() == "async":

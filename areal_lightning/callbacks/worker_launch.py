@@ -20,6 +20,7 @@ these modules loaded, and a server some other code started first is used as it i
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import threading
 import traceback
@@ -64,7 +65,7 @@ class WorkerLaunch:
     """
 
     def __init__(self, target: Callable[..., None], args: Sequence[Any], name: str) -> None:
-        ctx = multiprocessing.get_context(start_method())
+        ctx: Any = multiprocessing.get_context(start_method())  # a start method's context has `Process`
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=target, args=(child, *args), daemon=True, name=name)
         self.error: str | None = None
@@ -102,10 +103,8 @@ class WorkerLaunch:
                 self._outbox.append(data)
                 return
             if self.error is None:
-                try:
+                with contextlib.suppress(OSError):  # the worker died: `alive` says so, with its exit code
                     self.conn.send_bytes(data)
-                except OSError:
-                    pass  # the worker died: `alive` says so, with its exit code
 
     @property
     def starting(self) -> bool:
@@ -135,10 +134,8 @@ class WorkerLaunch:
         if started:
             process = self.process
             if ask and process.is_alive():
-                try:
+                with contextlib.suppress(OSError):
                     self.conn.send(None)
-                except OSError:
-                    pass
                 process.join(grace)
             if process.is_alive():
                 process.terminate()
