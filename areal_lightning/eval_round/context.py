@@ -11,6 +11,7 @@ from torchmetrics import Metric
 
 from areal_lightning.eval_round.progress import RoundProgress
 from areal_lightning.eval_round.sampling_params import SamplingParams
+from areal_lightning.metrics.outcomes import Outcomes
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class EvalContext:
     table_rows: list[dict[str, Any]] = field(default_factory=list)
     lockstep: bool = False
     padding: bool = False
-    outcomes: dict[str, dict[int, float]] = field(default_factory=dict)
+    outcomes: dict[str, Outcomes] = field(default_factory=dict)
 
     def metric(self, name: str, factory: Callable[[], Metric]) -> Metric:
         """The metric called `name`, created on this round's device on first use."""
@@ -89,13 +90,13 @@ class EvalContext:
             {'accuracy': {3: 1.0, 4: 0.5}}
         """
         flat = (
-            values.detach().double().flatten().tolist()
+            values.detach().double().flatten().cpu().numpy()
             if isinstance(values, torch.Tensor)
             else [float(v) for v in values]
         )
         if len(flat) != len(indices):
             raise ValueError(f"`record_outcomes({name!r}, ...)` got {len(indices)} indices and {len(flat)} values")
-        self.outcomes.setdefault(name, {}).update(zip((int(i) for i in indices), flat, strict=True))
+        self.outcomes.setdefault(name, Outcomes()).add(indices, flat)
 
     def record_sample(self, index: int, **row: Any) -> None:
         """Keeps `row` (any JSON-like columns) for the samples table when `index < max_table_rows`."""
@@ -155,7 +156,7 @@ class SetResult:
     table_rows: list[dict[str, Any]]
     sampling: dict[str, Any] | None = None
     """The eval set's `SamplingParams.as_record`, with the seed used; None when the set has none."""
-    outcomes: dict[str, dict[int, float]] = field(default_factory=dict)
-    """This rank's per-prompt outcomes (`EvalContext.record_outcomes`); not reduced."""
+    outcomes: dict[str, Outcomes] = field(default_factory=dict)
+    """This rank's per-prompt outcomes (`EvalContext.record_outcomes`), by metric; not reduced."""
     outcome_names: list[str] = field(default_factory=list)
     """Every metric with outcomes on any rank, sorted (the same list on every rank)."""

@@ -22,6 +22,7 @@ from areal_lightning.eval_round.context import EvalRoundError, SetResult, metric
 from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.eval_round.ranks import all_gather_object, dist_info
 from areal_lightning.metrics.mean import ExactMean
+from areal_lightning.metrics.outcomes import Outcomes
 
 
 class _RankReport(NamedTuple):
@@ -123,7 +124,7 @@ class LocalSetResult:
     updates: dict[str, Tensor] = field(default_factory=dict)
     eval_secs: float = 0.0
     sampling: dict[str, Any] | None = None
-    outcomes: dict[str, dict[int, float]] = field(default_factory=dict)
+    outcomes: dict[str, Outcomes] = field(default_factory=dict)
     device: torch.device | None = None
     """Where this rank's metrics live (copies of metrics other ranks created are moved here)."""
 
