@@ -75,7 +75,7 @@ def build_eval_sets(cfg: Config, task: RLTask | None = None) -> list[EvalSet]:
                 prompt_template=cfg.task.prompt_template,
                 verifier="numeric",
             )
-            samples: list[Any] = reader.samples()[: es.size]
+            samples: Sequence[Any] = reader.samples()[: es.size]
         else:
             from areal_lightning.tasks.arithmetic import ArithmeticTask
 

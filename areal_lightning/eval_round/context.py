@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, overload
@@ -11,6 +12,7 @@ from torchmetrics import Metric
 
 from areal_lightning.eval_round.progress import RoundProgress
 from areal_lightning.eval_round.sampling_params import SamplingParams
+from areal_lightning.eval_round.sharding import sample_seeds
 from areal_lightning.metrics.outcomes import Outcomes
 
 
@@ -21,6 +23,47 @@ class EvalBatch:
     indices: list[int]
     samples: list[Any]
     seeds: list[int]
+
+
+class DealtBatches(Sequence[EvalBatch]):
+    """A rank's deal of an eval set: its batches' sample indices (8 bytes a prompt), each `EvalBatch`
+    made, with its samples and their seeds, when it is read, so that a rank holds one batch's
+    samples at a time however large the eval set is.
+
+    Example:
+        >>> dealt = DealtBatches("easy", ["1+1=", "2+2=", "3+3="], seed=0, batches=[[2, 0], [1]])
+        >>> len(dealt), dealt[0].samples, dealt.num_prompts, dealt.index_sum
+        (2, ['3+3=', '1+1='], 3, 3)
+    """
+
+    def __init__(self, name: str, samples: Sequence[Any], seed: int, batches: Sequence[Sequence[int]]) -> None:
+        self._name, self._samples, self._seed = name, samples, seed
+        self._batches = [array("q", b) for b in batches]
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    @overload
+    def __getitem__(self, index: int) -> EvalBatch: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[EvalBatch]: ...
+    def __getitem__(self, index: int | slice) -> EvalBatch | Sequence[EvalBatch]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        indices = self._batches[index].tolist()
+        return EvalBatch(indices, [self._samples[i] for i in indices], sample_seeds(self._seed, self._name, indices))
+
+    def __iter__(self) -> Iterator[EvalBatch]:
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def num_prompts(self) -> int:
+        return sum(len(b) for b in self._batches)
+
+    @property
+    def index_sum(self) -> int:
+        """The sum of the dealt indices (with `num_prompts`, the round checks each sample is evaluated once)."""
+        return sum(sum(b) for b in self._batches)
 
 
 class EvalRoundError(RuntimeError):
@@ -109,7 +152,7 @@ class BatchList(Sequence[EvalBatch]):
     batch done to the round's progress display while it is iterated (wrapping it in a progress
     iterator of one's own works too)."""
 
-    def __init__(self, batches: list[EvalBatch], progress: RoundProgress | None = None) -> None:
+    def __init__(self, batches: Sequence[EvalBatch], progress: RoundProgress | None = None) -> None:
         self._batches, self._progress = batches, progress
 
     def __len__(self) -> int:
