@@ -5,15 +5,17 @@ rounds, the standalone `evaluate` command and anything else that evaluates. It d
 the module replica, the eval sets (cut into a global list of batches that does not depend on the
 number of devices) and the run seed (from which each sample's own seed derives). Under
 `torch.distributed` each rank evaluates its deal of the batches, and every rank runs the same
-collectives in the same order: one object gather, then the metrics' own syncs.
+collectives in the same order: one object gather of every set's reports and metric states (one
+more only when a rank lacks a metric another created).
 
 With `lockstep=True` (sharded parameters: every forward all-gathers them) a rank dealt fewer
 batches than the busiest rank also evaluates padding batches, in a second `evaluate_fn` call on a
 throwaway context, so that every rank runs the same number of forwards before the gather.
 
-A round has two halves: `evaluate_local` (this rank's deal, no collective) and `reduce_set` (the
-collectives, in `reduction`). `run_round` runs both, one eval set after the other; an asynchronous worker runs the
-first half beside training and the training thread runs the second at a step every rank agrees on.
+A round has two halves: `evaluate_local` (this rank's deal, no collective) and `reduce_round` (the
+collectives, in `reduction`: one gather for every set of the round). `run_round` runs both; an
+asynchronous worker runs the first half beside training and the training thread runs the second
+at a step every rank agrees on.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from areal_lightning.eval_round.context import (
     DealtBatches,
     EvalBatch,
     EvalContext,
-    EvalRoundError,
     EvaluateFn,
     SetResult,
 )
@@ -41,7 +42,7 @@ from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.eval_round.isolation import evaluation_mode, module_device
 from areal_lightning.eval_round.progress import GuardedProgress, RoundProgress
 from areal_lightning.eval_round.ranks import dist_info
-from areal_lightning.eval_round.reduction import LocalSetResult, _RankReport, reduce_set
+from areal_lightning.eval_round.reduction import LocalSetResult, _RankReport, reduce_round, reduce_set
 from areal_lightning.eval_round.sharding import sample_seeds, shard_all_ranks, shard_for_rank
 
 
@@ -269,26 +270,22 @@ def run_round(
         ...                                   global_step=0, epoch=0)]
         [3]
     """
-    results: list[SetResult] = []
-    failures: dict[str, str] = {}
-    for s in eval_sets:
-        try:
-            results.append(
-                evaluate_set(
-                    module,
-                    s,
-                    evaluate_fn,
-                    seed=seed,
-                    global_step=global_step,
-                    epoch=epoch,
-                    max_table_rows=max_table_rows,
-                    progress=progress,
-                    lockstep=lockstep,
-                    sanity=sanity,
-                )
-            )
-        except EvalRoundError as err:  # raised on every rank alike: every rank goes on to the next set
-            failures[s.name] = str(err)
-    if failures:
-        raise EvalRoundError("\n".join(failures.values()), results=results, failures=failures)
-    return results
+    rank, world = dist_info()
+    local = [
+        evaluate_local(
+            module,
+            s,
+            evaluate_fn,
+            seed=seed,
+            global_step=global_step,
+            epoch=epoch,
+            rank=rank,
+            world_size=world,
+            max_table_rows=max_table_rows,
+            progress=progress,
+            lockstep=lockstep,
+            sanity=sanity,
+        )
+        for s in eval_sets
+    ]
+    return reduce_round(local, eval_sets)  # every set's states in one gather
