@@ -191,7 +191,9 @@ def main() -> None:
                 + ", ".join(f"{k} {this[k]:.2f} s" for k in kinds)
                 + "; hidden "
                 + ", ".join(f"{k} {shares[k][-1]:.0%}" for k in asyncs)
-                + "; async rounds began " + ", ".join(f"{x:.2f}" for x in starts) + " s after falling due",
+                + "; async rounds began "
+                + ", ".join(f"{x:.2f}" for x in starts)
+                + " s after falling due",
                 flush=True,
             )
     med = {k: median(v) for k, v in times.items()}

@@ -177,13 +177,14 @@ def _prestart_async_worker(args: argparse.Namespace) -> None:
     try:
         layers = [OmegaConf.load(args.config)] if args.config else []
         raw = OmegaConf.merge(*layers, OmegaConf.from_dotlist(list(args.overrides)))
-        mode = OmegaConf.select(raw, "evaluator.mode")
+        mode, policy = OmegaConf.select(raw, "evaluator.mode"), OmegaConf.select(raw, "policy.kind")
     except Exception:  # noqa: BLE001 - load_config names what is wrong
         return
     if str(mode).lower() == "async":
         from areal_lightning.callbacks.worker_launch import prestart
 
-        prestart(["areal_lightning.rl.grpo", "areal_lightning.rl.rollout_eval"])
+        hf = ["areal_lightning.rl.hf_policy", "transformers"] if str(policy).lower() == "hf" else []
+        prestart(["areal_lightning.rl.grpo", "areal_lightning.rl.rollout_eval", *hf])
 
 
 def fit_main(args: argparse.Namespace) -> int:

@@ -29,8 +29,10 @@ lending waits for (a no-op future can, at the cost of one more round trip).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import importlib
 import logging
 import signal
 import time
@@ -96,10 +98,13 @@ def module_evaluate(module: Any, batches: Sequence[EvalBatch], ctx: Any) -> Any:
     return module.evaluate(batches, ctx)
 
 
-def _worker_main(conn: Connection, threads: int) -> None:
+def _worker_main(conn: Connection, threads: int, modules: Sequence[str] = ()) -> None:
     # Ctrl-C reaches the whole process group; the training process decides and ends this one.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
+    for name in modules:  # what the replica is made of, imported while training sets up
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
     try:
         payload = conn.recv_bytes()  # waits for training to start (the worker starts when fit does)
         replica, sets, evaluate_fn, options, precision, device = ForkingPickler.loads(payload)
@@ -188,11 +193,11 @@ class AsyncEvaluator:
 
     def launch(self, modules: Sequence[str] = ()) -> None:
         """Starts the worker process now, without waiting for it (call it when fit starts): it is
-        ready when `start` sends it the replica. `modules` are imported in it beforehand (the
-        module's and `evaluate_fn`'s), where the fork server is not running yet. Idempotent."""
+        ready when `start` sends it the replica. `modules` (those the module's classes come from)
+        are imported in it meanwhile, and by the fork server if this starts it. Idempotent."""
         if self._worker is None:
             prestart(modules)
-            self._worker = WorkerLaunch(_worker_main, (self.threads,), "areal-lightning-async-eval")
+            self._worker = WorkerLaunch(_worker_main, (self.threads, list(modules)), "areal-lightning-async-eval")
 
     def start(
         self,

@@ -265,7 +265,8 @@ class AsyncRunner:
         refuse_for_async(trainer.strategy)
         if trainer.state.fn == TrainerFn.FITTING:
             # Started now, the worker is ready when training starts and the first round falls due.
-            self.evaluator.launch([type(trainer.lightning_module).__module__])
+            modules = {type(m).__module__ for m in trainer.lightning_module.modules()} - {"__main__"}
+            self.evaluator.launch(sorted(modules))
 
     def start(self, trainer: L.Trainer, pl_module: L.LightningModule, spec: RoundSpec) -> None:
         self._eval_sets = list(spec.eval_sets)
