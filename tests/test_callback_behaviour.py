@@ -45,8 +45,7 @@ EVAL_SET = {"probe": [1, 2, 3]}
     [
         (
             {"decisions": {"threshold_action": "panic"}},
-            "Unsupported parameter value `Decisions(threshold_action='panic')`. "
-            "Possible choices are: alert, stop",
+            "Unsupported parameter value `Decisions(threshold_action='panic')`. Possible choices are: alert, stop",
         ),
         (
             {"rounds": {"on_error": "ignore"}},
