@@ -69,3 +69,22 @@ def test_an_eval_set_ten_times_larger_costs_a_bounded_few_bytes_a_prompt(tmp_pat
     small, large = _peak(script, SMALL), _peak(script, LARGE)
     per_prompt = (large - small) / (LARGE - SMALL)
     assert per_prompt < MAX_BYTES_PER_PROMPT, f"{per_prompt:.0f} bytes a prompt (peaks {small} and {large})"
+
+
+def test_pairing_many_prompts_chunk_by_chunk_gives_the_change_of_one_update() -> None:
+    # The paired change adds its pairs a chunk at a time (bounded memory for any set's size);
+    # exact sums make that the change of adding them all at once, bit for bit.
+    import torch
+
+    from areal_lightning.metrics.exact import sum_fraction
+    from areal_lightning.metrics.paired import PairedChange, PairedRounds
+
+    n = 10_000
+    current = torch.rand(n, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    reference = torch.rand(n, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    whole = PairedChange()
+    whole.update(current, reference)
+    chunked = PairedRounds()._paired(dict(enumerate(current.tolist())), dict(enumerate(reference.tolist())), None)
+    # The digits may carry differently; the sums they hold are the same numbers.
+    assert [sum_fraction(s) for s in chunked.sums] == [sum_fraction(s) for s in whole.sums]
+    assert chunked.compute() == whole.compute()
