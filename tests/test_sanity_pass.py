@@ -180,3 +180,23 @@ def test_the_sanity_pass_evaluates_a_real_batch_on_every_rank(tmp_path: Path) ->
     )
     assert len(rank0) == len(rank1) == 2
     assert steps == [3, 6]
+
+
+def _no_outcomes(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
+    reward = ctx.metric("reward", RewardMetric)  # reward/mean, with no per-prompt outcomes recorded
+    for batch in batches:
+        reward.update(module(torch.stack(batch.samples).to(ctx.device)).sum(dim=-1).double())
+    return {}
+
+
+@pytest.mark.parametrize("rule", ["lcb", "paired"])
+def test_a_noise_aware_best_rule_without_outcomes_is_refused_before_step_one(tmp_path: Path, rule: str) -> None:
+    from areal_lightning.callbacks.selection import NoiseUnknownError
+
+    decisions = {"best_metrics": {"reward/mean": "max"}, "best_rule": rule}
+    callback = EvaluationCallback(EVAL_SETS, _no_outcomes, schedule={"freq_steps": FREQ_STEPS}, decisions=decisions)
+    trainer = L.Trainer(max_steps=MAX_STEPS, default_root_dir=tmp_path, callbacks=[callback], logger=False)
+    message = rf"`Decisions\(best_rule='{rule}'\)` needs the per-prompt outcomes of 'reward/mean' on eval set 'probe'"
+    with pytest.raises(NoiseUnknownError, match=message):
+        trainer.fit(BoringModel())
+    assert trainer.global_step == 0

@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # matplotlib loads when a figure is drawn: `areal-lightning f
 
 from areal_lightning.tracking.history import HISTORY_FILENAME, drop_superseded, eval_rows, read_history, split_runs
 from areal_lightning.tracking.writable import option_problem
+from areal_lightning.viz.metric_groups import group_records
 
 DEFAULT_METRIC = "accuracy"
 CI_LOW_SUFFIX = "/ci_low"
@@ -166,7 +167,7 @@ def _collect_series(runs: Mapping[str, Sequence[Mapping[str, Any]]], metric: str
             raise PlotError(f"run {name!r} has no eval records (only alerts / errors, or none)")
     all_series: list[Series] = []
     for name, records in runs.items():
-        found = metric_series(name, records, metric)
+        found = metric_series(name, records, metric) or metric_series(name, group_records(records, metric), metric)
         if not found and len(runs) > 1:
             warnings.warn(
                 f"run {name!r} has no metric {metric!r}; it is left out of the figure", UserWarning, stacklevel=3
@@ -369,7 +370,8 @@ def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metric",
         default=DEFAULT_METRIC,
-        help=f"metric to draw, e.g. accuracy, pass@4, reward/mean (default: {DEFAULT_METRIC})",
+        help="metric to draw, e.g. accuracy, pass@4, reward/mean, or a group: accuracy/bucket "
+        f"(default: {DEFAULT_METRIC})",
     )
     parser.add_argument(
         "--out",
