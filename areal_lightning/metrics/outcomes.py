@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import ItemsView, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -84,12 +84,25 @@ class Outcomes(Mapping[int, float]):
     def __len__(self) -> int:
         return int(self.arrays()[0].size)
 
+    def items(self) -> ItemsView[int, float]:
+        return _Items(self)
+
     def __repr__(self) -> str:
         idx, val = self.arrays()
         return repr(dict(zip(idx.tolist(), val.tolist(), strict=True)))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Outcomes.from_arrays, self.arrays())
+
+
+class _Items(ItemsView[int, float]):
+    """``(index, value)`` pairs read from the arrays at once (not one search per index)."""
+
+    _mapping: Outcomes
+
+    def __iter__(self) -> Iterator[tuple[int, float]]:
+        idx, val = self._mapping.arrays()
+        return zip(idx.tolist(), val.tolist(), strict=True)
 
 
 def as_outcomes(outcomes: Mapping[int, float] | None) -> Outcomes:
