@@ -187,11 +187,16 @@ def _prestart_async_worker(args: argparse.Namespace) -> None:
         prestart(["areal_lightning.rl.grpo", "areal_lightning.rl.rollout_eval", *hf])
 
 
+def _read_config(args: argparse.Namespace) -> Config:
+    """The command's config, the async worker's fork server started first (it imports meanwhile)."""
+    _prestart_async_worker(args)
+    return load_config(args.config, args.overrides)
+
+
 def fit_main(args: argparse.Namespace) -> int:
     """Trains the config's module with the evaluation callback; returns the exit status."""
-    _prestart_async_worker(args)
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = _read_config(args)
     except ConfigError as err:
         return fail(str(err))
     if args.ckpt is not None and args.new_run:
