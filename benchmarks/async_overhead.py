@@ -24,6 +24,11 @@ not a fair split, but the setting in which async evaluation is meant to hide nea
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # as `areal-lightning fit` does in async mode: the worker's imports start now
+    from areal_lightning.callbacks.worker_launch import prestart
+
+    prestart(["areal_lightning.rl.grpo", "areal_lightning.rl.rollout_eval"])
+
 import argparse
 import json
 import logging
@@ -69,6 +74,14 @@ def _config(args: argparse.Namespace) -> Any:
             f"trainer.accelerator={args.accelerator}",
         ],
     )
+
+
+def _start_secs(output_dir: str) -> list[float]:
+    """How long after falling due each async round began in the worker (history's `start_secs`)."""
+    from areal_lightning.tracking.history import eval_rows, read_history
+
+    rows = eval_rows(read_history(Path(output_dir)))
+    return [r["start_secs"] for r in rows if r.get("start_secs") is not None and r["dataset"] == "easy"]
 
 
 def _fit(kind: str, args: argparse.Namespace, tmp: str) -> float:
@@ -168,6 +181,7 @@ def main() -> None:
             order = list(kinds)
             rng.shuffle(order)
             this = {k: _fit(k, args, f"{tmp}/{repeat}") for k in order}
+            starts = _start_secs(f"{tmp}/{repeat}/async")
             for k, v in this.items():
                 times[k].append(v)
             for k in asyncs:
@@ -176,7 +190,10 @@ def main() -> None:
                 f"repeat {repeat} (load {os.getloadavg()[0]:.1f}): "
                 + ", ".join(f"{k} {this[k]:.2f} s" for k in kinds)
                 + "; hidden "
-                + ", ".join(f"{k} {shares[k][-1]:.0%}" for k in asyncs),
+                + ", ".join(f"{k} {shares[k][-1]:.0%}" for k in asyncs)
+                + "; async rounds began "
+                + ", ".join(f"{x:.2f}" for x in starts)
+                + " s after falling due",
                 flush=True,
             )
     med = {k: median(v) for k, v in times.items()}

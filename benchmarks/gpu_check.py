@@ -4,7 +4,8 @@ Prints, measured side by side in one run: eval tokens/s of `HFPolicy.generate` (
 per-row seeds) and of transformers' `generate` with the dynamic and with the static cache, the
 evaluation round's samples/s (and, where vLLM is installed, the same round through the vLLM
 backend: its first round with the engine's start-up, then samples/s), GRPO train steps/s and peak
-GPU memory. Nothing is downloaded: the
+GPU memory; an async fit on the device (when its first round began after falling due, rounds
+skipped) and a round on 2 ranks reduced in one gather (`gpu_check_paths.py`). Nothing is downloaded: the
 model is built from a config and the tokenizer from a word list. `--cpu-smoke` runs the same code
 at tiny sizes on the CPU (a check that the script works, not a measurement).
 
@@ -21,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from gpu_check_paths import async_fit, packed_round
+
+from areal_lightning.callbacks.worker_launch import prestart
 
 WORDS = ["Question:", "Answer:", "Tom", "has", "apples", "and", "buys", "more.", "How", "many", "?", "####"]
 
@@ -88,6 +92,10 @@ def main() -> int:
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on the CPU: checks the script runs")
     parser.add_argument("--steps", type=int, default=None, help="GRPO steps (default: 8 on GPU, 3 smoke)")
     args = parser.parse_args()
+    # As `fit` does for an async config: the async worker's imports start now.
+    prestart(
+        ["areal_lightning.rl.grpo", "areal_lightning.rl.rollout_eval", "areal_lightning.rl.hf_policy", "transformers"]
+    )
     smoke = args.cpu_smoke
     if not smoke and not torch.cuda.is_available():
         raise SystemExit("gpu_check: no CUDA device; use --cpu-smoke to check the script on the CPU")
@@ -183,6 +191,8 @@ def main() -> int:
     _sync(device)
     results["eval_round_samples_s"] = round_result.num_samples / (time.perf_counter() - start)
     results.update(_vllm_round(module, cfg, device, smoke))
+    results.update(packed_round(device))  # 2 ranks, one gather a round
+    results.update(async_fit(module, cfg, device, smoke))  # the worker ready when the first round falls due
 
     class StepClock(L.Callback):
         def __init__(self) -> None:

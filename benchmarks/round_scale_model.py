@@ -1,7 +1,9 @@
 """A model of one eval round at 8 to 512 ranks, from measured parts.
 
-1. Collectives and bytes of one round of the default `rollout_evaluate` (one eval set), counted
-   on 2 real gloo ranks by wrapping torch.distributed's collectives (count, payload per rank).
+1. Collectives and bytes of one round of the default `rollout_evaluate` (two eval sets: easy and
+   hard), counted on 2 real gloo ranks by wrapping torch.distributed's tensor collectives, those
+   that an object gather runs inside included (count, payload per rank). Run it on another
+   checkout (``PYTHONPATH=<checkout>``) to model that code's round.
 2. The deal of a 10,000-prompt set (lognormal prompt lengths, as `shard_balance.py`) at each world
    size, with the real deal code: balance (max/mean rank cost), batches of the busiest rank (the
    forwards every rank runs under lockstep), idle ranks.
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pickle
 import sys
 from collections import Counter
 from pathlib import Path
@@ -39,9 +40,15 @@ BATCHINGS = ((64, None), (16, None), (16, 4))
 NETWORKS = {"gloo_10GbE": (100e-6, 1.0e9), "nccl_IB": (10e-6, 20e9)}
 
 
+_TENSOR_COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_reduce", "broadcast", "reduce", "gather")
+
+
 def _count_round(rank: int, world_size: int) -> dict[str, Any]:
+    """The tensor collectives one round of the default evaluation runs on this rank (those inside
+    an object gather included: it runs two), and the bytes this rank sends in them."""
     import torch
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
 
     from areal_lightning.app.builders import build_eval_sets
     from areal_lightning.app.config import load_config
@@ -51,41 +58,31 @@ def _count_round(rank: int, world_size: int) -> dict[str, Any]:
 
     calls: Counter[str] = Counter()
     payload: Counter[str] = Counter()
-    originals = {
-        name: getattr(dist, name)
-        for name in (
-            "all_gather",
-            "all_gather_object",
-            "all_reduce",
-            "broadcast",
-            "broadcast_object_list",
-            "all_gather_into_tensor",
-        )
-    }
+    originals = {(mod, name): getattr(mod, name) for mod in (dist, c10d) for name in _TENSOR_COLLECTIVES}
 
     def wrap(name: str, fn: Any) -> Any:
         def counted(*args: Any, **kwargs: Any) -> Any:
             calls[name] += 1
-            if name == "all_gather_object":
-                payload[name] += len(pickle.dumps(args[1]))
-            elif name == "all_gather":
-                payload[name] += args[1].numel() * args[1].element_size()
-            elif isinstance(args[0], torch.Tensor):
-                payload[name] += args[0].numel() * args[0].element_size()
+            sent = args[1] if name in ("all_gather", "all_gather_into_tensor") else args[0]
+            if isinstance(sent, torch.Tensor):
+                payload[name] += sent.numel() * sent.element_size()
             return fn(*args, **kwargs)
 
         return counted
 
-    cfg = load_config(None, ["eval_sets.easy.size=64", "eval_sets.easy.n_samples=4", "grpo.warmup_steps=0"])
+    cfg = load_config(
+        None,
+        ["eval_sets.easy.size=64", "eval_sets.hard.size=64", "eval_sets.hard.digits=2", "grpo.warmup_steps=0"],
+    )
     module = GRPOModule.from_config(cfg)
-    sets = [s for s in build_eval_sets(cfg, module.task) if s.name == "easy"]
-    for name, fn in originals.items():
-        setattr(dist, name, wrap(name, fn))
+    sets = build_eval_sets(cfg, module.task)
+    for (mod, name), fn in originals.items():
+        setattr(mod, name, wrap(name, fn))
     try:
         run_round(module, sets, rollout_evaluate, seed=1, global_step=0, epoch=0)
     finally:
-        for name, fn in originals.items():
-            setattr(dist, name, fn)
+        for (mod, name), fn in originals.items():
+            setattr(mod, name, fn)
     return {"calls": dict(calls), "bytes_per_rank": dict(payload)}
 
 
@@ -122,7 +119,7 @@ def main() -> None:
     counted = run_ddp(_count_round, 2, timeout_s=300)[0]
     collectives = sum(counted["calls"].values())
     bytes_per_rank = sum(counted["bytes_per_rank"].values())
-    out: dict[str, Any] = {"collectives_per_set": counted, "rows": []}
+    out: dict[str, Any] = {"collectives_per_round": counted, "rows": []}
     for batch_size, budget in BATCHINGS:
         for w in WORLD_SIZES:
             deal = deal_model(w, batch_size, budget)
@@ -145,7 +142,7 @@ def main() -> None:
         print(json.dumps(out))
         return
     print(
-        f"one eval set, default rollout_evaluate, counted on 2 gloo ranks: {counted['calls']} "
+        f"one round, two eval sets, default rollout_evaluate, counted on 2 gloo ranks: {counted['calls']} "
         f"({collectives} collectives), bytes sent per rank {counted['bytes_per_rank']}"
     )
     print(

@@ -24,10 +24,16 @@ def test_exit_code_one_points_at_the_missing_main_guard() -> None:
     assert _exit_message(1) == (
         "the worker process exited with code 1 (killed, out of memory, or os._exit) before it returned a result"
         "; its traceback is on stderr. A script that starts training when imported (no "
-        '`if __name__ == "__main__":` guard) does this: the worker is a spawned process that imports the '
+        '`if __name__ == "__main__":` guard) does this: the worker process imports the '
         "script's module, as DataLoader workers do"
     )
     assert "__main__" not in _exit_message(2)
+
+
+def test_a_worker_that_could_not_be_started_shows_why() -> None:
+    assert _exit_message(None, "Traceback ...\nOSError: no fork server") == (
+        "the worker process could not be started:\nTraceback ...\nOSError: no fork server"
+    )
 
 
 class MyFSDP(FSDPStrategy):

@@ -48,3 +48,8 @@ def test_gpu_check_cpu_smoke_runs_without_wandb(tmp_path: Path) -> None:
     lines = dict(line.split(None, 1) for line in proc.stdout.splitlines() if line.strip())
     for name in FIGURES:
         assert float(lines[name]) > 0, name
+    # The newer paths: one gather a round on 2 ranks, equal to one process; an async fit's rounds
+    # (how many were skipped, and how late the first began, are measurements: printed, not checked).
+    assert (lines["packed_round_gathers"], lines["packed_round_equal_to_one_process"]) == ("1", "True")
+    assert int(lines["async_rounds"]) >= 2 and int(lines["async_skipped"]) >= 0
+    assert float(lines["async_first_round_start_s"]) >= 0

@@ -67,7 +67,7 @@ def build_eval_sets(cfg: Config, task: RLTask | None = None) -> list[EvalSet]:
         [('easy', 5, 4)]
     """
     out = []
-    samples: list[Any]
+    samples: Sequence[Any]
     for name, es in cfg.eval_sets.items():
         if es.is_file_set and cfg.task.name is TaskName.CODE:
             from areal_lightning.tasks.code import CodeTask

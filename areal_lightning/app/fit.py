@@ -167,10 +167,36 @@ def _record_resume(run: _Run, ckpt: str) -> None:
     )
 
 
+def _prestart_async_worker(args: argparse.Namespace) -> None:
+    """In async mode, the worker's fork server starts importing torch and Lightning now, beside this
+    process's own start-up (reading the config imports them too), so that the worker is ready
+    when training starts. A peek at the raw YAML and overrides: a config that does not load is
+    reported by `load_config`, and a missed peek only makes the worker start later."""
+    from omegaconf import OmegaConf
+
+    try:
+        layers = [OmegaConf.load(args.config)] if args.config else []
+        raw = OmegaConf.merge(*layers, OmegaConf.from_dotlist(list(args.overrides)))
+        mode, policy = OmegaConf.select(raw, "evaluator.mode"), OmegaConf.select(raw, "policy.kind")
+    except Exception:  # noqa: BLE001 - load_config names what is wrong
+        return
+    if str(mode).lower() == "async":
+        from areal_lightning.callbacks.worker_launch import prestart
+
+        hf = ["areal_lightning.rl.hf_policy", "transformers"] if str(policy).lower() == "hf" else []
+        prestart(["areal_lightning.rl.grpo", "areal_lightning.rl.rollout_eval", *hf])
+
+
+def _read_config(args: argparse.Namespace) -> Config:
+    """The command's config, the async worker's fork server started first (it imports meanwhile)."""
+    _prestart_async_worker(args)
+    return load_config(args.config, args.overrides)
+
+
 def fit_main(args: argparse.Namespace) -> int:
     """Trains the config's module with the evaluation callback; returns the exit status."""
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = _read_config(args)
     except ConfigError as err:
         return fail(str(err))
     if args.ckpt is not None and args.new_run:

@@ -6,6 +6,8 @@ step; the worker, a process of its own with its own torch thread budget, runs th
 the round (`evaluate_local`: this rank's deal, no collective) and sends back the per-rank metric
 states. The training thread runs the second half (`reduce_set`: the collectives) at a step every
 rank agrees on. At most one round is in flight, so the one replica is never written while read.
+The worker process starts when fit starts (`launch`, from a fork server that has the heavy
+imports done: `worker_launch`), so that it is ready when training starts and sends it the replica.
 
 Why a process and not a thread: measured on this 2-core box, an evaluation thread slowed the
 training steps beside it by about 2x and ran its own rounds 1.5-2x slower (the tiny policy's
@@ -27,8 +29,10 @@ lending waits for (a no-op future can, at the cost of one more round trip).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import importlib
 import logging
 import signal
 import time
@@ -40,10 +44,10 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
-import torch.multiprocessing as tmp
 from torch import nn
 
 from areal_lightning.callbacks.choices import DEFAULT_ASYNC_THREADS, DEFAULT_MAX_SNAPSHOT_MB, check_async_options
+from areal_lightning.callbacks.worker_launch import WorkerLaunch, prestart
 from areal_lightning.eval_round import EvalBatch, EvalSet, EvaluateFn, LocalSetResult, evaluate_local, local_batches
 from areal_lightning.eval_round.precision import EvalPrecision, eval_precision
 from areal_lightning.eval_round.round import resolved_seed
@@ -64,6 +68,8 @@ class Snapshot:
     causes: list[str]
     mb: float
     copy_secs: float
+    submitted: float = 0.0
+    """When the round was handed to the worker (`time.monotonic`, the same clock in every process here)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,8 @@ class _Done:
 
     results: list[LocalSetResult] | None
     error: str | None
+    began: float | None = None
+    """When the worker began the round (`time.monotonic`); None when it did not."""
 
 
 def module_evaluate(module: Any, batches: Sequence[EvalBatch], ctx: Any) -> Any:
@@ -90,12 +98,16 @@ def module_evaluate(module: Any, batches: Sequence[EvalBatch], ctx: Any) -> Any:
     return module.evaluate(batches, ctx)
 
 
-def _worker_main(conn: Connection, threads: int, device: str) -> None:
+def _worker_main(conn: Connection, threads: int, modules: Sequence[str] = ()) -> None:
     # Ctrl-C reaches the whole process group; the training process decides and ends this one.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(threads)
+    for name in modules:  # what the replica is made of, imported while training sets up
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
     try:
-        replica, sets, evaluate_fn, options, precision = ForkingPickler.loads(conn.recv_bytes())
+        payload = conn.recv_bytes()  # waits for training to start (the worker starts when fit does)
+        replica, sets, evaluate_fn, options, precision, device = ForkingPickler.loads(payload)
         shared = replica.state_dict()  # shared-memory tensors the training process writes
         if device != "cpu":
             replica = copy.deepcopy(replica).to(device)
@@ -110,6 +122,7 @@ def _worker_main(conn: Connection, threads: int, device: str) -> None:
             return  # the training process is gone: never outlive it
         if job is None:
             return
+        began = time.monotonic()
         try:
             if device != "cpu":
                 replica.load_state_dict(shared)
@@ -118,20 +131,22 @@ def _worker_main(conn: Connection, threads: int, device: str) -> None:
                     evaluate_local(replica, s, evaluate_fn, global_step=job.step, epoch=job.epoch, batches=b, **options)
                     for s, b in sets
                 ]
-            conn.send(_Done(results, None))
+            conn.send(_Done(results, None, began))
         except BaseException:  # noqa: BLE001 - reported to the training process
-            conn.send(_Done(None, traceback.format_exc()))
+            conn.send(_Done(None, traceback.format_exc(), began))
 
 
-def _exit_message(code: int | None) -> str:
+def _exit_message(code: int | None, start_error: str | None = None) -> str:
+    if start_error is not None:
+        return f"the worker process could not be started:\n{start_error}"
     message = (
         f"the worker process exited with code {code} (killed, out of memory, or os._exit) before it returned a result"
     )
     if code == 1:
-        # What an exception while the spawned worker starts looks like; its traceback is on stderr.
+        # What an exception while the worker starts looks like; its traceback is on stderr.
         message += (
             "; its traceback is on stderr. A script that starts training when imported (no "
-            '`if __name__ == "__main__":` guard) does this: the worker is a spawned process that imports the '
+            '`if __name__ == "__main__":` guard) does this: the worker process imports the '
             "script's module, as DataLoader workers do"
         )
     return message
@@ -165,14 +180,24 @@ class AsyncEvaluator:
         self._replica: nn.Module | None = None
         self._payload: tuple[Any, ...] = ()
         self._device = "cpu"
-        self._process: Any = None
-        self._conn: Connection | None = None
+        self._worker: WorkerLaunch | None = None
         self._done: _Done | None = None
         self._lent_threads: int | None = None  # training's torch threads before the worker took some
-        self._starting = False  # the worker was spawned and has not said it started
+        self._starting = False  # the worker has its payload and has not said it started
         self.snapshot_mb = 0.0
+        self.start_secs: float | None = None
+        """How long after its submission the worker began the last collected round (it was
+        starting, or loading the replica); None when it never began it."""
 
     # ---- lifetime ------------------------------------------------------------------------------
+
+    def launch(self, modules: Sequence[str] = ()) -> None:
+        """Starts the worker process now, without waiting for it (call it when fit starts): it is
+        ready when `start` sends it the replica. `modules` (those the module's classes come from)
+        are imported in it meanwhile, and by the fork server if this starts it. Idempotent."""
+        if self._worker is None:
+            prestart(modules)
+            self._worker = WorkerLaunch(_worker_main, (self.threads, list(modules)), "areal-lightning-async-eval")
 
     def start(
         self,
@@ -214,7 +239,7 @@ class AsyncEvaluator:
             for s in eval_sets
         ]
         options = dict(seed=seed, rank=rank, world_size=world_size, max_table_rows=max_table_rows)
-        self._payload = (self._replica, sets, evaluate_fn, options, precision)
+        self._payload = (self._replica, sets, evaluate_fn, options, precision, device)
         self._spawn()
 
     def _spawn(self) -> None:
@@ -227,19 +252,11 @@ class AsyncEvaluator:
                 f"must pickle, and they do not: {type(err).__name__}: {err}. Define evaluate_fn at module level, or "
                 "use mode='sync'"
             ) from err
-        ctx = tmp.get_context("spawn")  # fork would copy the training threads' locks mid-use
-        self._conn, child = ctx.Pipe()
-        self._process = ctx.Process(
-            target=_worker_main,
-            args=(child, self.threads, self._device),
-            daemon=True,
-            name="areal-lightning-async-eval",
-        )
-        self._process.start()
-        child.close()
-        self._conn.send_bytes(payload)
+        self.launch()
+        assert self._worker is not None
+        self._worker.send_bytes(payload)
         self._starting = True
-        self._lend_threads()  # importing torch and Lightning takes a core for seconds
+        self._lend_threads()  # the worker loads the replica (and, spawned, imports torch: seconds of a core)
 
     def close(self, cancel: bool = False) -> None:
         """Ends the worker: lets a round in flight finish (or terminates it with `cancel`); idempotent.
@@ -253,25 +270,9 @@ class AsyncEvaluator:
         self._stop_worker(cancel or not busy)
 
     def _stop_worker(self, cancel: bool) -> None:
-        process, conn = self._process, self._conn
-        self._process, self._conn, self._starting = None, None, False
-        if process is None:
-            return
-        if not cancel and process.is_alive():
-            try:
-                assert conn is not None
-                conn.send(None)
-            except OSError:
-                pass
-            process.join(_STOP_SECS)
-        if process.is_alive():
-            process.terminate()
-            process.join(_STOP_SECS)
-        if process.is_alive():
-            process.kill()
-            process.join()
-        if conn is not None:
-            conn.close()
+        worker, self._worker, self._starting = self._worker, None, False
+        if worker is not None:
+            worker.stop(ask=not cancel, grace=_STOP_SECS)
 
     # ---- the CPU thread budget -------------------------------------------------------------------
 
@@ -300,7 +301,7 @@ class AsyncEvaluator:
         Call it between optimizer steps, with no round in flight.
         """
         assert self.in_flight is None and self._replica is not None, "one round in flight at most"
-        if self._process is None or not self._process.is_alive():
+        if self._worker is None or not self._worker.alive():
             self._stop_worker(cancel=True)
             self._spawn()  # the worker died with an earlier round: a fresh one takes this round
         self._lend_threads()
@@ -310,9 +311,11 @@ class AsyncEvaluator:
             for name, tensor in module.state_dict().items():
                 target[name].copy_(tensor)
         copy_secs = time.perf_counter() - start
-        self.in_flight = Snapshot(step, epoch, [str(c) for c in causes], self.snapshot_mb, copy_secs)
-        assert self._conn is not None
-        self._conn.send(_Job(step, epoch))
+        self.in_flight = Snapshot(
+            step, epoch, [str(c) for c in causes], self.snapshot_mb, copy_secs, submitted=time.monotonic()
+        )
+        assert self._worker is not None
+        self._worker.send_bytes(bytes(ForkingPickler.dumps(_Job(step, epoch))))
         log.debug(
             "async round for step %d submitted: %.2f MiB snapshot copied in %.4f s", step, self.snapshot_mb, copy_secs
         )
@@ -346,19 +349,21 @@ class AsyncEvaluator:
         self._take_threads_back()
         self.in_flight, self._done = None, None
         assert done is not None
+        self.start_secs = None if done.began is None else max(0.0, done.began - snapshot.submitted)
         if done.results is not None:
             return snapshot, done.results
         message = f"async evaluation worker failed on the weights of step {snapshot.step}:\n{done.error}"
         return snapshot, [LocalSetResult.failed(s.name, message) for s in eval_sets]
 
     def _receive(self, block: bool) -> _Done | None:
-        if self._conn is None or self._process is None:
+        worker = self._worker
+        if worker is None:
             return _Done(None, "the worker process was stopped before it returned a result")
         while True:
             closed = False
-            if self._conn.poll(_POLL_SECS if block else 0):
+            if not worker.starting and worker.conn.poll(_POLL_SECS if block else 0):
                 try:
-                    message: _Started | _Done = self._conn.recv()
+                    message: _Started | _Done = worker.conn.recv()
                 except (EOFError, OSError):
                     closed = True  # the worker's end is closed: it exited
                 else:
@@ -370,10 +375,12 @@ class AsyncEvaluator:
                     if self.in_flight is None:
                         self._take_threads_back()
                     continue  # a round in flight keeps the threads lent
-            if closed or not self._process.is_alive():
-                self._process.join(_STOP_SECS)
-                code = self._process.exitcode
+            if closed or not worker.alive():
+                worker.join(_STOP_SECS)
+                message_text = _exit_message(worker.exitcode(), worker.error)
                 self._stop_worker(cancel=True)
-                return _Done(None, _exit_message(code))
+                return _Done(None, message_text)
             if not block:
                 return None
+            if worker.starting:
+                time.sleep(_POLL_SECS)  # the fork server is still importing

@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import lightning as L
+from lightning.pytorch.trainer.states import TrainerFn
 
 from areal_lightning.callbacks.async_evaluator import AsyncEvaluator, module_evaluate
 from areal_lightning.callbacks.choices import EvalMode, OnBusy
 from areal_lightning.callbacks.parallelism import refuse_for_async
 from areal_lightning.callbacks.progress import trainer_progress
 from areal_lightning.callbacks.trigger import Cause
-from areal_lightning.eval_round import EvalRoundError, EvalSet, EvaluateFn, SetResult, reduce_set, run_round
+from areal_lightning.eval_round import EvalRoundError, EvalSet, EvaluateFn, SetResult, reduce_round, run_round
 from areal_lightning.eval_round.cache import ResultCache, cached_results
 from areal_lightning.eval_round.precision import EvalPrecision, eval_precision
 
@@ -262,6 +263,10 @@ class AsyncRunner:
 
     def setup(self, trainer: L.Trainer) -> None:
         refuse_for_async(trainer.strategy)
+        if trainer.state.fn == TrainerFn.FITTING:
+            # Started now, the worker is ready when training starts and the first round falls due.
+            modules = {type(m).__module__ for m in trainer.lightning_module.modules()} - {"__main__"}
+            self.evaluator.launch(sorted(modules))
 
     def start(self, trainer: L.Trainer, pl_module: L.LightningModule, spec: RoundSpec) -> None:
         self._eval_sets = list(spec.eval_sets)
@@ -320,18 +325,16 @@ class AsyncRunner:
         snapshot, local = self.evaluator.collect(self._eval_sets)
         blocked, self._blocked_secs = self._blocked_secs, 0.0
         causes = [Cause(c) for c in snapshot.causes]
-        results: list[SetResult] = []
-        failures: dict[str, str] = {}
-        for r, s in zip(local, self._eval_sets, strict=True):
-            try:
-                results.append(reduce_set(r, s, device=pl_module.device))
-            except EvalRoundError as err:  # every rank alike; the other sets are still reduced
-                failures[s.name] = str(err)
-        error = EvalRoundError("\n".join(failures.values()), results=results, failures=failures) if failures else None
+        error = None
+        try:
+            results = reduce_round(local, self._eval_sets, device=pl_module.device)
+        except EvalRoundError as err:  # every rank alike; the other sets are still reduced
+            results, error = err.results, err
         fields: Mapping[str, Any] = {
             "lag_steps": trainer.global_step - snapshot.step,
             "snapshot_mb": snapshot.mb,
             "snapshot_secs": snapshot.copy_secs,
+            "start_secs": self.evaluator.start_secs,
         }
         blocked += self._clock() - started
         return [

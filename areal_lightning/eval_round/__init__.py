@@ -28,7 +28,11 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
         EvalSetMismatchError as EvalSetMismatchError,
         check_eval_sets_consistent as check_eval_sets_consistent,
     )
-    from areal_lightning.eval_round.reduction import LocalSetResult as LocalSetResult, reduce_set as reduce_set
+    from areal_lightning.eval_round.reduction import (
+        LocalSetResult as LocalSetResult,
+        reduce_round as reduce_round,
+        reduce_set as reduce_set,
+    )
     from areal_lightning.eval_round.round import (
         evaluate_local as evaluate_local,
         evaluate_set as evaluate_set,
@@ -54,6 +58,7 @@ _EXPORTS = {
     "LocalSetResult": "areal_lightning.eval_round.reduction",
     "evaluate_local": "areal_lightning.eval_round.round",
     "evaluate_set": "areal_lightning.eval_round.round",
+    "reduce_round": "areal_lightning.eval_round.reduction",
     "reduce_set": "areal_lightning.eval_round.reduction",
     "local_batches": "areal_lightning.eval_round.round",
     "run_round": "areal_lightning.eval_round.round",

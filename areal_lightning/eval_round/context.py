@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, overload
@@ -11,6 +12,8 @@ from torchmetrics import Metric
 
 from areal_lightning.eval_round.progress import RoundProgress
 from areal_lightning.eval_round.sampling_params import SamplingParams
+from areal_lightning.eval_round.sharding import sample_seeds
+from areal_lightning.metrics.outcomes import Outcomes
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,47 @@ class EvalBatch:
     indices: list[int]
     samples: list[Any]
     seeds: list[int]
+
+
+class DealtBatches(Sequence[EvalBatch]):
+    """A rank's deal of an eval set: its batches' sample indices (8 bytes a prompt), each `EvalBatch`
+    made, with its samples and their seeds, when it is read, so that a rank holds one batch's
+    samples at a time however large the eval set is.
+
+    Example:
+        >>> dealt = DealtBatches("easy", ["1+1=", "2+2=", "3+3="], seed=0, batches=[[2, 0], [1]])
+        >>> len(dealt), dealt[0].samples, dealt.num_prompts, dealt.index_sum
+        (2, ['3+3=', '1+1='], 3, 3)
+    """
+
+    def __init__(self, name: str, samples: Sequence[Any], seed: int, batches: Sequence[Sequence[int]]) -> None:
+        self._name, self._samples, self._seed = name, samples, seed
+        self._batches = [array("q", b) for b in batches]
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    @overload
+    def __getitem__(self, index: int) -> EvalBatch: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[EvalBatch]: ...
+    def __getitem__(self, index: int | slice) -> EvalBatch | Sequence[EvalBatch]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        indices = self._batches[index].tolist()
+        return EvalBatch(indices, [self._samples[i] for i in indices], sample_seeds(self._seed, self._name, indices))
+
+    def __iter__(self) -> Iterator[EvalBatch]:
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def num_prompts(self) -> int:
+        return sum(len(b) for b in self._batches)
+
+    @property
+    def index_sum(self) -> int:
+        """The sum of the dealt indices (with `num_prompts`, the round checks each sample is evaluated once)."""
+        return sum(sum(b) for b in self._batches)
 
 
 class EvalRoundError(RuntimeError):
@@ -91,7 +135,7 @@ class EvalContext:
     lockstep: bool = False
     padding: bool = False
     sanity: bool = False
-    outcomes: dict[str, dict[int, float]] = field(default_factory=dict)
+    outcomes: dict[str, Outcomes] = field(default_factory=dict)
 
     def metric(self, name: str, factory: Callable[[], Metric]) -> Metric:
         """The metric called `name`, created on this round's device on first use."""
@@ -111,13 +155,13 @@ class EvalContext:
             {'accuracy': {3: 1.0, 4: 0.5}}
         """
         flat = (
-            values.detach().double().flatten().tolist()
+            values.detach().double().flatten().cpu().numpy()
             if isinstance(values, torch.Tensor)
             else [float(v) for v in values]
         )
         if len(flat) != len(indices):
             raise ValueError(f"`record_outcomes({name!r}, ...)` got {len(indices)} indices and {len(flat)} values")
-        self.outcomes.setdefault(name, {}).update(zip((int(i) for i in indices), flat, strict=True))
+        self.outcomes.setdefault(name, Outcomes()).add(indices, flat)
 
     def record_sample(self, index: int, **row: Any) -> None:
         """Keeps `row` (any JSON-like columns) for the samples table when `index < max_table_rows`."""
@@ -130,7 +174,7 @@ class BatchList(Sequence[EvalBatch]):
     batch done to the round's progress display while it is iterated (wrapping it in a progress
     iterator of one's own works too)."""
 
-    def __init__(self, batches: list[EvalBatch], progress: RoundProgress | None = None) -> None:
+    def __init__(self, batches: Sequence[EvalBatch], progress: RoundProgress | None = None) -> None:
         self._batches, self._progress = batches, progress
 
     def __len__(self) -> int:
@@ -177,7 +221,7 @@ class SetResult:
     table_rows: list[dict[str, Any]]
     sampling: dict[str, Any] | None = None
     """The eval set's `SamplingParams.as_record`, with the seed used; None when the set has none."""
-    outcomes: dict[str, dict[int, float]] = field(default_factory=dict)
-    """This rank's per-prompt outcomes (`EvalContext.record_outcomes`); not reduced."""
+    outcomes: dict[str, Outcomes] = field(default_factory=dict)
+    """This rank's per-prompt outcomes (`EvalContext.record_outcomes`), by metric; not reduced."""
     outcome_names: list[str] = field(default_factory=list)
     """Every metric with outcomes on any rank, sorted (the same list on every rank)."""

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.eval_round.ranks import all_gather_object
@@ -125,7 +126,25 @@ def eval_set_fingerprint(eval_set: EvalSet) -> str:
         "options": dict(eval_set.options),
         "sampling": repr(eval_set.sampling),
     }
-    return fingerprint(eval_set.name, [json.dumps(layout, sort_keys=True, default=repr), *eval_set.keys])
+    return fingerprint(eval_set.name, _LayoutAndKeys(json.dumps(layout, sort_keys=True, default=repr), eval_set))
+
+
+class _LayoutAndKeys(Sequence[str]):
+    """The layout, then each sample's key, made one at a time (not a list of every key)."""
+
+    def __init__(self, layout: str, eval_set: EvalSet) -> None:
+        self._layout, self._eval_set = layout, eval_set
+
+    def __len__(self) -> int:
+        return 1 + len(self._eval_set.samples)
+
+    def __getitem__(self, index: Any) -> Any:
+        raise NotImplementedError("iterate it")
+
+    def __iter__(self) -> Iterator[str]:
+        yield self._layout
+        key = self._eval_set.key_fn
+        yield from (key(s) for s in self._eval_set.samples)
 
 
 def check_eval_sets_consistent(eval_sets: Sequence[EvalSet]) -> None:

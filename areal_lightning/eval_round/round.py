@@ -5,15 +5,17 @@ rounds, the standalone `evaluate` command and anything else that evaluates. It d
 the module replica, the eval sets (cut into a global list of batches that does not depend on the
 number of devices) and the run seed (from which each sample's own seed derives). Under
 `torch.distributed` each rank evaluates its deal of the batches, and every rank runs the same
-collectives in the same order: one object gather, then the metrics' own syncs.
+collectives in the same order: one object gather of every set's reports and metric states (one
+more only when a rank lacks a metric another created).
 
 With `lockstep=True` (sharded parameters: every forward all-gathers them) a rank dealt fewer
 batches than the busiest rank also evaluates padding batches, in a second `evaluate_fn` call on a
 throwaway context, so that every rank runs the same number of forwards before the gather.
 
-A round has two halves: `evaluate_local` (this rank's deal, no collective) and `reduce_set` (the
-collectives, in `reduction`). `run_round` runs both, one eval set after the other; an asynchronous worker runs the
-first half beside training and the training thread runs the second at a step every rank agrees on.
+A round has two halves: `evaluate_local` (this rank's deal, no collective) and `reduce_round` (the
+collectives, in `reduction`: one gather for every set of the round). `run_round` runs both; an
+asynchronous worker runs the first half beside training and the training thread runs the second
+at a step every rank agrees on.
 """
 
 from __future__ import annotations
@@ -28,26 +30,29 @@ import torch
 from torch import Tensor, nn
 from torchmetrics import Metric
 
-from areal_lightning.eval_round.context import BatchList, EvalBatch, EvalContext, EvalRoundError, EvaluateFn, SetResult
+from areal_lightning.eval_round.context import (
+    BatchList,
+    DealtBatches,
+    EvalBatch,
+    EvalContext,
+    EvaluateFn,
+    SetResult,
+)
 from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.eval_round.isolation import evaluation_mode, module_device
 from areal_lightning.eval_round.progress import GuardedProgress, RoundProgress
 from areal_lightning.eval_round.ranks import dist_info
-from areal_lightning.eval_round.reduction import LocalSetResult, _RankReport, reduce_set
+from areal_lightning.eval_round.reduction import LocalSetResult, _RankReport, reduce_round, reduce_set
 from areal_lightning.eval_round.sharding import sample_seeds, shard_all_ranks, shard_for_rank
 
 
-def local_batches(eval_set: EvalSet, seed: int, rank: int, world_size: int) -> list[EvalBatch]:
-    """This rank's deal of the eval set's global batches, each sample with its own seed."""
-    batches = []
-    for indices in shard_for_rank(
+def local_batches(eval_set: EvalSet, seed: int, rank: int, world_size: int) -> DealtBatches:
+    """This rank's deal of the eval set's global batches, each sample with its own seed (a batch's
+    samples and seeds are made when it is read)."""
+    dealt = shard_for_rank(
         eval_set.costs, eval_set.batch_size, rank, world_size, max_batch_cost=eval_set.max_batch_cost
-    ):
-        samples = [eval_set.samples[i] for i in indices]
-        batches.append(
-            EvalBatch(indices=list(indices), samples=samples, seeds=sample_seeds(seed, eval_set.name, indices))
-        )
-    return batches
+    )
+    return DealtBatches(eval_set.name, eval_set.samples, seed, dealt)
 
 
 def resolved_seed(eval_set: EvalSet, seed: int) -> int:
@@ -62,13 +67,21 @@ def padding_batches(eval_set: EvalSet, seed: int, rank: int, world_size: int) ->
     under lockstep a batch costs its forwards' parameter all-gathers whatever its size, so the
     smallest batch keeps the wasted compute smallest.
     """
-    dealt = shard_all_ranks(eval_set.costs, eval_set.batch_size, world_size, max_batch_cost=eval_set.max_batch_cost)
+    costs = eval_set.costs
+    dealt = shard_all_ranks(costs, eval_set.batch_size, world_size, max_batch_cost=eval_set.max_batch_cost)
     missing = max(len(batches) for batches in dealt) - len(dealt[rank])
-    cheapest = min(range(len(eval_set.costs)), key=lambda i: (eval_set.costs[i], i))
+    cheapest = min(range(len(costs)), key=lambda i: (costs[i], i))
     batch = EvalBatch(
         indices=[cheapest], samples=[eval_set.samples[cheapest]], seeds=sample_seeds(seed, eval_set.name, [cheapest])
     )
     return [batch] * missing
+
+
+def _dealt_counts(batches: Sequence[EvalBatch]) -> tuple[int, int]:
+    """The number of prompts dealt and the sum of their indices."""
+    if isinstance(batches, DealtBatches):
+        return batches.num_prompts, batches.index_sum
+    return sum(len(b.indices) for b in batches), sum(i for b in batches for i in b.indices)
 
 
 def _extra_updates(out: Mapping[str, Any], num_prompts: int) -> dict[str, Tensor]:
@@ -100,7 +113,7 @@ def evaluate_local(
     epoch: int,
     rank: int,
     world_size: int,
-    batches: list[EvalBatch] | None = None,
+    batches: Sequence[EvalBatch] | None = None,
     max_table_rows: int = 0,
     progress: RoundProgress | None = None,
     lockstep: bool = False,
@@ -123,7 +136,7 @@ def evaluate_local(
     if batches is None:
         batches = local_batches(eval_set, seed, rank, world_size)
     padding = padding_batches(eval_set, seed, rank, world_size) if lockstep and world_size > 1 else []
-    num_prompts = sum(len(b.indices) for b in batches)
+    num_prompts, index_sum = _dealt_counts(batches)
     ctx = EvalContext(
         dataset=eval_set.name,
         rank=rank,
@@ -158,7 +171,7 @@ def evaluate_local(
     report = _RankReport(
         error,
         num_prompts,
-        sum(i for b in batches for i in b.indices),
+        index_sum,
         ctx.num_samples or num_prompts,
         sorted(ctx.metrics),
         sorted(updates),
@@ -257,26 +270,22 @@ def run_round(
         ...                                   global_step=0, epoch=0)]
         [3]
     """
-    results: list[SetResult] = []
-    failures: dict[str, str] = {}
-    for s in eval_sets:
-        try:
-            results.append(
-                evaluate_set(
-                    module,
-                    s,
-                    evaluate_fn,
-                    seed=seed,
-                    global_step=global_step,
-                    epoch=epoch,
-                    max_table_rows=max_table_rows,
-                    progress=progress,
-                    lockstep=lockstep,
-                    sanity=sanity,
-                )
-            )
-        except EvalRoundError as err:  # raised on every rank alike: every rank goes on to the next set
-            failures[s.name] = str(err)
-    if failures:
-        raise EvalRoundError("\n".join(failures.values()), results=results, failures=failures)
-    return results
+    rank, world = dist_info()
+    local = [
+        evaluate_local(
+            module,
+            s,
+            evaluate_fn,
+            seed=seed,
+            global_step=global_step,
+            epoch=epoch,
+            rank=rank,
+            world_size=world,
+            max_table_rows=max_table_rows,
+            progress=progress,
+            lockstep=lockstep,
+            sanity=sanity,
+        )
+        for s in eval_sets
+    ]
+    return reduce_round(local, eval_sets)  # every set's states in one gather

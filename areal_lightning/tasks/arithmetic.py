@@ -6,8 +6,12 @@ becomes solvable by RL from a format-only start, `hard` (two-digit operands) sta
 
 from __future__ import annotations
 
+import operator
 import random
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from areal_lightning.scoring.score import Score, ScoreStatus
 from areal_lightning.tasks.tokenizer import CharTokenizer
@@ -42,6 +46,39 @@ class Sample:
             ('sum2', 'sum1')
         """
         return f"sum{len(str(int(self.answer)))}"
+
+
+class ArithmeticSamples(Sequence[Sample]):
+    """An arithmetic eval set's samples, each made when it is read from two arrays of operands:
+    16 bytes a sample where a list of `Sample`s holds about 250, so an eval set of any size
+    costs little memory (`Sample`s are equal when their fields are).
+
+    Example:
+        >>> samples = ArithmeticSamples(array("q", [3, 12]), array("q", [4, 5]), width=2)
+        >>> len(samples), samples[1], samples[-1] == samples[1]
+        (2, Sample(index=1, prompt='12+5=', answer='17'), True)
+    """
+
+    def __init__(self, left: array, right: array, width: int) -> None:
+        self._left, self._right, self._width = left, right, width
+
+    def __len__(self) -> int:
+        return len(self._left)
+
+    @overload
+    def __getitem__(self, index: int) -> Sample: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Sample]: ...
+    def __getitem__(self, index: int | slice) -> Sample | list[Sample]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        i = operator.index(index)
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"sample index {index} out of range for an eval set of {len(self)}")
+        a, b = self._left[i], self._right[i]
+        return Sample(index=i, prompt=f"{a}+{b}=", answer=str(a + b).zfill(self._width))
 
 
 def operand_range(digits: int) -> tuple[int, int]:
@@ -88,20 +125,18 @@ class ArithmeticTask:
         """Characters in the longest answer for operands of `digits` digits."""
         return len(str(2 * operand_range(digits)[1]))
 
-    def make_samples(self, name: str, digits: int, size: int) -> list[Sample]:
+    def make_samples(self, name: str, digits: int, size: int) -> ArithmeticSamples:
         """`size` problems with `digits`-digit operands, the same for the same (seed, name)."""
         low, high = operand_range(digits)
         rng = random.Random(f"{self.seed}/{name}/{digits}")  # str seeds hash with sha512: stable across runs
-        samples = []
-        for index in range(size):
-            a, b = rng.randint(low, high), rng.randint(low, high)
-            samples.append(
-                Sample(index=index, prompt=f"{a}+{b}=", answer=str(a + b).zfill(self.max_answer_len(digits)))
-            )
-        return samples
+        left, right = array("q"), array("q")
+        for _ in range(size):
+            left.append(rng.randint(low, high))
+            right.append(rng.randint(low, high))
+        return ArithmeticSamples(left, right, self.max_answer_len(digits))
 
     def train_samples(self) -> list[Sample]:
-        return self.make_samples("train", self.train_digits, self.train_size)
+        return list(self.make_samples("train", self.train_digits, self.train_size))
 
     def reward(self, completion: str, answer: str) -> float:
         """Exact match of the completion (up to EOS) with the answer."""

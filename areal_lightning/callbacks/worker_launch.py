@@ -1,0 +1,146 @@
+"""Starting the async evaluation worker so that it is ready when the first round falls due.
+
+A worker needs torch, Lightning and torchmetrics imported before it can load a replica: seconds of
+one core. A worker spawned from scratch when training starts was still importing when the first
+rounds fell due, and they waited, or were skipped. So the worker is forked from
+multiprocessing's fork server, which has those imports done (`prestart`: the ``areal-lightning
+fit`` command calls it as soon as it has read an async config, so the server imports beside the
+command's own start-up), and it is started when fit starts (`WorkerLaunch`, from the callback's
+``setup``), its replica sent when training starts.
+
+The fork server answers a request only once its own imports are done, so the worker is started
+from a thread of its own: neither training nor the first round's submission waits for it, and
+messages sent meanwhile are queued and sent, in order, once the worker runs.
+
+Where the platform has no fork server (Windows), the worker is spawned, and imports on its own.
+The fork server is multiprocessing's, one per process: other users of ``forkserver`` (a
+`SafeScorer`, a DataLoader with ``multiprocessing_context="forkserver"``) fork from it too, with
+these modules loaded, and a server some other code started first is used as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from multiprocessing import forkserver
+from multiprocessing.connection import Connection
+from typing import Any
+
+PRELOAD: tuple[str, ...] = ("torch", "lightning", "torchmetrics", "areal_lightning.callbacks.async_evaluator")
+"""What the fork server imports before it forks a worker (the worker's own module included)."""
+
+_JOIN_SECS = 10.0  # how long stopping waits for a start still in progress (the fork server importing)
+
+
+def start_method() -> str:
+    """``forkserver`` where the platform has it, else ``spawn`` (never ``fork``: training has threads)."""
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def prestart(modules: Sequence[str] = ()) -> None:
+    """Starts the fork server now, importing `PRELOAD` and `modules`, and returns at once.
+
+    Call it as early as the process knows it will evaluate asynchronously: the imports then run
+    beside whatever it does next. A no-op where the server already runs (its imports are what it
+    was started with) and where there is no fork server.
+
+    Example:
+        >>> prestart(["areal_lightning.rl.grpo"])  # doctest: +SKIP
+    """
+    if start_method() != "forkserver":
+        return
+    multiprocessing.set_forkserver_preload([*PRELOAD, *modules])  # read only when the server starts
+    forkserver.ensure_running()
+
+
+class WorkerLaunch:
+    """A worker process being started from a thread, and a pipe whose messages wait for it.
+
+    ``target(conn, *args)`` runs in the worker, `conn` its end of the pipe. `send_bytes` never
+    waits for the start: what is sent before the worker runs is queued and sent, in order, once
+    it does.
+    """
+
+    def __init__(self, target: Callable[..., None], args: Sequence[Any], name: str) -> None:
+        ctx: Any = multiprocessing.get_context(start_method())  # a start method's context has `Process`
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=target, args=(child, *args), daemon=True, name=name)
+        self.error: str | None = None
+        """The traceback of a start that failed."""
+        self._lock = threading.Lock()
+        self._outbox: list[bytes] = []
+        self._started = False
+        self._stopped = False
+        self._thread = threading.Thread(target=self._start, args=(child,), daemon=True, name=f"{name}-start")
+        self._thread.start()
+
+    def _start(self, child: Connection) -> None:
+        try:
+            self.process.start()
+        except BaseException:  # noqa: BLE001 - reported as the worker's failure by `alive`
+            self.error = traceback.format_exc()
+        finally:
+            child.close()
+        with self._lock:
+            self._started = True
+            if self.error is None and self._stopped:
+                self.process.terminate()  # stopped while it was starting: nobody waits for it
+                return
+            try:
+                for data in self._outbox:
+                    self.conn.send_bytes(data)
+            except OSError:
+                pass  # the worker died at once: `alive` says so, with its exit code
+            self._outbox.clear()
+
+    def send_bytes(self, data: bytes) -> None:
+        """Sends `data` to the worker, or queues it while the worker is starting."""
+        with self._lock:
+            if not self._started:
+                self._outbox.append(data)
+                return
+            if self.error is None:
+                with contextlib.suppress(OSError):  # the worker died: `alive` says so, with its exit code
+                    self.conn.send_bytes(data)
+
+    @property
+    def starting(self) -> bool:
+        """The process is being started (the fork server may still be importing)."""
+        return not self._started
+
+    def alive(self) -> bool:
+        """Starting, or started and not exited."""
+        return not self._started or (self.error is None and self.process.is_alive())
+
+    def exitcode(self) -> int | None:
+        """The worker's exit code once it exited; None while it runs, or when it never started."""
+        return self.process.exitcode if self._started and self.error is None else None
+
+    def join(self, timeout: float) -> None:
+        if self._started and self.error is None:
+            self.process.join(timeout)
+
+    def stop(self, ask: bool, grace: float) -> None:
+        """Ends the worker: with `ask`, sends None and waits up to `grace` seconds for it to return;
+        then terminates and, failing that, kills it. A start still in progress is waited for (up
+        to a bound) or, past it, left to terminate the worker itself."""
+        self._thread.join(_JOIN_SECS)
+        with self._lock:
+            self._stopped = True
+            started = self._started and self.error is None
+        if started:
+            process = self.process
+            if ask and process.is_alive():
+                with contextlib.suppress(OSError):
+                    self.conn.send(None)
+                process.join(grace)
+            if process.is_alive():
+                process.terminate()
+                process.join(grace)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        self.conn.close()
