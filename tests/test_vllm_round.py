@@ -150,7 +150,7 @@ def test_an_engine_killed_mid_round_gives_an_error_record_and_the_next_round_suc
 
     def kill_then_generate(self: VLLMEngine, prompts: list[list[int]], params: list[Any]) -> list[Any]:
         calls.append(len(prompts))
-        if len(calls) == 2:  # the second round (the first is a sanity round: its failure stops training)
+        if len(calls) == 2:  # the second round (the sanity pass generates with the policy, not the engine)
             os.kill(self.llm.llm_engine.engine_core.resources.engine_manager.processes[0].pid, signal.SIGKILL)
         return generate(self, prompts, params)
 

@@ -23,8 +23,9 @@ from areal_lightning.eval_round import EvalRoundError, SetResult
 from areal_lightning.tracking.recorder import EvalRecorder
 
 SANITY_NOTE = (
-    "(with the sanity pass off, the first evaluation round of a fit is a sanity round, as Lightning's sanity "
-    "check is for validation: its failure stops training whatever on_error says; later rounds follow on_error)"
+    "(the first evaluation round of a fit is a sanity round when the sanity pass is off or did not run where "
+    "rounds run (an async worker), as Lightning's sanity check is for validation: its failure stops training "
+    "whatever on_error says; later rounds follow on_error)"
 )
 
 
@@ -46,8 +47,9 @@ class Conclusion:
         self.skipped_step: int | None = None  # the latest step whose round was skipped while busy
         self.rounds_this_fit = 0
         self.stand_in_sanity: Callable[[L.Trainer, list[SetResult]], None] | None = None
-        """Set when the fit has no sanity pass: the first round stands in for it (its failure stops
-        training) and this checks its metric names."""
+        """Set when the fit has no sanity pass: this checks the first round's metric names."""
+        self.first_round_stops = True
+        """The first round's failure stops training (no sanity pass ran where rounds run)."""
 
     def __call__(self, trainer: L.Trainer, outcomes: Sequence[Outcome]) -> None:
         for done in outcomes:
@@ -76,7 +78,7 @@ class Conclusion:
         """
         err = done.error
         assert err is not None
-        sanity = self.rounds_this_fit == 0 and self.stand_in_sanity is not None
+        sanity = self.rounds_this_fit == 0 and self.first_round_stops
         stops = sanity or self.on_error is ErrorPolicy.RAISE
         if done.all_results:
             self._finished(trainer, done, check_names=not sanity)  # a failing eval set costs only itself

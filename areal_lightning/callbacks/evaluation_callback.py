@@ -116,10 +116,10 @@ class EvaluationCallback(Callback):
         self._last_seen_step = -1
         self.weights_epoch: int | None = None  # the epoch of the latest step: its rounds' epoch
         self.conclusion = Conclusion(self.follow_ups, self.recorder, self.rounds.on_error)
-        self.sanity = SanityPass(self.rounds.sanity_batches, self.schedule, self.decisions, self.follow_ups)
-        # Lightning reads `state_key` around every hook call of every step: built once.
-        freqs = {k: getattr(self.trigger, k) for k in ("freq_epochs", "freq_steps", "freq_secs")}
-        self._state_key = self._generate_state_key(**freqs, eval_sets=[s.name for s in self.eval_sets])
+        sanity_batches = self.rounds.sanity_batches
+        self.sanity = SanityPass(sanity_batches, self.schedule, self.decisions, self.follow_ups, self.runner)
+        freqs = {k: getattr(self.trigger, k) for k in ("freq_epochs", "freq_steps", "freq_secs")}  # state_key:
+        self._state_key = self._generate_state_key(**freqs, eval_sets=[s.name for s in self.eval_sets])  # read often
 
     @property
     @override

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 import lightning as L
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
+from areal_lightning.callbacks.choices import EvalMode
 from areal_lightning.callbacks.conclusion import Conclusion
 from areal_lightning.callbacks.follow_ups import FollowUp
 from areal_lightning.callbacks.lightning_monitors import EVAL_STEP_KEY
-from areal_lightning.callbacks.runners import RoundSpec, run_unrecorded
+from areal_lightning.callbacks.runners import RoundSpec, Runner, run_unrecorded
 from areal_lightning.callbacks.selection import CI_HIGH, CI_LOW, NoiseUnknownError, SelectionRule
 from areal_lightning.callbacks.settings import Decisions, Schedule
 from areal_lightning.callbacks.training_position import fast_dev_run
@@ -178,12 +179,19 @@ class SanityPass:
             names of the first recorded round instead).
         schedule, decisions: the callback's settings, whose metric names are checked.
         follow_ups: the callback's follow-ups (the names they add to a round count as produced).
+        runner: the callback's runner; an async one runs rounds in a worker the pass does not exercise.
     """
 
     def __init__(
-        self, num_batches: int, schedule: Schedule, decisions: Decisions, follow_ups: Sequence[FollowUp]
+        self,
+        num_batches: int,
+        schedule: Schedule,
+        decisions: Decisions,
+        follow_ups: Sequence[FollowUp],
+        runner: Runner | None = None,
     ) -> None:
         self.num_batches = num_batches
+        self.worker_rounds = runner is not None and runner.mode is EvalMode.ASYNC
         self.schedule, self.decisions, self.follow_ups = schedule, decisions, list(follow_ups)
 
     def start(
@@ -195,12 +203,16 @@ class SanityPass:
         conclusion: Conclusion,
     ) -> None:
         """`fit` starts: the pass runs; without it (0 batches, ``fast_dev_run``) the first round
-        stands in for it (its failure stops fit, its names are checked)."""
+        stands in for it (its failure stops fit, its names are checked). The pass runs in this
+        process: with rounds in a worker (async) the first round's failure stops
+        fit too (a worker that cannot start or cannot run `evaluate_fn` would fail every round)."""
         if self.num_batches and not fast_dev_run(trainer):
             conclusion.stand_in_sanity = None
+            conclusion.first_round_stops = self.worker_rounds
             self.run(trainer, pl_module, spec, recorder)
         else:
             conclusion.stand_in_sanity = self.check_names
+            conclusion.first_round_stops = True
 
     def run(self, trainer: L.Trainer, pl_module: L.LightningModule, spec: RoundSpec, recorder: EvalRecorder) -> None:
         """The pass on every rank, unrecorded; its failure is recorded (an ``error`` per failed set)

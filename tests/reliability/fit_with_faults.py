@@ -51,6 +51,8 @@ real_evaluate = grpo.GRPOModule.evaluate
 
 
 def _evaluate(self, batches, ctx):
+    if ctx.sanity:  # the sanity pass when fit starts: not a round
+        return real_evaluate(self, batches, ctx)
     _mark(f"round {ctx.dataset} {ctx.global_step}")
     _hang_if("round", ctx.global_step)
     return real_evaluate(self, batches, ctx)
