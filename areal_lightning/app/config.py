@@ -29,6 +29,7 @@ from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.eval_round.sampling_params import SamplingParams
 from areal_lightning.eval_round.subsample import Subsample
 from areal_lightning.metrics.constants import AdvantageStd
+from areal_lightning.rl.episode_settings import EpisodeSettings
 from areal_lightning.tasks.math import (
     AnswerFormat,
     PromptStyle,
@@ -548,6 +549,8 @@ class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    episodes: Optional[EpisodeSettings] = None
+    """Multi-turn episodes for training and evaluation, e.g. {max_turns: 4}; null: one prompt, one completion."""
     eval_sets: dict[str, EvalSetConfig] = field(default_factory=dict)
     evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -561,6 +564,10 @@ class Config:
         for name, eval_set in self.eval_sets.items():
             eval_set.check(f"eval_sets.{name}")
         self._check_kinds_agree()
+        if self.episodes is not None:
+            from areal_lightning.app.episode_checks import check_episodes
+
+            check_episodes(self)
         self._check_sequence_lengths()
         self._check_thresholds()
         self.trainer.check_lightning_names("trainer")  # last: it imports Lightning
@@ -601,7 +608,7 @@ class Config:
             metric_names,  # torch and torchmetrics: only when needed
         )
 
-        logged = sorted({m for es in self.eval_sets.values() for m in metric_names(es.n_samples)})
+        logged = sorted({m for es in self.eval_sets.values() for m in self._metric_names(es.n_samples, metric_names)})
         named = [(f"evaluator.metric_thresholds.{name}", name, True) for name in ev.metric_thresholds]
         named += [(f"evaluator.best_metrics.{name}", name, False) for name in ev.best_metrics or {}]
         if ev.reward_watch is not None:
@@ -619,6 +626,13 @@ class Config:
                     f"{key} names a metric the evaluation does not log.{hint} Accepted "
                     f"(with the eval sets' n_samples): {', '.join(logged)}"
                 )
+
+    def _metric_names(self, n_samples: int, single_turn: Any) -> list[str]:
+        if self.episodes is None:
+            return list(single_turn(n_samples))
+        from areal_lightning.app.episode_checks import logged_episode_metrics
+
+        return logged_episode_metrics(self.episodes, n_samples)
 
     def _check_kinds_agree(self) -> None:
         if self.task.name is TaskName.MATH and self.policy.kind is PolicyKind.TINY:
