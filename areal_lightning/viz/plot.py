@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # matplotlib loads when a figure is drawn: `areal-lightning f
 
 from areal_lightning.tracking.history import HISTORY_FILENAME, drop_superseded, eval_rows, read_history, split_runs
 from areal_lightning.tracking.writable import option_problem
+from areal_lightning.viz.panels import MetricsAction, build_panels
 
 DEFAULT_METRIC = "accuracy"
 CI_LOW_SUFFIX = "/ci_low"
@@ -51,7 +52,9 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINE_STYLES = ("-", "--", ":", "-.")
 # Metrics that live in [0, 1]; their y axis is fixed to [0, 1] so curves from runs compare at a
 # glance. Matched against the metric name or its last "/" component.
-UNIT_INTERVAL_METRIC = re.compile(r"(accuracy|acc|(pass|maj|best|mean|worst)@\d+|success_rate|zero_std_frac(tion)?)")
+UNIT_INTERVAL_METRIC = re.compile(
+    r"(accuracy|acc|(pass|maj|best|mean|worst|success)@\d+|success_rate|zero_std_frac(tion)?)"
+)
 
 
 class PlotError(ValueError):
@@ -253,9 +256,10 @@ def _metric_file_part(metric: str) -> str:
     return re.sub(r"[^A-Za-z0-9@._-]+", "_", metric).strip("_") or "metric"
 
 
-def default_output(run_dirs: Sequence[Path], metric: str) -> Path:
-    """``<run>/eval_<metric>.png`` for one run, ``<first run's parent>/compare_<metric>.png``."""
-    part = _metric_file_part(metric)
+def default_output(run_dirs: Sequence[Path], metric: str | Sequence[str]) -> Path:
+    """``<run>/eval_<metric>.png`` for one run, ``<first run's parent>/compare_<metric>.png``
+    (several metrics: their names joined by ``+``)."""
+    part = "+".join(_metric_file_part(m) for m in ([metric] if isinstance(metric, str) else metric))
     if len(run_dirs) == 1:
         return run_dirs[0] / f"eval_{part}.png"
     return run_dirs[0].parent / f"compare_{part}.png"
@@ -325,17 +329,18 @@ def load_runs(run_dirs: Sequence[Path]) -> dict[str, list[dict[str, Any]]]:
     return runs
 
 
-def plot_runs(run_dirs: Sequence[str | Path], metric: str = DEFAULT_METRIC, out: str | Path | None = None) -> Path:
-    """Read the runs' eval histories, draw :func:`build_figure`, save it, return the path.
+def plot_runs(
+    run_dirs: Sequence[str | Path], metric: str | Sequence[str] = DEFAULT_METRIC, out: str | Path | None = None
+) -> Path:
+    """Read the runs' eval histories, draw :func:`build_figure` (or `build_panels`), save it, return the path.
 
     Args:
         run_dirs: one or more run output directories (each holds ``eval_history.jsonl``).
-        metric: the metric to draw, e.g. ``"accuracy"``, ``"pass@4"``, ``"reward/mean"``.
+        metric: the metric to draw, e.g. ``"accuracy"``, ``"pass@4"``, ``"reward/mean"``, or a list of them.
         out: where to save (``.png``, ``.pdf`` or ``.svg``); default: see :func:`default_output`.
 
     Raises:
-        PlotError: a run dir is missing, given twice or has no / an empty history, no run has
-            ``metric``, or ``out`` has an unsupported suffix.
+        PlotError: a run dir is missing, given twice or has no history, no run has ``metric``, or a bad ``out``.
 
     Example:
         >>> plot_runs(["runs/arith-grpo/trial0"])  # doctest: +SKIP
@@ -355,7 +360,7 @@ def plot_runs(run_dirs: Sequence[str | Path], metric: str = DEFAULT_METRIC, out:
     problem = option_problem("plot --out", target, is_file=True)
     if problem is not None:
         raise PlotError(f"{problem}; pass a writable --out FILE")
-    fig = build_figure(runs, metric)
+    fig = build_figure(runs, metric) if isinstance(metric, str) else build_panels(runs, metric)
     target.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(target)
     return target
@@ -366,11 +371,8 @@ def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "run_dirs", nargs="+", metavar="RUN_DIR", help=f"run output directories, each holding {HISTORY_FILENAME}"
     )
-    parser.add_argument(
-        "--metric",
-        default=DEFAULT_METRIC,
-        help=f"metric to draw, e.g. accuracy, pass@4, reward/mean (default: {DEFAULT_METRIC})",
-    )
+    metric_help = f"metric to draw, e.g. accuracy, pass@4 (default: {DEFAULT_METRIC}); repeat it for a panel each"
+    parser.add_argument("--metric", default=DEFAULT_METRIC, action=MetricsAction, help=metric_help)
     parser.add_argument(
         "--out",
         default=None,
