@@ -45,8 +45,8 @@ def test_each_metric_gets_a_panel_with_a_line_per_run(tmp_path: Path) -> None:
 
 def test_the_command_takes_the_metric_flag_more_than_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     mt2, mt4 = _run(tmp_path, "mt2", 1.0), _run(tmp_path, "mt4", 1.2)
-    out = tmp_path / "figure3.png"
-    assert main(["plot", str(mt2), str(mt4), "--metric", "reward/mean", "--metric", "success@1", "--out", str(out)]) == 0
+    assert main(["plot", str(mt2), str(mt4), "--metric", "reward/mean", "--metric", "success@1"]) == 0
+    out = tmp_path / "compare_reward_mean+success@1.png"
     assert capsys.readouterr().out.strip() == str(out) and out.is_file()
     assert main(["plot", str(mt2), "--metric", "success@1", "--metric", "sucess@2"]) == 2
     assert "no run has metric 'sucess@2'; metrics in the history: reward/mean, success@1, success@2" in capsys.readouterr().err
