@@ -41,7 +41,9 @@ def tiny_tokenizer(vocab_size: int = 80):
     return fast
 
 
-def save_tiny_llama(path: Path, *, seed: int = 0, hidden: int = 32, layers: int = 2, digit_bias: float = 1.0) -> Path:
+def save_tiny_llama(
+    path: Path, *, seed: int = 0, hidden: int = 32, layers: int = 2, digit_bias: float = 1.0, max_positions: int = 256
+) -> Path:
     """A random-weight Llama and its tokenizer, saved with save_pretrained to `path`.
 
     `digit_bias` > 1 scales the output rows of the digit tokens, so that random
@@ -58,7 +60,7 @@ def save_tiny_llama(path: Path, *, seed: int = 0, hidden: int = 32, layers: int 
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=256,
+        max_position_embeddings=max_positions,
         pad_token_id=0,
         bos_token_id=1,
         eos_token_id=2,

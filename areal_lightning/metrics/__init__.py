@@ -45,6 +45,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
         wilson_interval as wilson_interval,
         zero_std_groups as zero_std_groups,
     )
+    from areal_lightning.metrics.label_counts import (
+        LabelCountMetric as LabelCountMetric,
+    )
     from areal_lightning.metrics.mean import (
         ExactMean as ExactMean,
     )
@@ -62,6 +65,7 @@ _EXPORTS = {
     "AdvantageMetric": "areal_lightning.metrics.advantage",
     "AdvantageStd": "areal_lightning.metrics.constants",
     "ExactMean": "areal_lightning.metrics.mean",
+    "LabelCountMetric": "areal_lightning.metrics.label_counts",
     "MajAtK": "areal_lightning.metrics.at_k",
     "PassAtK": "areal_lightning.metrics.at_k",
     "RewardMetric": "areal_lightning.metrics.reward",

@@ -25,7 +25,7 @@ from areal_lightning.rl.episode_training import episode_training_step
 from areal_lightning.rl.make_environment import episode_parts, episode_values
 from areal_lightning.rl.policy import Policy, TinyPolicy, completion_mask
 from areal_lightning.rl.protocols import PromptTokenizer, RLTask, seeded_generators
-from areal_lightning.rl.rollout_eval import rollout_evaluate
+from areal_lightning.rl.rollout_eval import rollout_evaluate, score_texts
 from areal_lightning.rl.train_data import EpochShuffle, ResumableLoader
 from areal_lightning.rl.warmup import format_warmup
 from areal_lightning.tasks.arithmetic import ArithmeticTask
@@ -168,11 +168,11 @@ class GRPOModule(L.LightningModule):
         return seeded_generators([sample_seed(self.seed, TRAIN_STREAM, stream)], self.device)[0]
 
     def score(self, completions: Tensor, answers: Sequence[str]) -> tuple[list[str], Tensor]:
-        """Decoded completions and their rewards (float32, one per row)."""
+        """Decoded completions and their rewards (float32, one per row), scored together by the
+        task's `score_many` where it has one (the code task runs its programs in parallel)."""
         texts = [self.tokenizer.decode(row) for row in completions.cpu()]
-        rewards = torch.tensor(
-            [self.task.reward(t, a) for t, a in zip(texts, answers, strict=True)], dtype=torch.float32
-        )
+        scores = score_texts(self.task, texts, answers)
+        rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32)
         return texts, rewards.to(completions.device)
 
     def evaluate(self, batches: Sequence[Any], ctx: Any) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from torchmetrics import Metric, SumMetric
 from areal_lightning.eval_round import EvalBatch, EvalContext, SamplingParams, cut_at_stop
 from areal_lightning.metrics import (
     AccuracyMetric,
+    LabelCountMetric,
     MajAtK,
     PassAtK,
     RewardMetric,
@@ -37,7 +38,7 @@ from areal_lightning.metrics import (
 )
 from areal_lightning.rl.policy import Policy
 from areal_lightning.rl.protocols import PromptTokenizer, RLTask, seeded_generators
-from areal_lightning.scoring import Score, ScorerFailingError
+from areal_lightning.scoring import Score, ScoreLabels, ScorerFailingError
 from areal_lightning.tasks.arithmetic import CORRECT_REWARD, NO_ANSWER_ID, WRONG_REWARD
 
 NON_FINITE_KEY = "reward/non_finite"
@@ -82,7 +83,9 @@ def sampling_of(ctx: EvalContext) -> SamplingParams:
     return SamplingParams(**{k: ctx.options[k] for k in keys if k in ctx.options})
 
 
-def _score_all(task: Any, texts: Sequence[str], answers: Sequence[str]) -> list[Score]:
+def _score_all(task: Any, texts: Sequence[str], answers: Sequence[str], prompts: Sequence[str] | None) -> list[Score]:
+    if prompts is not None and callable(getattr(task, "score_rollouts", None)):  # a grader that reads the prompt
+        return task.score_rollouts(list(prompts), list(texts), list(answers))
     if callable(getattr(task, "score_many", None)):
         return task.score_many(list(texts), list(answers))
     return [Score(float(task.reward(t, a))) for t, a in zip(texts, answers, strict=True)]
@@ -97,8 +100,11 @@ def _where_raised(err: BaseException) -> str:
     return f" in {frame.name} ({Path(frame.filename).name}:{frame.lineno})"
 
 
-def score_texts(task: Any, texts: Sequence[str], answers: Sequence[str]) -> list[Score]:
-    """The task's `score_many` where it has one (statuses for timeouts and parse failures), else its `reward`.
+def score_texts(
+    task: Any, texts: Sequence[str], answers: Sequence[str], prompts: Sequence[str] | None = None
+) -> list[Score]:
+    """The task's `score_rollouts` (given `prompts`) or `score_many` where it has one (statuses for
+    timeouts and parse failures), else its `reward`.
 
     Raises:
         RewardError: the scoring raised; it names the task, the function that raised and, found by
@@ -106,13 +112,13 @@ def score_texts(task: Any, texts: Sequence[str], answers: Sequence[str]) -> list
         ScorerFailingError: as the task's `SafeScorer` raised it (it is not scored again sample by sample).
     """
     try:
-        return _score_all(task, texts, answers)
+        return _score_all(task, texts, answers, prompts)
     except ScorerFailingError:
         raise  # a broken scorer, already worded; scoring again would wait on its time limits again
     except Exception as err:
         for row, (text, answer) in enumerate(zip(texts, answers, strict=True)):  # the failure path only
             try:
-                _score_all(task, [text], [answer])
+                _score_all(task, [text], [answer], None if prompts is None else [prompts[row]])
             except Exception as one:
                 raise RewardError(
                     f"{type(task).__name__}'s scoring raised {type(one).__name__}: {one}"
@@ -138,9 +144,10 @@ def _never() -> bool:
     return False
 
 
-def metric_names(n_samples: int) -> list[str]:
-    """Every name a round of the default evaluation logs for an eval set (``reward/mean``, ``pass@4`` ...),
-    known before any round runs, so that a threshold on a metric it never logs is refused up front.
+def metric_names(n_samples: int, labels: Sequence[ScoreLabels] = ()) -> list[str]:
+    """Every name a round of the default evaluation logs for an eval set (``reward/mean``, ``pass@4`` ...,
+    and the counts of a task's `labels`), known before any round runs, so that a threshold on a metric
+    it never logs is refused up front.
 
     Example:
         >>> metric_names(4)[3:6], "reward/mean" in metric_names(4)
@@ -164,7 +171,7 @@ def metric_names(n_samples: int) -> list[str]:
         value = metric.compute()
         keys = value.keys() if isinstance(value, dict) else [name]
         names += [key if key == name else f"{name}/{key}" for key in keys]
-    return sorted(names)
+    return sorted(names + [name for group in labels for name in group.names()])
 
 
 def _per_prompt_answer_ids(answer_ids: Sequence[int], n: int) -> list[int]:
@@ -200,7 +207,7 @@ def _check_fits(module: RolloutModule, prompt_ids: Tensor, max_new_tokens: int, 
 
 def _score(task: Any, texts: list[str], answers: list[str], batch: EvalBatch, n: int, ctx: EvalContext) -> list[Score]:
     try:
-        return score_texts(task, texts, answers)
+        return score_texts(task, texts, answers, [s.prompt for s in batch.samples for _ in range(n)])
     except Exception as err:
         row = getattr(err, "row", None)
         if row is None:
@@ -274,12 +281,16 @@ def rollout_evaluate(module: RolloutModule, batches: Sequence[EvalBatch], ctx: E
         texts = [cut_at_stop(tok.decode(row), sp.stop) for row in completions.cpu()]
         scores = _score(module.task, texts, answers, batch, n, ctx)
         scoring.update(scores)
+        for labels in getattr(module.task, "score_labels", ()):  # a task's own outcomes (code/timeout, ...)
+            ctx.metric(labels.prefix, functools.partial(LabelCountMetric, labels)).update(scores)
         rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32, device=ctx.device).view(len(samples), n)
         finite = _report_non_finite(rewards, batch, ctx)
-        correct = finite & (rewards >= CORRECT_REWARD)
+        verdicts = [s.reward >= CORRECT_REWARD if s.correct is None else s.correct for s in scores]
+        correct = finite & torch.tensor(verdicts, device=ctx.device).view(len(samples), n)
         answer_ids = _per_prompt_answer_ids([module.task.answer_id(t) for t in texts], n)
         reward.update(rewards[finite])
-        accuracy.update(torch.where(finite, rewards, torch.full_like(rewards, WRONG_REWARD)))
+        judged = correct.float() if any(s.correct is not None for s in scores) else rewards  # a continuous reward
+        accuracy.update(torch.where(finite, judged, torch.full_like(rewards, WRONG_REWARD)))
         non_finite.update((~finite).sum().double())
         # Per-prompt outcomes pair this round with earlier ones (eval/<set>/accuracy/delta).
         ctx.record_outcomes("accuracy", batch.indices, correct.double().mean(1))

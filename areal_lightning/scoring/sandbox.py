@@ -1,0 +1,390 @@
+"""The code sandbox: runs untrusted Python programs and says how each ended.
+
+`run_program(source)` runs one program; `grade_program(program, tests, entry_point)` runs a
+program against a problem's tests; both return a `SandboxResult` whose `status` is one
+`ProgramStatus`. `Sandbox` is the pool behind them: pre-started worker processes
+(`sandbox_worker`) that fork each program from an interpreter already running, under resource
+limits (`SandboxLimits`), a wall clock, and the isolation the kernel allows
+(`sandbox_isolation.Isolation`). docs/code_evaluation.md says what holds where.
+
+A program never runs in the caller's process, and nothing of the caller's environment reaches it.
+Pure standard library: the plugin and every task may import it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import functools
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from areal_lightning.errors import ArgumentError
+from areal_lightning.scoring.sandbox_isolation import NOBODY_UID
+from areal_lightning.scoring.sandbox_worker import WORKER_GRACE_S, read_message, write_message
+
+WORKER_START_S = 60.0
+"""How long a worker may take to start and answer (imports included) beyond a program's own limit."""
+
+
+class ProgramStatus(str, Enum):
+    """How a program ended: exactly one per program."""
+
+    PASSED = "passed"
+    """It ran to its end (for a graded program: every test passed)."""
+    FAILED = "failed"
+    """It raised an exception (a failed assert, a `SystemExit`) that it did not catch."""
+    TIMEOUT = "timeout"
+    """It ran past its wall-clock or CPU limit and was killed."""
+    CRASHED = "crashed"
+    """It ended otherwise: killed by a signal, or exited (``os._exit``) before its end."""
+    SYNTAX_ERROR = "syntax_error"
+    """It does not compile."""
+    OUT_OF_MEMORY = "out_of_memory"
+    """It raised `MemoryError` (its address-space limit)."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """What one program may use. Defaults suit test-graded programming problems.
+
+    Raises:
+        ArgumentError: for a limit that is not a positive number (integer where noted).
+    """
+
+    wall_s: float = 10.0
+    """Wall-clock seconds, set-up excluded; then every process of the program is killed (``timeout``)."""
+    cpu_s: int = 10
+    """CPU seconds (RLIMIT_CPU), an integer."""
+    memory_bytes: int = 1 << 30
+    """Address space of each process (RLIMIT_AS); past it allocations fail (``out_of_memory``)."""
+    max_processes: int = 4
+    """Processes the program may have at once, itself included (RLIMIT_NPROC, counted per program
+    where a user namespace holds; docs/code_evaluation.md)."""
+    max_file_bytes: int = 8 << 20
+    """Largest file it may write (RLIMIT_FSIZE), its captured output included."""
+    max_open_files: int = 64
+    """Open file descriptors (RLIMIT_NOFILE)."""
+    max_output_bytes: int = 64 << 10
+    """stdout and stderr kept in `SandboxResult.output` (the rest is dropped, `truncated` set)."""
+    max_disk_bytes: int = 64 << 20
+    """Space of the temporary directory, a tmpfs of each worker's own where the kernel allows it
+    (set per `Sandbox`: a `run_many` with other limits keeps its sandbox's)."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            whole = f.type in (int, "int")
+            if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)) or not value > 0:
+                raise ArgumentError(
+                    "SandboxLimits", f.name, value, "a positive integer" if whole else "a positive number"
+                )
+
+    def as_job(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """How one program ended, and what it printed.
+
+    Attributes:
+        status: its `ProgramStatus`.
+        output: stdout and stderr together, at most `SandboxLimits.max_output_bytes` (decoded, bad
+            bytes replaced); a failure's traceback is here.
+        truncated: whether output was dropped.
+        exit_code: the program process's exit code, or None when a signal ended it.
+        signal: the signal that ended it, or None.
+        wall_s: seconds from its start to its end.
+        error: the program's uncaught exception in one line (``AssertionError``,
+            ``OSError: [Errno 27] File too large``), or None.
+        limit: for a ``timeout``, the `SandboxLimits` field that ended it (``"wall_s"`` or
+            ``"cpu_s"``; None when the worker itself stopped answering).
+        isolation: the `Isolation` protections that held (docs/code_evaluation.md).
+    """
+
+    status: ProgramStatus
+    output: str = ""
+    truncated: bool = False
+    exit_code: int | None = None
+    signal: int | None = None
+    wall_s: float = 0.0
+    error: str | None = None
+    limit: str | None = None
+    isolation: tuple[str, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return self.status is ProgramStatus.PASSED
+
+    @classmethod
+    def from_report(cls, report: dict[str, Any]) -> SandboxResult:
+        return cls(
+            status=ProgramStatus(report["status"]),
+            output=report.get("output") or "",
+            truncated=bool(report.get("truncated", False)),
+            exit_code=report.get("exit_code"),
+            signal=report.get("signal"),
+            wall_s=float(report.get("wall_s", 0.0)),
+            error=report.get("error"),
+            limit=report.get("limit"),
+            isolation=tuple(report.get("isolation", ())),
+        )
+
+
+def _clean_environment(base: str) -> dict[str, str]:
+    """The workers' whole environment: nothing of the caller's (no API keys, no tokens)."""
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": base, "TMPDIR": base}
+
+
+def hidden_homes() -> list[str]:
+    """The directories covered for every program: the caller's home, root's and /home."""
+    return sorted({str(Path.home()), "/root", "/home"})
+
+
+class _Worker:
+    """One worker process and its pipes."""
+
+    def __init__(self, base: str, sandbox_uid: int | None, disk_bytes: int) -> None:
+        env = _clean_environment(base)
+        if sandbox_uid is not None and os.geteuid() == 0:
+            env["SANDBOX_UID"] = str(sandbox_uid)
+        env["SANDBOX_DISK_BYTES"] = str(disk_bytes)
+        self.process = subprocess.Popen(
+            [sys.executable, "-I", "-m", "areal_lightning.scoring.sandbox_worker", base, *hidden_homes()],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            cwd=base,
+            close_fds=True,
+            start_new_session=True,  # its group can be killed whole
+        )
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.write_fd, self.read_fd = self.process.stdin.fileno(), self.process.stdout.fileno()
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        for pipe in (self.process.stdin, self.process.stdout):
+            if pipe is not None:
+                pipe.close()
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.close()  # end of input: the worker exits
+            self.process.wait(timeout=WORKER_GRACE_S)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.kill()
+
+
+class Sandbox:
+    """A pool of sandbox workers that run untrusted programs in parallel.
+
+    Args:
+        workers: programs run at once (worker processes, started on first use).
+        limits: the default `SandboxLimits` of a program.
+        sandbox_uid: the user a program runs as when this process is root (root's files, sockets
+            and processes are then out of its reach); None keeps root (not advised).
+
+    Raises:
+        ArgumentError: for a worker count that is not a positive integer or limits that are not
+            `SandboxLimits`.
+
+    Example:
+        >>> with Sandbox(workers=2) as sandbox:
+        ...     [r.status.value for r in sandbox.run_many(["print(1)", "assert 1 == 2", "def f(:"])]
+        ['passed', 'failed', 'syntax_error']
+    """
+
+    def __init__(
+        self, workers: int = 1, limits: SandboxLimits | None = None, *, sandbox_uid: int | None = NOBODY_UID
+    ) -> None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ArgumentError("Sandbox", "workers", workers, "a positive integer")
+        if limits is not None and not isinstance(limits, SandboxLimits):
+            raise ArgumentError("Sandbox", "limits", limits, "a SandboxLimits or None")
+        self.workers, self.limits, self.sandbox_uid = workers, limits or SandboxLimits(), sandbox_uid
+        self._pool: list[_Worker] = []
+        self._base: str | None = None
+        self._lock = threading.Lock()  # one batch at a time
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:  # noqa: SIM105 - at interpreter shutdown module globals may already be None
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (a spawned rank, a deepcopy of the task) starts its own workers.
+        state = self.__dict__.copy()
+        state.update(_pool=[], _base=None, _lock=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Stops the workers and removes their directory (they start again on the next call)."""
+        pool, self._pool = self._pool, []
+        for worker in pool:
+            worker.close()
+        base, self._base = self._base, None
+        if base is not None:
+            shutil.rmtree(base, ignore_errors=True)
+
+    def run(self, source: str, limits: SandboxLimits | None = None) -> SandboxResult:
+        """Runs one program; see `run_many`."""
+        return self.run_many([source], limits)[0]
+
+    def run_many(self, sources: Sequence[str], limits: SandboxLimits | None = None) -> list[SandboxResult]:
+        """Runs each program in its own sandboxed processes, `workers` at a time; results in order.
+
+        Whatever a program does, it ends with a `ProgramStatus` and leaves no process and no file
+        behind; a worker that dies or stops answering is replaced and its program is ``crashed``
+        or ``timeout``.
+
+        Raises:
+            TypeError: for a source that is not a string.
+        """
+        for source in sources:
+            if not isinstance(source, str):
+                raise TypeError(f"Sandbox.run_many takes program sources as strings, got {type(source).__name__}")
+        job_limits = (limits or self.limits).as_job()
+        with self._lock:
+            return self._run([{"source": s, "limits": job_limits} for s in sources], job_limits["wall_s"])
+
+    def _ensure_workers(self, n: int) -> None:
+        if self._base is None:
+            self._base = tempfile.mkdtemp(prefix="areal-sandbox-")
+            os.chmod(self._base, 0o711)  # workers' directories can be entered, not listed
+        while len(self._pool) < n:
+            self._pool.append(_Worker(self._base, self.sandbox_uid, self.limits.max_disk_bytes))
+
+    def _run(self, jobs: list[dict[str, Any]], wall_s: float) -> list[SandboxResult]:
+        self._ensure_workers(min(self.workers, len(jobs)))
+        out: list[SandboxResult | None] = [None] * len(jobs)
+        pending = list(range(len(jobs)))[::-1]
+        busy: dict[int, tuple[int, float]] = {}  # pool slot -> (job index, deadline)
+        while pending or busy:
+            for slot in range(len(self._pool)):
+                if slot not in busy and pending:
+                    index = pending.pop()
+                    busy[slot] = (index, time.monotonic() + wall_s + WORKER_GRACE_S + WORKER_START_S)
+                    with contextlib.suppress(OSError):  # a dead worker: its read end reports end of file below
+                        write_message(self._pool[slot].write_fd, jobs[index])
+            timeout = max(0.0, min(d for _, d in busy.values()) - time.monotonic())
+            ready = select.select([self._pool[s].read_fd for s in busy], [], [], timeout)[0]
+            for slot in list(busy):
+                worker, (index, deadline) = self._pool[slot], busy[slot]
+                if worker.read_fd in ready:
+                    report = _read_report(worker)
+                elif time.monotonic() >= deadline:
+                    report = {"status": ProgramStatus.TIMEOUT.value, "worker_lost": True}
+                else:
+                    continue
+                out[index] = SandboxResult.from_report(report)
+                del busy[slot]
+                if "worker_lost" in report:
+                    worker.kill()
+                    assert self._base is not None
+                    self._pool[slot] = _Worker(self._base, self.sandbox_uid, self.limits.max_disk_bytes)
+        return [r for r in out if r is not None]
+
+
+def _read_report(worker: _Worker) -> dict[str, Any]:
+    try:
+        report = read_message(worker.read_fd)
+    except (OSError, ValueError):
+        report = None
+    if report is None:  # the worker died: its program is recorded, the worker replaced
+        return {"status": ProgramStatus.CRASHED.value, "worker_lost": True}
+    return dict(report)
+
+
+@functools.cache
+def _default_sandbox() -> Sandbox:
+    sandbox = Sandbox()
+    atexit.register(sandbox.close)
+    return sandbox
+
+
+def run_program(source: str, limits: SandboxLimits | None = None) -> SandboxResult:
+    """Runs one untrusted Python program in the sandbox and returns how it ended.
+
+    The program runs as ``__main__`` in processes of its own (a shared one-worker `Sandbox` of
+    this process), in an empty temporary directory that is removed afterwards, with stdin empty.
+
+    Args:
+        source: the program's Python source.
+        limits: its `SandboxLimits`; None: the defaults.
+
+    Example:
+        >>> result = run_program("print(sum(range(10)))")
+        >>> result.status.value, result.output
+        ('passed', '45\\n')
+    """
+    return _default_sandbox().run(source, limits)
+
+
+def program_with_tests(program: str, tests: str, entry_point: str | None = None) -> str:
+    """The program that grades `program`: the program, then `tests`, then ``check(entry_point)``
+    when an entry point is given (HumanEval's tests define ``check(candidate)``).
+
+    Example:
+        >>> print(program_with_tests("def f(x):\\n    return x", "def check(c):\\n    assert c(1) == 1", "f"))
+        def f(x):
+            return x
+        <BLANKLINE>
+        def check(c):
+            assert c(1) == 1
+        <BLANKLINE>
+        check(f)
+        <BLANKLINE>
+    """
+    check = f"\ncheck({entry_point})\n" if entry_point else ""
+    return f"{program}\n\n{tests}\n{check}"
+
+
+def grade_program(
+    program: str, tests: str, entry_point: str | None = None, limits: SandboxLimits | None = None
+) -> SandboxResult:
+    """Grades one program against one problem's tests in the sandbox: ``passed`` when every test passed.
+
+    Args:
+        program: the candidate program (a whole module: imports, the function, helpers).
+        tests: the problem's test code: asserts (MBPP's ``test_list`` joined by lines) or a
+            ``check(candidate)`` function (HumanEval's ``test``).
+        entry_point: the function ``check`` is called with; None when `tests` are plain asserts.
+        limits: the program's `SandboxLimits`; None: the defaults.
+
+    Example:
+        >>> grade_program("def add(a, b):\\n    return a + b", "assert add(2, 3) == 5").status.value
+        'passed'
+        >>> grade_program("def add(a, b):\\n    return a - b", "assert add(2, 3) == 5").status.value
+        'failed'
+    """
+    return run_program(program_with_tests(program, tests, entry_point), limits)

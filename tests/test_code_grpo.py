@@ -1,0 +1,105 @@
+"""GRPO on code end to end: `areal-lightning fit` of the example config with a tiny random Llama,
+rewarded by the tests of the problems in the sandbox, evaluated on HumanEval and on a local file.
+
+The training problems ask for ``return <an int>``: random completions of the tiny model are
+sometimes a number (passed), sometimes not Python (syntax_error) or another type (failed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+from hf_models import save_tiny_llama
+
+from areal_lightning.tracking.history import eval_rows, read_history
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "code" / "humaneval_grpo.yaml"
+MAX_STEPS = 2
+STATUSES = ("passed", "failed", "timeout", "crashed", "syntax_error", "out_of_memory")
+
+
+def write_int_problems(path: Path, n: int) -> Path:
+    """`n` HumanEval-shaped problems whose answer is any int."""
+    rows = [
+        {
+            "task_id": f"int/{i}",
+            "prompt": f"def f{i}():\n    return ",
+            "test": "def check(candidate):\n    assert isinstance(candidate(), int)\n",
+            "entry_point": f"f{i}",
+            "canonical_solution": str(i),
+        }
+        for i in range(n)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.slow
+def test_fit_trains_on_code_and_counts_each_program_status(tmp_path: Path) -> None:
+    model = save_tiny_llama(tmp_path / "model", digit_bias=3.0, max_positions=1024)  # HumanEval's headers are long
+    problems = write_int_problems(tmp_path / "train.jsonl", 4)
+    overrides = [
+        f"policy.path={model}",
+        "policy.dtype=float32",
+        "policy.attn_implementation=eager",
+        f"task.path={problems}",
+        "task.sandbox_wall_s=5",
+        "trainer.accelerator=cpu",
+        f"trainer.max_steps={MAX_STEPS}",
+        "trainer.enable_progress_bar=false",
+        "trainer.checkpoint_every_n_steps=null",
+        "grpo.group_size=8",
+        "grpo.prompts_per_step=4",
+        "grpo.lr=1e-2",
+        "grpo.max_new_tokens=3",
+        "eval_sets.humaneval.size=2",
+        "eval_sets.humaneval.n_samples=2",
+        "eval_sets.humaneval.max_new_tokens=4",
+        "eval_sets.humaneval.batch_size=2",
+        f"eval_sets.ints.path={problems}",  # a second eval set: the training problems
+        "eval_sets.ints.n_samples=4",
+        "eval_sets.ints.max_new_tokens=3",
+        "evaluator.freq_steps=null",
+        "evaluator.freq_epochs=null",
+        "evaluator.freq_secs=null",
+        "evaluator.metric_thresholds={code/passed: 1000}",  # a code count is a metric a user may name
+        "logger.wandb.mode=disabled",
+        f"output_dir={tmp_path / 'run'}",
+    ]
+    env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "areal_lightning", "fit", "-c", str(EXAMPLE), *overrides],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = eval_rows(read_history(tmp_path / "run"))
+    assert sorted((r["dataset"], r["step"]) for r in rows) == [
+        ("humaneval", 0),
+        ("humaneval", MAX_STEPS),
+        ("ints", 0),
+        ("ints", MAX_STEPS),
+    ]
+    for row in rows:
+        counts = {s: row["metrics"][f"code/{s}"] for s in STATUSES}
+        assert sum(counts.values()) == row["num_samples"], counts  # every program has exactly one status
+        assert {"pass@1", "accuracy", "reward/mean"} <= set(row["metrics"])
+        if row["dataset"] == "ints":
+            assert row["metrics"]["pass@1"] == counts["passed"] / row["num_samples"]
+    ints = {r["step"]: r["metrics"]["pass@1"] for r in rows if r["dataset"] == "ints"}
+    assert ints[MAX_STEPS] > ints[0], ints  # the tests' reward taught it to return an int (0.125 -> 0.94 here)
+    ckpt = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == MAX_STEPS
+    metrics_csv = next((tmp_path / "run" / "csv").rglob("metrics.csv")).read_text()
+    assert "train/reward" in metrics_csv

@@ -1,0 +1,241 @@
+"""Hostile programs in the sandbox: each ends with a failure status, the sandbox serves the next
+program, no process of it is alive afterwards and no file outside its temporary directory changed.
+
+Every program here is a completion of the problem ``add(a, b)``, graded against its tests as the
+code task grades one. Each names its processes with a tag (``prctl(PR_SET_NAME)``, inherited by
+its children), so that the test can look for survivors in /proc.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from areal_lightning.scoring import ProgramStatus, Sandbox, SandboxLimits, SandboxResult, program_with_tests
+from areal_lightning.scoring.sandbox_isolation import Isolation
+
+pytestmark = pytest.mark.process
+
+TESTS = "assert add(2, 3) == 5\nassert add(-1, 1) == 0"
+LIMITS = SandboxLimits(wall_s=3.0, cpu_s=1, memory_bytes=512 << 20, max_processes=8, max_output_bytes=4096)
+SECRET_NAME = "AREAL_TEST_SECRET_TOKEN"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tagged(tag: str, body: str) -> str:
+    """A completion that names its process `tag`, does `body`, and defines a correct `add`."""
+    name_it = f"import ctypes\nctypes.CDLL(None).prctl(15, {tag!r}.encode(), 0, 0, 0)\n"
+    return name_it + textwrap.dedent(body) + "\ndef add(a, b):\n    return a + b\n"
+
+
+def alive(tag: str) -> list[int]:
+    """Processes on this machine named `tag`."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if Path(f"/proc/{entry}/comm").read_text().strip() == tag:
+                    pids.append(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[Sandbox]:
+    os.environ[SECRET_NAME] = "s3cr3t-" + secrets.token_hex(8)  # in the caller's environment before the workers start
+    try:
+        with Sandbox(workers=2, limits=LIMITS) as box:
+            yield box
+    finally:
+        del os.environ[SECRET_NAME]
+
+
+@pytest.fixture
+def tag() -> str:
+    return "hx" + secrets.token_hex(4)
+
+
+def grade(sandbox: Sandbox, completion: str, limits: SandboxLimits | None = None) -> SandboxResult:
+    return sandbox.run(program_with_tests(completion, TESTS), limits)
+
+
+def still_serves(sandbox: Sandbox) -> None:
+    """The same sandbox grades a plain correct program afterwards: evaluation goes on."""
+    assert grade(sandbox, "def add(a, b):\n    return a + b\n").status is ProgramStatus.PASSED
+
+
+def assert_contained(sandbox: Sandbox, result: SandboxResult, tag: str) -> None:
+    assert result.status is not ProgramStatus.PASSED, result
+    assert alive(tag) == [], f"processes of {tag} survived: {alive(tag)}"
+    still_serves(sandbox)
+
+
+def test_every_protection_holds_on_this_machine(sandbox: Sandbox) -> None:
+    result = sandbox.run("pass")
+    assert set(result.isolation) == set(Isolation.ALL), result.isolation
+
+
+def test_fork_bomb_stays_under_its_process_limit(sandbox: Sandbox, tag: str) -> None:
+    peak = [0]
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], len(alive(tag)))
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        result = grade(
+            sandbox,
+            tagged(tag, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"),
+        )
+    finally:
+        done.set()
+        watcher.join()
+    assert result.status is ProgramStatus.TIMEOUT
+    assert 1 <= peak[0] <= LIMITS.max_processes, peak[0]
+    assert_contained(sandbox, result, tag)
+
+
+def test_a_100_gb_allocation_is_out_of_memory(sandbox: Sandbox, tag: str) -> None:
+    result = grade(sandbox, tagged(tag, "x = bytearray(100 * 2**30)"))
+    assert result.status is ProgramStatus.OUT_OF_MEMORY
+    assert_contained(sandbox, result, tag)
+
+
+def test_touching_more_than_its_memory_is_out_of_memory(sandbox: Sandbox, tag: str) -> None:
+    # 2 GiB that the kernel would grant (unlike 100 GB): only the address-space limit stops it.
+    result = grade(sandbox, tagged(tag, "x = b'1' * (2 * 2**30)"))
+    assert result.status is ProgramStatus.OUT_OF_MEMORY
+    assert_contained(sandbox, result, tag)
+
+
+def test_an_endless_loop_is_stopped_by_its_cpu_limit(sandbox: Sandbox, tag: str) -> None:
+    result = grade(sandbox, tagged(tag, "while True:\n    pass"))
+    assert (result.status, result.limit) == (ProgramStatus.TIMEOUT, "cpu_s")
+    assert_contained(sandbox, result, tag)
+
+
+def test_a_sleep_for_ever_is_killed_at_the_wall_limit(sandbox: Sandbox, tag: str) -> None:
+    result = grade(sandbox, tagged(tag, "import time\ntime.sleep(10**6)"))
+    assert (result.status, result.limit) == (ProgramStatus.TIMEOUT, "wall_s")  # the worker's clock, not the pool's
+    assert_contained(sandbox, result, tag)
+
+
+def test_ignoring_sigterm_does_not_keep_it_alive(sandbox: Sandbox, tag: str) -> None:
+    body = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    time.sleep(1)"
+    result = grade(sandbox, tagged(tag, body))
+    assert (result.status, result.limit) == (ProgramStatus.TIMEOUT, "wall_s")
+    assert_contained(sandbox, result, tag)
+
+
+def test_killing_its_parent_kills_nothing_of_ours(sandbox: Sandbox, tag: str) -> None:
+    workers = [w.process.pid for w in sandbox._pool]
+    body = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\ndef add(a, b):\n    return None"
+    result = grade(sandbox, tagged(tag, body).replace("def add(a, b):\n    return a + b\n", ""))
+    assert result.status is not ProgramStatus.PASSED
+    assert [w.process.pid for w in sandbox._pool] == workers, "a worker was killed"
+    assert_contained(sandbox, result, tag)
+
+
+def test_exiting_before_the_tests_is_not_a_pass(sandbox: Sandbox, tag: str) -> None:
+    completion = tagged(tag, "") + "\nimport os\nos._exit(0)\n"
+    result = grade(sandbox, completion)
+    assert result.status is ProgramStatus.CRASHED
+    assert_contained(sandbox, result, tag)
+
+
+def test_a_detached_grandchild_does_not_linger(sandbox: Sandbox, tag: str) -> None:
+    body = """
+    import os, time
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(600)
+        os._exit(0)
+    time.sleep(0.2)
+    raise SystemExit(0)
+    """
+    result = grade(sandbox, tagged(tag, body))
+    assert result.status is ProgramStatus.FAILED
+    assert_contained(sandbox, result, tag)
+
+
+def test_it_writes_nowhere_outside_its_directory(sandbox: Sandbox, tag: str, tmp_path: Path) -> None:
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)  # its permissions let anyone write: only the read-only mounts stop it
+    targets = [Path.home() / tag, REPO / tag, open_dir / tag, Path("/tmp") / tag]
+    body = "written = []\n" + "".join(
+        f"try:\n    open({str(t)!r}, 'w').write('x')\n    written.append({str(t)!r})\nexcept OSError:\n    pass\n"
+        for t in targets
+    )
+    result = grade(sandbox, tagged(tag, body + "assert not written, written"))
+    try:
+        assert [t for t in targets if t.exists()] == []
+        assert result.status is ProgramStatus.PASSED, result.output  # every write was refused
+        assert alive(tag) == []
+    finally:
+        for t in targets:
+            t.unlink(missing_ok=True)
+
+
+def test_it_cannot_read_our_environment(sandbox: Sandbox, tag: str) -> None:
+    body = """
+    import os
+    print(dict(os.environ))
+    for pid in os.listdir('/proc'):
+        for name in ('environ', 'cmdline'):
+            try:
+                print(open(f'/proc/{pid}/{name}', 'rb').read())
+            except OSError:
+                pass
+    raise SystemExit(1)
+    """
+    result = sandbox.run(tagged(tag, body), SandboxLimits(max_output_bytes=1 << 20))
+    assert "/proc/1/" not in result.output and "PATH" in result.output  # it printed what it could read
+    assert os.environ[SECRET_NAME] not in result.output
+    assert_contained(sandbox, result, tag)
+
+
+def test_flooding_stdout_is_capped(sandbox: Sandbox, tag: str) -> None:
+    result = grade(sandbox, tagged(tag, "while True:\n    print('x' * 1000)"))
+    assert result.status is ProgramStatus.FAILED and "File too large" in str(result.error)
+    assert len(result.output.encode()) <= LIMITS.max_output_bytes and result.truncated
+    assert_contained(sandbox, result, tag)
+
+
+def test_it_cannot_connect_to_a_local_port(sandbox: Sandbox, tag: str) -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        server.setblocking(False)
+        port = server.getsockname()[1]
+        body = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'hi')"
+        result = grade(sandbox, tagged(tag, body))
+        with pytest.raises(BlockingIOError):
+            server.accept()
+    assert result.status is ProgramStatus.FAILED
+    assert_contained(sandbox, result, tag)
+
+
+def test_it_cannot_raise_its_own_limits(sandbox: Sandbox, tag: str) -> None:
+    body = """
+    import resource
+    resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    x = bytearray(2 * 2**30)
+    """
+    result = grade(sandbox, tagged(tag, body))
+    assert result.status is ProgramStatus.FAILED and "not allowed to raise maximum limit" in str(result.error)
+    assert_contained(sandbox, result, tag)
