@@ -33,7 +33,9 @@ def episode_module(max_turns: int = 3, seed: int = 3, **grpo: object) -> GRPOMod
     task = ArithmeticTask(train_digits=1, train_size=16, seed=0)
     tok = task.tokenizer
     torch.manual_seed(seed)
-    policy = TinyPolicy(tok.vocab_size, d_model=32, n_layers=1, n_heads=2, max_len=40, pad_id=tok.pad_id, eos_id=tok.eos_id)
+    policy = TinyPolicy(
+        tok.vocab_size, d_model=32, n_layers=1, n_heads=2, max_len=40, pad_id=tok.pad_id, eos_id=tok.eos_id
+    )
     settings = {"group_size": 4, "prompts_per_step": 4, "warmup_steps": 0, "max_new_tokens": 3, "lr": 1e-3, **grpo}
     return GRPOModule(
         policy,

@@ -26,7 +26,9 @@ TOK = TASK.tokenizer
 
 def _policy(max_len: int = 40) -> TinyPolicy:
     torch.manual_seed(0)
-    return TinyPolicy(TOK.vocab_size, d_model=32, n_layers=1, n_heads=2, max_len=max_len, pad_id=TOK.pad_id, eos_id=TOK.eos_id)
+    return TinyPolicy(
+        TOK.vocab_size, d_model=32, n_layers=1, n_heads=2, max_len=max_len, pad_id=TOK.pad_id, eos_id=TOK.eos_id
+    )
 
 
 def _run(policy, env, samples, seeds, *, n=3, max_turns=3, max_new_tokens=4) -> list[Episode]:
@@ -44,7 +46,10 @@ def _run(policy, env, samples, seeds, *, n=3, max_turns=3, max_new_tokens=4) -> 
 
 
 def _summary(episodes: Sequence[Episode]) -> list[tuple]:
-    return [(e.sample.index, e.number, e.completion_ids, e.observation_ids, [f.reward for f in e.feedback]) for e in episodes]
+    return [
+        (e.sample.index, e.number, e.completion_ids, e.observation_ids, [f.reward for f in e.feedback])
+        for e in episodes
+    ]
 
 
 def test_an_episode_alone_equals_the_same_episode_in_a_batch() -> None:
@@ -72,7 +77,10 @@ def test_the_conversation_is_the_next_turns_context_and_only_the_policys_tokens_
         c = e.completion_ids
         ends = [[] if turn == [TOK.eos_id] else [TOK.eos_id] for turn in c]
         added += sum(map(len, ends))
-        assert e.context_ids() == TOK.encode(e.sample.prompt) + c[0] + ends[0] + feedback + c[1] + ends[1] + feedback + c[2]
+        assert (
+            e.context_ids()
+            == TOK.encode(e.sample.prompt) + c[0] + ends[0] + feedback + c[1] + ends[1] + feedback + c[2]
+        )
         ids, mine = e.action_ids()
         assert [tok for tok, m in zip(ids, mine, strict=True) if m] == c[0] + c[1] + c[2]
         assert mine == [True] + [False] * len(ends[0] + feedback) + [True] + [False] * len(ends[1] + feedback) + [True]
@@ -105,7 +113,10 @@ def test_an_environment_that_answers_wrongly_is_named() -> None:
 
 
 def test_a_turn_beyond_the_policys_positions_is_refused_before_it_runs() -> None:
-    with pytest.raises(ValueError, match=r"^turn 2 of an episode needs 15 tokens .*max_new_tokens=4\), more than the policy's max_len=14"):
+    with pytest.raises(
+        ValueError,
+        match=r"^turn 2 of an episode needs 15 tokens .*max_new_tokens=4\), more than the policy's max_len=14",
+    ):
         _run(_policy(max_len=14), RetryEnvironment(TASK), [Sample(0, "3+4=", "07")], [5], max_new_tokens=4)
 
 
@@ -141,5 +152,7 @@ def test_bad_episode_config_is_refused_with_the_key(override, match) -> None:
 
 
 def test_episode_metric_names_are_accepted_in_thresholds() -> None:
-    cfg = load_config(None, ["eval_sets.easy.size=4", "episodes.max_turns=4", "evaluator.metric_thresholds={success@4: 0.5}"])
+    cfg = load_config(
+        None, ["eval_sets.easy.size=4", "episodes.max_turns=4", "evaluator.metric_thresholds={success@4: 0.5}"]
+    )
     assert cfg.episodes is not None and cfg.episodes.max_turns == 4

@@ -49,7 +49,10 @@ def test_the_command_takes_the_metric_flag_more_than_once(tmp_path: Path, capsys
     out = tmp_path / "compare_reward_mean+success@1.png"
     assert capsys.readouterr().out.strip() == str(out) and out.is_file()
     assert main(["plot", str(mt2), "--metric", "success@1", "--metric", "sucess@2"]) == 2
-    assert "no run has metric 'sucess@2'; metrics in the history: reward/mean, success@1, success@2" in capsys.readouterr().err
+    assert (
+        "no run has metric 'sucess@2'; metrics in the history: reward/mean, success@1, success@2"
+        in capsys.readouterr().err
+    )
 
 
 def test_bad_metric_lists_are_refused(tmp_path: Path) -> None:

@@ -146,5 +146,7 @@ class RetryEnvironment:
         out = []
         for score in scores:
             correct = score.reward >= CORRECT_REWARD
-            out.append(Feedback(score.reward, done=correct, observation="" if correct else self.feedback, correct=correct))
+            out.append(
+                Feedback(score.reward, done=correct, observation="" if correct else self.feedback, correct=correct)
+            )
         return out

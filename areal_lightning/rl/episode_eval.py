@@ -31,7 +31,9 @@ class EpisodeModule(RolloutModule, Protocol):
     def environment(self) -> Environment | None: ...
 
 
-def _update(metrics: dict[str, Any], episodes: Sequence[Episode], settings: EpisodeSettings, n: int, ctx: EvalContext) -> None:
+def _update(
+    metrics: dict[str, Any], episodes: Sequence[Episode], settings: EpisodeSettings, n: int, ctx: EvalContext
+) -> None:
     prompts = len(episodes) // n
     rewards = torch.tensor([e.reward(settings) for e in episodes], dtype=torch.float64, device=ctx.device)
     first = torch.tensor([e.success_turn or 0 for e in episodes], device=ctx.device)
@@ -64,7 +66,8 @@ def episode_evaluate(module: EpisodeModule, batches: Sequence[EvalBatch], ctx: E
     n = sp.n_samples
     max_new_tokens = sp.max_new_tokens or module.grpo.max_new_tokens
     metrics = {
-        name: ctx.metric(name, factory) for name, factory in episode_metrics(n, settings.max_turns, env.uses_tools).items()
+        name: ctx.metric(name, factory)
+        for name, factory in episode_metrics(n, settings.max_turns, env.uses_tools).items()
     }
     for batch in batches:
         episodes = run_episodes(

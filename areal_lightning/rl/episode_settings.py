@@ -39,7 +39,7 @@ class EpisodeSettings:
     """Completions the policy writes at most per episode (MT2: 2, MT4: 4)."""
     turn_discount: float = DEFAULT_TURN_DISCOUNT
     """In (0, 1]: a turn's reward is multiplied by turn_discount ** (turn - 1); 1 makes every turn worth the same."""
-    feedback: Optional[str] = None
+    feedback: Optional[str] = None  # noqa: UP045 - the OmegaConf schema keeps Optional (see config.py)
     """retry: the message after a wrong answer; null: the task's own (arithmetic: "="), else AReaL's message."""
     tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S
     """python_tool: wall-clock limit of one program, in seconds."""

@@ -122,7 +122,14 @@ def _check_length(policy: Any, contexts: Sequence[list[int]], max_new_tokens: in
 
 
 def _generate(
-    policy: Any, tokenizer: Any, rows: Sequence[Episode], turn: int, sampling: SamplingParams, max_new_tokens: int, device: Any, lockstep: bool
+    policy: Any,
+    tokenizer: Any,
+    rows: Sequence[Episode],
+    turn: int,
+    sampling: SamplingParams,
+    max_new_tokens: int,
+    device: Any,
+    lockstep: bool,
 ) -> torch.Tensor:
     contexts = [e.context_ids() for e in rows]
     _check_length(policy, contexts, max_new_tokens, turn)
