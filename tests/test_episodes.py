@@ -156,3 +156,27 @@ def test_episode_metric_names_are_accepted_in_thresholds() -> None:
         None, ["eval_sets.easy.size=4", "episodes.max_turns=4", "evaluator.metric_thresholds={success@4: 0.5}"]
     )
     assert cfg.episodes is not None and cfg.episodes.max_turns == 4
+
+
+def test_episode_settings_are_part_of_each_eval_sets_fingerprint() -> None:
+    # The result cache and the drift check key eval sets by fingerprint: MT2 and MT4 results differ.
+    from areal_lightning.app.builders import build_eval_sets
+    from areal_lightning.eval_round.fingerprint import eval_set_fingerprint
+
+    def fingerprint(*overrides: str) -> str:
+        (eval_set,) = build_eval_sets(load_config(None, ["eval_sets.easy.size=4", *overrides]))
+        return eval_set_fingerprint(eval_set)
+
+    mt2 = fingerprint("episodes.max_turns=2")
+    assert (
+        len(
+            {
+                fingerprint(),
+                mt2,
+                fingerprint("episodes.max_turns=4"),
+                fingerprint("episodes.max_turns=2", "episodes.turn_discount=1"),
+            }
+        )
+        == 4
+    )
+    assert fingerprint("episodes.max_turns=2") == mt2
