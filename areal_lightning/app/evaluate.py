@@ -214,6 +214,7 @@ def _evaluate_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule, step: int
     """Every rank: check the eval sets agree, run the round on the unwrapped module."""
     from areal_lightning.eval_round import run_round
     from areal_lightning.eval_round.progress import terminal_progress
+    from areal_lightning.rl.episode_eval import episode_evaluate
     from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     module, eval_sets = prepare_on_rank(fabric, cfg, module)
@@ -222,7 +223,7 @@ def _evaluate_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule, step: int
         results = run_round(
             module,
             eval_sets,
-            rollout_evaluate,
+            episode_evaluate if module.episodes is not None else rollout_evaluate,
             seed=cfg.seed,
             global_step=step,
             epoch=epoch,

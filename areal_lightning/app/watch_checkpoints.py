@@ -370,6 +370,7 @@ def _evaluate_checkpoint(
     """The loaded checkpoint's round on every rank; None when it failed (recorded by rank 0, so that a
     restart does not retry it forever)."""
     from areal_lightning.eval_round import EvalRoundError, run_round
+    from areal_lightning.rl.episode_eval import episode_evaluate
     from areal_lightning.rl.rollout_eval import rollout_evaluate
     from areal_lightning.tracking.records import event_record
 
@@ -378,7 +379,7 @@ def _evaluate_checkpoint(
             return run_round(
                 module,
                 eval_sets,
-                rollout_evaluate,
+                episode_evaluate if module.episodes is not None else rollout_evaluate,
                 seed=watch.cfg.seed,
                 global_step=decision.step,
                 epoch=decision.epoch,
