@@ -6,6 +6,8 @@ same checks and rewords the error with the config key (``evaluator.freq_steps``)
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -21,3 +23,29 @@ class ArgumentError(ValueError):
     def __init__(self, owner: str, arg: str, value: Any, accepted: str, message: str | None = None) -> None:
         self.owner, self.arg, self.value, self.accepted = owner, arg, value, accepted
         super().__init__(message or f"`{owner}({arg}=...)` must be {accepted}, got {value!r}")
+
+
+@contextlib.contextmanager
+def owned_by(owner: str) -> Iterator[None]:
+    """Re-raises the `ArgumentError` of a check that `owner` runs on its own fields as `owner`'s, so
+    that the message names the class and field the user wrote (``Schedule(freq_steps=...)``), not
+    the internal class whose check it reuses.
+
+    Example:
+        >>> with owned_by("Schedule"):
+        ...     raise ArgumentError("HybridTrigger", "freq_steps", 0, "a positive integer or None")
+        Traceback (most recent call last):
+        ...
+        areal_lightning.errors.ArgumentError: `Schedule(freq_steps=...)` must be a positive integer or None, got 0
+    """
+    try:
+        yield
+    except ArgumentError as err:
+        if err.owner == owner:
+            raise
+        text = str(err)
+        if f"`{err.owner}(" in text:  # the check's own wording, with the user's class in it
+            message: str | None = text.replace(f"`{err.owner}(", f"`{owner}(")
+        else:
+            message = None if err.arg else f"`{owner}(...)` {err.accepted}"
+        raise ArgumentError(owner, err.arg, err.value, err.accepted, message) from None

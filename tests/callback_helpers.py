@@ -155,7 +155,9 @@ def reference_schedule(
         if causes:
             evals.append((step, causes))
             secs = 0.0
-    if eval_at_end and (not evals or evals[-1][0] != max_steps):
+    if eval_at_end and evals and evals[-1][0] == max_steps and max_steps > 0:
+        evals[-1][1].append("end")  # the end fired at a step evaluated for another cause: one round, both causes
+    elif eval_at_end:
         evals.append((max_steps, ["end"]))
     return evals
 

@@ -45,29 +45,28 @@ EVAL_SET = {"probe": [1, 2, 3]}
     [
         (
             {"decisions": {"threshold_action": "panic"}},
-            "Unsupported parameter value `EvaluationCallback(threshold_action='panic')`. "
-            "Possible choices are: alert, stop",
+            "Unsupported parameter value `Decisions(threshold_action='panic')`. Possible choices are: alert, stop",
         ),
         (
             {"rounds": {"on_error": "ignore"}},
-            "Unsupported parameter value `EvaluationCallback(on_error='ignore')`. Possible choices are: log, raise",
+            "Unsupported parameter value `RoundSettings(on_error='ignore')`. Possible choices are: log, raise",
         ),
         (
             {"execution": {"mode": "background"}},
-            "Unsupported parameter value `EvaluationCallback(mode='background')`. Possible choices are: sync",
+            "Unsupported parameter value `Execution(mode='background')`. Possible choices are: sync",
         ),
         ({"evaluate_fn": 42}, "`EvaluationCallback(evaluate_fn=...)` must be callable or None, got 42"),
         (
             {"rounds": {"max_table_rows": -1}},
-            "`EvaluationCallback(max_table_rows=...)` must be a non-negative integer, got -1",
+            "`RoundSettings(max_table_rows=...)` must be a non-negative integer, got -1",
         ),
         ({"run_id": ""}, "`EvaluationCallback(run_id=...)` must be a non-empty string or None, got ''"),
         (
             {"decisions": {"metric_thresholds": {"accuracy": "high"}}},
-            "`metric_thresholds['accuracy']` must be a finite number, got 'high'",
+            "`Decisions(metric_thresholds.accuracy=...)` must be a finite number, got 'high'",
         ),
-        ({"schedule": {"freq_steps": 0}}, "`HybridTrigger(freq_steps=...)` must be a positive integer or None, got 0"),
-        ({"schedule": {"eval_at_end": False}}, "would never evaluate anything"),
+        ({"schedule": {"freq_steps": 0}}, "`Schedule(freq_steps=...)` must be a positive integer or None, got 0"),
+        ({"schedule": {"eval_at_end": False}}, "`Schedule()` would never evaluate anything"),
         ({"eval_sets": {}}, "`eval_sets` is empty; give at least one eval set"),
         (
             {"schedule": {"freq_step": 5}},

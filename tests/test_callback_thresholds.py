@@ -12,6 +12,7 @@ from lightning.pytorch.trainer.states import TrainerStatus
 from torchmetrics import CatMetric
 
 from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
+from areal_lightning.callbacks.sanity import MetricNameError
 from areal_lightning.eval_round import EvalRoundError
 from areal_lightning.metrics import RewardMetric
 from areal_lightning.tracking.history import event_rows, read_history
@@ -86,22 +87,31 @@ def test_threshold_action_stop_stops_training_cleanly_after_the_alert(tmp_path: 
     assert history_steps(tmp_path) == [(s, ["steps"]) for s in range(1, first_alert_step + 1)]
 
 
-def test_unknown_threshold_metric_raises_at_the_first_evaluation_listing_the_metrics(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sanity_batches", [1, 0])
+def test_an_unknown_threshold_metric_is_refused_by_the_sanity_pass_or_else_the_first_round(
+    tmp_path: Path, sanity_batches: int
+) -> None:
     callback = EvaluationCallback(
         EVAL_SETS,
         scripted_rewards,
         schedule={"freq_steps": 2},
-        decisions={"metric_thresholds": {"reward": THRESHOLD, "acc": 0.5}},
+        rounds={"sanity_batches": sanity_batches},
+        decisions={"metric_thresholds": {"reward": THRESHOLD, "rewards": 0.5}},
     )
     trainer = make_trainer(tmp_path, [callback], 6)
     message = (
-        r"metric_thresholds names metrics that the evaluation does not produce: \['acc'\]; "
-        r"available metrics: reward/max, reward/mean, reward/mean/best, reward/mean/best_step, reward/min, "
-        r"reward/std"
+        r"`Decisions\(metric_thresholds=...\)` names the metric 'rewards', which no eval set produces \(did you "
+        r"mean reward/\w+\?\). Produced: eval_secs, reward/max, reward/mean, reward/mean/best, "
+        r"reward/mean/best_step, reward/min, reward/std"
     )
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(MetricNameError, match=message):
         trainer.fit(CountingModule())
-    assert trainer.global_step == 2
+    if sanity_batches:
+        assert trainer.global_step == 0  # refused before any training step
+        assert not (tmp_path / "eval_history.jsonl").exists()
+    else:  # the first round stands in: it is recorded, then the name is refused
+        assert trainer.global_step == 2
+        assert history_steps(tmp_path) == [(2, ["steps"])]
 
 
 def _fails_at_step_4(module: Any, batches: Any, ctx: Any) -> dict[str, float]:
@@ -149,11 +159,11 @@ def test_a_metric_that_does_not_compute_a_scalar_is_a_recorded_error(tmp_path: P
     trainer = make_trainer(
         tmp_path, [EvaluationCallback({"probe": [1, 2]}, _vector_metric, schedule={"freq_steps": 2})], 4
     )
-    with pytest.raises(EvalRoundError, match="sanity round"):  # the first round's failure stops training
+    with pytest.raises(EvalRoundError, match="sanity pass"):  # caught before training starts
         trainer.fit(CountingModule())
 
-    assert trainer.global_step == 2
+    assert trainer.global_step == 0
     errors = event_rows(read_history(tmp_path), "error")
-    assert [e["step"] for e in errors] == [2]
+    assert [(e["step"], e["dataset"]) for e in errors] == [(0, "probe")]
     assert "computing metric 'values' raised" in errors[0]["message"]
     assert "a metric must compute a scalar or a mapping of scalars" in errors[0]["message"]

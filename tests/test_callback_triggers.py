@@ -85,7 +85,8 @@ def test_eval_before_train_evaluates_the_initial_weights_before_the_first_optimi
     seen: list[tuple[int, dict[str, torch.Tensor], bool]] = []
 
     def snapshot(m: CountingModule, batches: Any, ctx: Any) -> dict[str, float]:
-        seen.append((ctx.global_step, state_copy(m), m.training))
+        if not ctx.sanity:  # the sanity pass, before the first round, runs on the initial weights too
+            seen.append((ctx.global_step, state_copy(m), m.training))
         return {"w": float(m.w)}
 
     make_trainer(
@@ -114,7 +115,7 @@ def test_history_records_carry_the_documented_fields(tmp_path: Path) -> None:
     records = read_history(tmp_path)
     assert [(r["step"], r["dataset"]) for r in records] == [(3, "small"), (3, "large")]
     for record, samples in zip(records, eval_sets.values(), strict=True):
-        assert record["trigger"] == ["steps"]
+        assert record["trigger"] == ["steps", "end"]  # the last step: the end fired too
         assert (record["num_prompts"], record["num_samples"]) == (len(samples), len(samples))
         assert (record["mode"], record["world_size"], record["epoch"]) == ("sync", 1, 0)
         assert record["metrics"]["sample_value"] == pytest.approx(sum(samples) / len(samples))

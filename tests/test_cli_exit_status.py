@@ -71,8 +71,9 @@ def test_fit_exits_1_with_one_line_when_rounds_failed(
     errors = event_rows(read_history(history), "error")
     assert status == 1
     found = SUMMARY.findall(capsys.readouterr().err)
-    assert found == [(str(len(errors)), "3", str(history))]  # rounds at steps 0, 2, 4: the last two failed
-    assert len(errors) == 2
+    assert found == [("2", "3", str(history))]  # rounds at steps 0, 2, 4: the last two failed
+    # One error record per failed eval set, each naming its set.
+    assert sorted((e["step"], e["dataset"]) for e in errors) == [(2, "easy"), (2, "hard"), (4, "easy"), (4, "hard")]
 
 
 def test_a_fit_whose_first_round_fails_stops_there_and_exits_1_without_a_traceback(
@@ -87,11 +88,13 @@ def test_a_fit_whose_first_round_fails_stops_there_and_exits_1_without_a_traceba
     history = tmp_path / "run" / "eval_history.jsonl"
     assert status == 1  # an exit status, not an exception's traceback
     assert SUMMARY.findall(capsys.readouterr().err) == [("1", "1", str(history))]  # step 0 stopped training
-    assert "evaluation at step 0 failed; training stops (the first evaluation round of a fit is a sanity round" in (
-        caplog.text
-    )
+    for dataset in ("easy", "hard"):
+        assert f"evaluation of eval set '{dataset}' at step 0 failed; training stops (the sanity pass runs" in (
+            caplog.text
+        )
     assert "BrokenScorer: the scorer broke at step 0" in caplog.text
-    assert [e["step"] for e in event_rows(read_history(history), "error")] == [0]
+    errors = event_rows(read_history(history), "error")
+    assert [(e["step"], e["dataset"]) for e in errors] == [(0, "easy"), (0, "hard")]
 
 
 def test_a_healthy_fit_exits_0(trained: Path) -> None:

@@ -175,19 +175,19 @@ def test_fast_dev_run_surfaces_a_broken_evaluate_fn(tmp_path: Path, monkeypatch:
 
 
 @pytest.mark.parametrize("on_error", ["log", "raise"])
-def test_a_failing_first_round_stops_training_whatever_on_error_says(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, on_error: str
+@pytest.mark.parametrize(("sanity_batches", "stopped_at", "why"), [(1, 0, "sanity pass"), (0, 5, "sanity round")])
+def test_a_failing_sanity_pass_or_first_round_stops_training_whatever_on_error_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, on_error: str, sanity_batches: int, stopped_at: int, why: str
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    evaluation = EvaluationCallback(
-        {"easy": eval_samples()}, _fails, schedule={"freq_steps": 5}, rounds={"on_error": on_error}
-    )
+    rounds = {"on_error": on_error, "sanity_batches": sanity_batches}
+    evaluation = EvaluationCallback({"easy": eval_samples()}, _fails, schedule={"freq_steps": 5}, rounds=rounds)
     trainer = L.Trainer(max_steps=20, callbacks=[evaluation])
-    with pytest.raises(EvalRoundError, match="sanity round") as caught:
+    with pytest.raises(EvalRoundError, match=why) as caught:
         trainer.fit(BoringModel())
     assert "ValueError: a bug in evaluate_fn" in str(caught.value)
-    assert trainer.global_step == 5  # stopped at the first round, not after the last step
-    assert [e["step"] for e in event_rows(read_history(tmp_path), "error")] == [5]
+    assert trainer.global_step == stopped_at  # not after the last step
+    assert [e["step"] for e in event_rows(read_history(tmp_path), "error")] == [stopped_at]
 
 
 def _fails_after_the_first_round(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:

@@ -47,9 +47,8 @@ def test_math_episodes_retry_through_the_chat_template(tmp_path: Path) -> None:
     assert retried
     for e in retried:  # turn 2 read: the prompt, the first completion (with its EOS), the feedback as a user turn
         turn_two_context = e.prompt_ids + e.completion_ids[0] + e.observation_ids[0]
-        assert (
-            policy.tokenizer.tokenizer.decode(turn_two_context).replace(" ", "").endswith("<user>Pleaseanswer.<assistant>")
-        )
+        text = policy.tokenizer.tokenizer.decode(turn_two_context).replace(" ", "")
+        assert text.endswith("<user>Pleaseanswer.<assistant>")
 
     module = GRPOModule(policy, task, GRPOConfig(max_new_tokens=6), episodes=settings, environment=env)
     eval_set = EvalSet("gsm8k", samples, batch_size=3, sampling=sampling)

@@ -111,7 +111,8 @@ class RewardRising(CountingModule):
 
 def _scripted(script: str) -> Any:
     def evaluate(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
-        correct = SCRIPTS[script][ctx.global_step]
+        script_steps = SCRIPTS[script]
+        correct = script_steps[min(script_steps) if ctx.sanity else ctx.global_step]  # the sanity pass: any round
         indices = [i for b in batches for i in b.indices]
         outcomes = [float(i in correct) for i in indices]
         ctx.record_outcomes("task_accuracy", indices, outcomes)  # per-prompt: paired intervals

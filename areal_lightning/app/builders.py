@@ -9,6 +9,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lightning.pytorch.callbacks import RichProgressBar
+from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
+from typing_extensions import override
+
 from areal_lightning.app.config import Config, TaskName, lightning_precision, to_dict
 from areal_lightning.app.model_builders import build_policy, build_task  # noqa: F401 - re-exported: one place for builders
 from areal_lightning.app.runs import CHECKPOINT_DIRNAME, CSV_DIRNAME, RunIdentity
@@ -217,6 +221,24 @@ def build_loggers(
     return loggers
 
 
+class EpochBar(RichProgressBar):
+    """Lightning's Rich bar (its default where rich is installed), showing ``Epoch N`` when no
+    ``max_epochs`` is set: Lightning 2.6 shows ``Epoch N/-2`` there (its issue #21925)."""
+
+    @override
+    def _get_train_description(self, current_epoch: int) -> str:
+        max_epochs = self.trainer.max_epochs
+        if max_epochs is not None and max_epochs >= 0:
+            return super()._get_train_description(current_epoch)
+        return f"{f'Epoch {current_epoch}':{len(self.validation_description)}}"
+
+
+def progress_bar(enabled: bool) -> list[RichProgressBar]:
+    """The commands' progress bar: an `EpochBar`, or none when the bar is off or rich is missing
+    (then Lightning picks its own)."""
+    return [EpochBar()] if enabled and _RICH_AVAILABLE else []
+
+
 def build_trainer(
     cfg: Config, callbacks: list[Callback], *, last_callbacks: Sequence[Callback] = (), **logger_options: Any
 ) -> L.Trainer:
@@ -249,6 +271,12 @@ def build_trainer(
         enable_progress_bar=t.enable_progress_bar,
         default_root_dir=str(output_dir),
         logger=build_loggers(cfg, output_dir, **logger_options) or False,
-        callbacks=[*callbacks, *([RunIdentity(cfg.run_id)] if cfg.run_id else []), checkpoints, *last_callbacks],
+        callbacks=[
+            *callbacks,
+            *([RunIdentity(cfg.run_id)] if cfg.run_id else []),
+            checkpoints,
+            *progress_bar(t.enable_progress_bar),
+            *last_callbacks,
+        ],
         enable_model_summary=False,
     )

@@ -7,8 +7,12 @@ import sys
 from collections.abc import Sequence
 
 
-def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-c", "--config", required=True, help="YAML config file (`areal-lightning example` writes one)")
+def _add_config_arguments(
+    parser: argparse.ArgumentParser,
+    required: bool = True,
+    help: str = "YAML config file (`areal-lightning example` writes one)",
+) -> None:
+    parser.add_argument("-c", "--config", required=required, help=help)
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. trainer.max_steps=50")
 
 
@@ -31,7 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_fit_arguments(fit)
     fit.set_defaults(main=fit_main)
     evaluate = sub.add_parser("evaluate", help="evaluate a checkpoint on the configured eval sets")
-    _add_config_arguments(evaluate)
+    # Required, but checked by the command: its message names the run's own config.yaml.
+    _add_config_arguments(
+        evaluate,
+        required=False,
+        help="the run's config: `fit` saved it as <output_dir>/config.yaml, beside checkpoints/ (required)",
+    )
     add_watch_arguments(evaluate, add_evaluate_arguments(evaluate))
     evaluate.set_defaults(main=evaluate_command)
     plot = sub.add_parser("plot", help="draw eval curves from run directories")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, cast
 
 import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf, errors as oc_errors
+from omegaconf import DictConfig, ListConfig, Node, OmegaConf, errors as oc_errors
 
 from areal_lightning.callbacks.choices import ThresholdAction
 from areal_lightning.callbacks.settings import EvaluatorSettings, validate_together
@@ -98,6 +98,11 @@ class WandbMode(str, Enum):
     ONLINE = "online"
     OFFLINE = "offline"
     DISABLED = "disabled"
+
+
+SETTINGS_PATHS = {"AdaptiveSettings": "evaluator.adaptive", "RewardWatchSettings": "evaluator.reward_watch"}
+"""Where the settings classes that check their own fields when built live in the YAML file (the
+four groups of `EvaluationCallback`: ``evaluator``)."""
 
 
 class ConfigError(ValueError):
@@ -510,19 +515,8 @@ class EvaluatorConfig(EvaluatorSettings):
 
     def check(self, path: str) -> None:
         # The callback's own checks, at load time and with the config's key names.
-        with _owned_by(path):
-            self.trigger()
-            self.validate()
+        with _owned_by(path):  # each group checked its own fields when built (`load_config` rewords those)
             validate_together(self, self)
-            self.eval_budget()
-            self.thresholds()
-            self.best()
-        if self.adaptive is not None:
-            with _owned_by(f"{path}.adaptive"):
-                self.adaptive.build()
-        if self.reward_watch is not None:
-            with _owned_by(f"{path}.reward_watch"):
-                self.reward_watch.build()
 
 
 @dataclass
@@ -787,6 +781,13 @@ def _enum_values(ref_type: Any) -> type[Enum] | None:
     return value if isinstance(value, type) and issubclass(value, Enum) else None
 
 
+NULL_HINTS = {
+    "logger.wandb": "to switch W&B off, set logger.wandb.mode: disabled (logger.wandb.mode=disabled)",
+    "logger": "to switch the loggers off, set logger.csv: false and logger.wandb.mode: disabled",
+}
+"""What a section set to null should have been instead (sections cannot be null)."""
+
+
 def _explain(err: oc_errors.OmegaConfBaseException, source: str) -> ConfigError:
     key = err.full_key or "<root>"
     enum = _enum_field(err.object_type, key.rsplit(".", 1)[-1]) or _enum_values(err.ref_type)
@@ -803,9 +804,21 @@ def _explain(err: oc_errors.OmegaConfBaseException, source: str) -> ConfigError:
         return ConfigError(
             f"unknown config key `{key}` (from {source}).{hint} Keys accepted at {parent}: {', '.join(keys)}."
         )
+    if (
+        isinstance(err, oc_errors.ValidationError)
+        and _as_plain(_value_of(err.value)) is None
+        and "not Optional" in detail
+    ):
+        hint = NULL_HINTS.get(key, "give its keys, or leave it out for the defaults")
+        return ConfigError(f"config key `{key}` (from {source}) is a section and cannot be null; {hint}.")
     if isinstance(err, oc_errors.ValidationError):
         return ConfigError(f"config key `{key}` (from {source}) has a value of the wrong type: {detail}.")
     return ConfigError(f"config key `{key}` (from {source}): {detail}.")
+
+
+def _value_of(value: Any) -> Any:
+    """A value OmegaConf may hand over wrapped in a node (``AnyNode(None)``)."""
+    return value._value() if isinstance(value, Node) else value
 
 
 def _as_plain(value: Any) -> Any:
@@ -919,6 +932,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         cfg = OmegaConf.to_object(merged)
     except oc_errors.OmegaConfBaseException as err:
         raise _explain(err, "the merged config") from None
+    except ArgumentError as err:  # a settings group's own check, when OmegaConf built it
+        with _owned_by(SETTINGS_PATHS.get(err.owner, "evaluator")):
+            raise
     assert isinstance(cfg, Config)
     return cfg
 

@@ -26,7 +26,7 @@ from areal_lightning.app.console import fail, quiet_lightning, report_rounds
 if TYPE_CHECKING:  # heavy imports stay out of `areal-lightning --help` and `plot`
     from lightning.fabric import Fabric
 
-    from areal_lightning.eval_round import EvalSet, SetResult
+    from areal_lightning.eval_round import EvalSet, EvaluateFn, SetResult
     from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.tracking.history import EvalHistory
 
@@ -60,6 +60,27 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> argparse._Mutuall
         "when the safe loader refuses an object inside",
     )
     return what
+
+
+def missing_config_message(target: str, watch: bool) -> str:
+    """What `evaluate` without ``-c`` says: the config of the run that wrote the checkpoint (or the
+    watched directory), which `fit` saved beside its ``checkpoints/`` directory.
+
+    Example:
+        >>> missing_config_message("runs/a/t0/checkpoints/last.ckpt", watch=False)
+        'evaluate needs the config of the run (-c): fit saved it as runs/a/t0/config.yaml; ...'
+    """
+    from areal_lightning.app.config import CONFIG_FILENAME
+
+    checkpoints = Path(target) if watch else Path(target).parent
+    config = checkpoints.parent / CONFIG_FILENAME
+    flag = f"--watch {target}" if watch else f"--ckpt {target}"
+    if config.is_file() or checkpoints.name == "checkpoints":
+        return (
+            f"evaluate needs the config of the run (-c): fit saved it as {config}; run "
+            f"areal-lightning evaluate -c {config} {flag}"
+        )
+    return f"evaluate needs the config of the run (-c): fit saves it as <output_dir>/{CONFIG_FILENAME}"
 
 
 def _first_words(err: Exception) -> str:
@@ -126,6 +147,19 @@ def load_checkpoint(path: str | Path, *, trust: bool = False) -> dict[str, Any]:
     return dict(ckpt)
 
 
+def checkpoint_epoch(ckpt: Mapping[str, Any]) -> int:
+    """The epoch of the step whose weights `ckpt` holds, as training recorded them (Lightning's own
+    ``epoch`` is one more at the end of training); Lightning's for a checkpoint of another trainer.
+
+    Example:
+        >>> checkpoint_epoch({"epoch": 8, "weights_epoch": 7}), checkpoint_epoch({"epoch": 3})
+        (7, 3)
+    """
+    from areal_lightning.callbacks.training_position import WEIGHTS_EPOCH_KEY
+
+    return int(ckpt.get(WEIGHTS_EPOCH_KEY, ckpt.get("epoch", 0)))
+
+
 def load_weights(module: GRPOModule, state_dict: Mapping[str, Any], ckpt_path: str | Path) -> None:
     """Loads the checkpoint's weights into the module built from the config, strictly.
 
@@ -147,26 +181,35 @@ def load_weights(module: GRPOModule, state_dict: Mapping[str, Any], ckpt_path: s
         ) from None
 
 
-def _cell(value: float) -> str:
-    return "nan" if math.isnan(value) else f"{value:.{METRIC_DECIMALS}f}"
+def _cell(value: float, whole: bool) -> str:
+    if math.isnan(value):
+        return "nan"
+    return str(int(value)) if whole else f"{value:.{METRIC_DECIMALS}f}"
+
+
+def _whole(values: Sequence[float]) -> bool:
+    """A column of counts: every value a whole number (``scoring/timeouts``, ``reward/non_finite``)."""
+    return all(math.isfinite(v) and v == int(v) for v in values)
 
 
 def format_table(results: Sequence[SetResult]) -> str:
     """The results as an aligned text table: one row per eval set, one column per metric, then
-    num_prompts, num_samples and secs. A metric an eval set lacks shows as ``-``.
+    num_prompts, num_samples and secs. A metric an eval set lacks shows as ``-``; a column of
+    whole numbers (counts) shows integers.
 
     Example:
         >>> from areal_lightning.eval_round import SetResult
-        >>> print(format_table([SetResult("easy", {"accuracy": 0.5}, 8, 2, 0.25, [])]))
-        dataset  accuracy  num_prompts  num_samples  secs
-        easy       0.5000            2            8  0.25
+        >>> print(format_table([SetResult("easy", {"accuracy": 0.5, "scoring/timeouts": 3.0}, 8, 2, 0.25, [])]))
+        dataset  accuracy  scoring/timeouts  num_prompts  num_samples  secs
+        easy       0.5000                 3            2            8  0.25
     """
     names = list(dict.fromkeys(name for r in results for name in r.metrics))
+    whole = {n: _whole([r.metrics[n] for r in results if n in r.metrics]) for n in names}
     header = ["dataset", *names, "num_prompts", "num_samples", "secs"]
     rows = [
         [
             r.dataset,
-            *(_cell(r.metrics[n]) if n in r.metrics else "-" for n in names),
+            *(_cell(r.metrics[n], whole[n]) if n in r.metrics else "-" for n in names),
             str(r.num_prompts),
             str(r.num_samples),
             f"{r.eval_secs:.{SECS_DECIMALS}f}",
@@ -210,27 +253,68 @@ def prepare_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule) -> tuple[GR
     return moved, eval_sets
 
 
-def _evaluate_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule, step: int, epoch: int) -> list[SetResult]:
-    """Every rank: check the eval sets agree, run the round on the unwrapped module."""
+def _evaluate_on_rank(
+    fabric: Fabric, cfg: Config, module: GRPOModule, step: int, epoch: int
+) -> tuple[list[SetResult], set[str]]:
+    """Every rank: check the eval sets agree, answer what the result cache holds (with
+    ``evaluator.cache``), run the round on the unwrapped module for the rest; returns every set's
+    result in the config's order and the names of the sets the cache answered."""
     from areal_lightning.eval_round import run_round
     from areal_lightning.eval_round.progress import terminal_progress
-    from areal_lightning.rl.episode_eval import episode_evaluate
-    from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     module, eval_sets = prepare_on_rank(fabric, cfg, module)
     show_progress = cfg.trainer.enable_progress_bar and fabric.global_rank == 0 and sys.stderr.isatty()
+    hits, keys = _cache_lookup(fabric, cfg, module, eval_sets)
     with fabric.autocast():
-        results = run_round(
+        fresh = run_round(
             module,
-            eval_sets,
-            episode_evaluate if module.episodes is not None else rollout_evaluate,
+            [s for s in eval_sets if s.name not in hits],
+            default_evaluate_fn(module),
             seed=cfg.seed,
             global_step=step,
             epoch=epoch,
             progress=terminal_progress() if show_progress else None,
         )
     fabric.barrier()  # every rank reaches this (run_round returns or raises on all ranks alike)
-    return results
+    cache_dir = cfg.evaluator.cache_path(Path(cfg.output_dir))
+    if cache_dir is not None:
+        from areal_lightning.eval_round.cache import ResultCache
+
+        for r in fresh:
+            if r.dataset in keys:  # rank 0 only: the keys exist there
+                ResultCache(cache_dir).put(keys[r.dataset], r)
+    by_name = {r.dataset: r for r in fresh} | hits
+    return [by_name[s.name] for s in eval_sets], set(hits)
+
+
+def default_evaluate_fn(module: GRPOModule) -> EvaluateFn:
+    """What evaluates a checkpoint: the episode evaluation for a module with episodes, else `rollout_evaluate`."""
+    from areal_lightning.rl.episode_eval import episode_evaluate
+    from areal_lightning.rl.rollout_eval import rollout_evaluate
+
+    return episode_evaluate if module.episodes is not None else rollout_evaluate
+
+
+def _cache_lookup(
+    fabric: Fabric, cfg: Config, module: GRPOModule, eval_sets: list[EvalSet]
+) -> tuple[dict[str, SetResult], dict[str, str]]:
+    """The sets the result cache answers, and rank 0's keys; nothing with ``evaluator.cache`` off."""
+    from areal_lightning.eval_round.cache import cached_results
+
+    cache_dir = cfg.evaluator.cache_path(Path(cfg.output_dir))
+    if cache_dir is None:
+        return {}, {}
+    return cached_results(
+        cache_dir,
+        module,
+        eval_sets,
+        default_evaluate_fn(module),
+        is_global_zero=fabric.global_rank == 0,
+        broadcaster=fabric,
+        seed=cfg.seed,
+        precision=cfg.trainer.precision,
+        source="standalone",
+    )
 
 
 def _history(cfg: Config, args: argparse.Namespace) -> EvalHistory:
@@ -272,12 +356,14 @@ def _record(
     run_id: str | None,
     results: Sequence[SetResult],
     world_size: int,
+    cached: set[str],
 ) -> Path:
     from areal_lightning.tracking.records import eval_record
 
     history = _history(cfg, args)
-    history.append_many(
-        eval_record(
+    records = []
+    for r in results:
+        record = eval_record(
             step,
             epoch,
             r.dataset,
@@ -292,8 +378,10 @@ def _record(
             run_id=run_id,
             source="standalone",
         )
-        for r in results
-    )
+        if r.dataset in cached:
+            record["cached"] = True  # answered from the result cache (evaluator.cache)
+        records.append(record)
+    history.append_many(records)
     return history.path
 
 
@@ -324,7 +412,7 @@ def evaluate_main(args: argparse.Namespace) -> int:
     try:
         module = GRPOModule.from_config(cfg)
         load_weights(module, ckpt[STATE_DICT_KEY], args.ckpt)
-        step, epoch = int(ckpt["global_step"]), int(ckpt.get("epoch", 0))  # the weights' place in training
+        step, epoch = int(ckpt["global_step"]), checkpoint_epoch(ckpt)  # the weights' place in training
         run_id = ckpt.get(RUN_ID_KEY)  # None for a checkpoint written before run ids
         del ckpt  # optimizer states and the rest: not needed, and not to be copied to spawned ranks
     except CheckpointError as err:
@@ -338,7 +426,7 @@ def evaluate_main(args: argparse.Namespace) -> int:
         )
     try:
         # Fabric.launch passes its *args after the Fabric; its annotation says Callable[[Fabric], Any].
-        results = fabric.launch(_evaluate_on_rank, cfg, module, step, epoch)  # type: ignore[arg-type]
+        results, cached = fabric.launch(_evaluate_on_rank, cfg, module, step, epoch)  # type: ignore[arg-type]
     except EvalSetMismatchError as err:
         return fail(str(err)) if fabric.global_rank == 0 else 0
     except EvalRoundError as err:
@@ -350,7 +438,7 @@ def evaluate_main(args: argparse.Namespace) -> int:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     if fabric.global_rank == 0:
-        path = _record(cfg, args, step, epoch, run_id, results, fabric.world_size)
+        path = _record(cfg, args, step, epoch, run_id, results, fabric.world_size, cached)
         print(
             f"checkpoint {args.ckpt} (run {run_id or 'unknown'}, step {step}, epoch {epoch}), "
             f"{fabric.world_size} process(es):"

@@ -242,15 +242,15 @@ def _count_records(output_dir: str) -> int:
 def _rounds_since(output_dir: str, records_before: int, run_id: str) -> tuple[int, int]:
     """(failed, all) evaluation rounds this session recorded: records after the first
     `records_before` of the run's history. A round is recorded as one eval record per eval set
-    (at one step) or, when it failed, as one ``error`` event."""
+    (at one step), and one ``error`` event per set that failed; a round with an error failed."""
     from areal_lightning.tracking.history import eval_rows, event_rows, read_history
 
     path = _history_file(output_dir)
     if not path.is_file():
         return 0, 0
     new = [r for r in read_history(path)[records_before:] if r.get("run_id") == run_id]
-    failed = len(event_rows(new, "error"))
-    return failed, failed + len({r["step"] for r in eval_rows(new)})
+    failed = {r["step"] for r in event_rows(new, "error")}  # a round whose eval sets failed: one error each
+    return len(failed), len(failed | {r["step"] for r in eval_rows(new)})
 
 
 def _fit_as_run(trainer: Any, module: Any, ckpt: str | None, cfg: Config, stop: Any) -> int:

@@ -100,9 +100,11 @@ def read_step(path: Path, trust: bool = False) -> tuple[int, int] | None:
     """
     import torch
 
+    from areal_lightning.app.evaluate import checkpoint_epoch
+
     try:
         ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=not trust)
-        return int(ckpt["global_step"]), int(ckpt.get("epoch", 0))
+        return int(ckpt["global_step"]), checkpoint_epoch(ckpt)
     except Exception:  # noqa: BLE001 - partial, foreign or unreadable: retried at a later poll
         return None
 
@@ -369,9 +371,8 @@ def _evaluate_checkpoint(
 ) -> list[Any] | None:
     """The loaded checkpoint's round on every rank; None when it failed (recorded by rank 0, so that a
     restart does not retry it forever)."""
+    from areal_lightning.app.evaluate import default_evaluate_fn
     from areal_lightning.eval_round import EvalRoundError, run_round
-    from areal_lightning.rl.episode_eval import episode_evaluate
-    from areal_lightning.rl.rollout_eval import rollout_evaluate
     from areal_lightning.tracking.records import event_record
 
     try:
@@ -379,7 +380,7 @@ def _evaluate_checkpoint(
             return run_round(
                 module,
                 eval_sets,
-                episode_evaluate if module.episodes is not None else rollout_evaluate,
+                default_evaluate_fn(module),
                 seed=watch.cfg.seed,
                 global_step=decision.step,
                 epoch=decision.epoch,
@@ -463,8 +464,11 @@ def add_watch_arguments(parser: argparse.ArgumentParser, ckpt_group: argparse._M
 
 def evaluate_command(args: argparse.Namespace) -> int:
     """`areal-lightning evaluate`: one checkpoint (``--ckpt``), or every new one (``--watch``)."""
-    from areal_lightning.app.evaluate import evaluate_main
+    from areal_lightning.app.console import fail
+    from areal_lightning.app.evaluate import evaluate_main, missing_config_message
 
+    if args.config is None:
+        return fail(missing_config_message(args.watch or args.ckpt, watch=args.watch is not None))
     return watch_main(args) if args.watch is not None else evaluate_main(args)
 
 

@@ -10,7 +10,7 @@ that read the record.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import lightning as L
 from lightning.pytorch.callbacks import EarlyStopping
@@ -19,12 +19,12 @@ from areal_lightning.callbacks.choices import ErrorPolicy
 from areal_lightning.callbacks.follow_ups import FollowUp
 from areal_lightning.callbacks.lightning_monitors import check_after_round, publish_round
 from areal_lightning.callbacks.runners import Finished, Outcome, Skipped
-from areal_lightning.eval_round import EvalRoundError
+from areal_lightning.eval_round import EvalRoundError, SetResult
 from areal_lightning.tracking.recorder import EvalRecorder
 
 SANITY_NOTE = (
-    "(the first evaluation round of a fit is a sanity round, as Lightning's sanity check is for validation: "
-    "its failure stops training whatever on_error says; later rounds follow on_error)"
+    "(with the sanity pass off, the first evaluation round of a fit is a sanity round, as Lightning's sanity "
+    "check is for validation: its failure stops training whatever on_error says; later rounds follow on_error)"
 )
 
 
@@ -44,14 +44,17 @@ class Conclusion:
         self.adopted: list[EarlyStopping] = []  # EarlyStopping on eval metrics: checked after each round
         self.evaluated_steps: list[int] = []
         self.skipped_step: int | None = None  # the latest step whose round was skipped while busy
-        self.rounds_this_fit = 0  # the first round of a fit is a sanity round: its failure stops training
+        self.rounds_this_fit = 0
+        self.stand_in_sanity: Callable[[L.Trainer, list[SetResult]], None] | None = None
+        """Set when the fit has no sanity pass: the first round stands in for it (its failure stops
+        training) and this checks its metric names."""
 
     def __call__(self, trainer: L.Trainer, outcomes: Sequence[Outcome]) -> None:
         for done in outcomes:
             if isinstance(done, Skipped):
                 self._skipped(trainer, done)
             elif done.error is not None:
-                self._failed(trainer, done.step, done.error)
+                self._failed(trainer, done)
             else:
                 self._finished(trainer, done)
 
@@ -64,21 +67,29 @@ class Conclusion:
         trigger = [str(c) for c in done.causes]
         self.recorder.event(trainer, "skipped", done.step, message, trigger=trigger, running_step=done.running_step)
 
-    def _failed(self, trainer: L.Trainer, step: int, err: EvalRoundError) -> None:
-        """Records a failed round; raises (every rank alike) for the sanity round or ``on_error='raise'``.
+    def _failed(self, trainer: L.Trainer, done: Finished) -> None:
+        """Records a failed round: the sets that did not fail as a finished round, an error record
+        per failed set; raises (every rank alike) for the sanity round or ``on_error='raise'``.
 
         The first round of a fit is a sanity round, as Lightning's sanity check is for validation:
         its failure is most likely a bug in `evaluate_fn`, which would fail every later round too.
         """
-        sanity = self.rounds_this_fit == 0
+        err = done.error
+        assert err is not None
+        sanity = self.rounds_this_fit == 0 and self.stand_in_sanity is not None
         stops = sanity or self.on_error is ErrorPolicy.RAISE
-        self.recorder.error(trainer, step, err, stops=stops, why=SANITY_NOTE if sanity else "")
+        if done.all_results:
+            self._finished(trainer, done, check_names=not sanity)  # a failing eval set costs only itself
+        why = SANITY_NOTE if sanity else ""
+        for dataset, message in err.messages.items():
+            self.recorder.error(trainer, done.step, message, dataset=dataset, stops=stops, why=why)
         if sanity:
-            raise EvalRoundError(f"{err}\n{SANITY_NOTE}") from err
+            raise EvalRoundError(f"{err}\n{SANITY_NOTE}", results=err.results, failures=err.failures) from err
         if self.on_error is ErrorPolicy.RAISE:
             raise err
 
-    def _finished(self, trainer: L.Trainer, done: Finished) -> None:
+    def _finished(self, trainer: L.Trainer, done: Finished, *, check_names: bool = True) -> None:
+        first = self.rounds_this_fit == 0
         self.evaluated_steps.append(done.step)
         self.rounds_this_fit += 1
         for follow_up in self.follow_ups:
@@ -98,6 +109,8 @@ class Conclusion:
             fields=done.fields,
             extras=done.extras,
         )
+        if first and check_names and self.stand_in_sanity is not None:
+            self.stand_in_sanity(trainer, results)  # recorded first: nothing evaluated is lost
         for follow_up in self.follow_ups:
             if follow_up.after_record:
                 follow_up.observe(trainer, done, self.recorder)

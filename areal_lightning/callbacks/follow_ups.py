@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, ClassVar
 
 import lightning as L
 
 from areal_lightning.callbacks.adaptive import AdaptiveSchedule
-from areal_lightning.callbacks.best import BestValues
+from areal_lightning.callbacks.best import BEST, BEST_STEP, BestValues
 from areal_lightning.callbacks.budget import EvalBudget
 from areal_lightning.callbacks.choices import ThresholdAction
 from areal_lightning.callbacks.lightning_monitors import read_train_metric
@@ -39,8 +39,12 @@ from areal_lightning.callbacks.settings import Decisions, Schedule
 from areal_lightning.callbacks.thresholds import ThresholdMonitor
 from areal_lightning.eval_round import EvalSet
 from areal_lightning.eval_round.eval_set_drift import DriftMonitor
-from areal_lightning.metrics.paired import PairedRounds
+from areal_lightning.metrics.paired import DELTA, DELTA_BEST, Change, PairedRounds, change_metrics
 from areal_lightning.tracking.recorder import EvalRecorder
+
+BUDGET_SHARE = "budget_share"
+ADAPTIVE_INTERVAL = "adaptive_interval"
+"""Run-level numbers of a round (``eval/budget_share``, ``eval/adaptive_interval``)."""
 
 
 class FollowUp:
@@ -61,6 +65,16 @@ class FollowUp:
 
     def stop(self) -> None:
         """Training ended."""
+
+    def names(self, dataset: str, metrics: Collection[str], outcome_names: Collection[str]) -> set[str]:
+        """The metric names this follow-up adds to an eval set's rounds (some from a later round
+        on), given the names a round of the set produced and those with per-prompt outcomes; the
+        sanity pass checks monitors against them before any round is recorded."""
+        return set()
+
+    def run_level_names(self) -> set[str]:
+        """The names this follow-up logs once per round as ``eval/<name>`` (`Finished.extras`)."""
+        return set()
 
     def state_dict(self) -> dict[str, Any]:
         return dict(getattr(self, self.keeps).state_dict()) if self.keeps else {}
@@ -97,6 +111,10 @@ class PairedDeltas(FollowUp):
     def __init__(self, pairs: PairedRounds) -> None:
         self.pairs = pairs
 
+    def names(self, dataset: str, metrics: Collection[str], outcome_names: Collection[str]) -> set[str]:
+        blank = Change(0.0, 0.0, 0.0, 0)
+        return {k for name in outcome_names for ref in (DELTA, DELTA_BEST) for k in change_metrics(name, ref, blank)}
+
     def observe(self, trainer: L.Trainer, done: Finished, recorder: EvalRecorder) -> None:
         device = trainer.strategy.root_device
         for r in done.results:  # every rank, the same sets: one reduction per metric and reference
@@ -124,10 +142,13 @@ class BudgetShare(FollowUp):
     def start(self, trainer: L.Trainer, eval_sets: Sequence[EvalSet], recorder: EvalRecorder) -> None:
         self.budget.start()
 
+    def run_level_names(self) -> set[str]:
+        return {BUDGET_SHARE}
+
     def observe(self, trainer: L.Trainer, done: Finished, recorder: EvalRecorder) -> None:
         deferred = self.budget.add_round(done.blocked_secs)  # rounds deferred since the previous one
         share = self.budget.spent_share()
-        done.extras["budget_share"] = share
+        done.extras[BUDGET_SHARE] = share
         done.fields.update(budget_share=share, deferred=deferred)
 
     def stop(self) -> None:
@@ -144,13 +165,16 @@ class AdaptiveInterval(FollowUp):
         self.schedule = schedule
         self.pairs = pairs
 
+    def run_level_names(self) -> set[str]:
+        return {ADAPTIVE_INTERVAL}
+
     def observe(self, trainer: L.Trainer, done: Finished, recorder: EvalRecorder) -> None:
         changes = self.pairs.last_changes
         intervals = {
             r.dataset: {m: (c.low, c.high) for m, c in changes.get(r.dataset, {}).items()} for r in done.results
         }
         change = self.schedule.observe(done.step, intervals)
-        done.extras["adaptive_interval"] = float(self.schedule.interval)
+        done.extras[ADAPTIVE_INTERVAL] = float(self.schedule.interval)
         if change.old == change.new:
             return
         how = "moved beyond" if change.moved else "stayed within"
@@ -170,6 +194,9 @@ class BestMetrics(FollowUp):
 
     def __init__(self, best: BestValues) -> None:
         self.best = best
+
+    def names(self, dataset: str, metrics: Collection[str], outcome_names: Collection[str]) -> set[str]:
+        return {f"{name}/{suffix}" for name in self.best.directions if name in metrics for suffix in (BEST, BEST_STEP)}
 
     def observe(self, trainer: L.Trainer, done: Finished, recorder: EvalRecorder) -> None:
         for r in done.all_results:

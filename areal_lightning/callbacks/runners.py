@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,13 +24,7 @@ from areal_lightning.callbacks.parallelism import refuse_for_async
 from areal_lightning.callbacks.progress import trainer_progress
 from areal_lightning.callbacks.trigger import Cause
 from areal_lightning.eval_round import EvalRoundError, EvalSet, EvaluateFn, SetResult, reduce_set, run_round
-from areal_lightning.eval_round.cache import (
-    ResultCache,
-    UncacheableError,
-    function_identity,
-    result_key,
-    weights_digest,
-)
+from areal_lightning.eval_round.cache import ResultCache, cached_results
 from areal_lightning.eval_round.precision import EvalPrecision, eval_precision
 
 if TYPE_CHECKING:
@@ -74,6 +67,7 @@ class Finished:
     fields: dict[str, Any] = field(default_factory=dict)
     extras: dict[str, float] = field(default_factory=dict)
     error: EvalRoundError | None = None
+    """The round's failure; `results` and `cached` still hold the sets that did not fail."""
     order: list[str] = field(default_factory=list)
     """The eval sets' names in their order; empty: the order of `results`."""
 
@@ -113,8 +107,10 @@ class Runner(Protocol):
     def start(self, trainer: L.Trainer, pl_module: L.LightningModule, spec: RoundSpec) -> None:
         """Training starts: what the rounds of this fit evaluate."""
 
-    def submit(self, trainer: L.Trainer, pl_module: L.LightningModule, causes: list[Cause]) -> list[Outcome]:
-        """A round of the current weights is due."""
+    def submit(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, causes: list[Cause], epoch: int
+    ) -> list[Outcome]:
+        """A round of the current weights is due; `epoch` is the epoch of their last step."""
 
     def poll(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[Outcome]:
         """Every optimizer step: the rounds that ended since; never waits."""
@@ -124,6 +120,47 @@ class Runner(Protocol):
 
     def close(self, cancel: bool = False) -> None:
         """Training ended (or crashed, with `cancel`): release what the runner holds."""
+
+
+def check_module_evaluates(evaluate_fn: EvaluateFn | None, pl_module: L.LightningModule) -> None:
+    """Without an `evaluate_fn` the module must have its own ``evaluate(batches, ctx)``.
+
+    Raises:
+        ValueError: naming the module and the way out.
+    """
+    if evaluate_fn is None and not callable(getattr(pl_module, "evaluate", None)):
+        raise ValueError(
+            f"`EvaluationCallback(evaluate_fn=None)` needs a module with an `evaluate(batches, ctx)` method, "
+            f"and {type(pl_module).__name__} has none; pass evaluate_fn=..."
+        )
+
+
+def round_evaluate_fn(spec: RoundSpec, pl_module: L.LightningModule) -> EvaluateFn:
+    """The spec's `evaluate_fn`, else the module's own ``evaluate`` as a plain function (its
+    qualified name and code key the result cache)."""
+    return (
+        spec.evaluate_fn
+        or getattr(type(pl_module), "evaluate", None)
+        or (lambda module, batches, ctx: module.evaluate(batches, ctx))
+    )
+
+
+def run_unrecorded(
+    trainer: L.Trainer, pl_module: L.LightningModule, spec: RoundSpec, eval_sets: list[EvalSet]
+) -> list[SetResult]:
+    """The sanity pass's round of `eval_sets` on the training thread (``ctx.sanity``), at the spec's
+    precision, with no cache and no progress display; raises `EvalRoundError` as `run_round` does."""
+    with eval_precision(pl_module, spec.precision):
+        return run_round(
+            pl_module,
+            eval_sets,
+            round_evaluate_fn(spec, pl_module),
+            seed=spec.seed,
+            global_step=trainer.global_step,
+            epoch=trainer.current_epoch,
+            lockstep=spec.lockstep,
+            sanity=True,
+        )
 
 
 class SyncRunner:
@@ -143,18 +180,16 @@ class SyncRunner:
     def start(self, trainer: L.Trainer, pl_module: L.LightningModule, spec: RoundSpec) -> None:
         self._spec = spec
 
-    def submit(self, trainer: L.Trainer, pl_module: L.LightningModule, causes: list[Cause]) -> list[Outcome]:
+    def submit(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, causes: list[Cause], epoch: int
+    ) -> list[Outcome]:
         spec = self._spec
         assert spec is not None, "start() comes first"
-        step, epoch = trainer.global_step, trainer.current_epoch
+        step = trainer.global_step
         started = self._clock()
-        # The module's own method as a plain function: its qualified name and code key the cache.
-        evaluate_fn = (
-            spec.evaluate_fn
-            or getattr(type(pl_module), "evaluate", None)
-            or (lambda module, batches, ctx: module.evaluate(batches, ctx))
-        )
+        evaluate_fn = round_evaluate_fn(spec, pl_module)
         cached, keys = self._cached_results(trainer, pl_module, evaluate_fn)
+        error = None
         try:
             with eval_precision(pl_module, spec.precision):
                 fresh = run_round(
@@ -169,13 +204,14 @@ class SyncRunner:
                     lockstep=spec.lockstep,
                 )
         except EvalRoundError as err:
-            return [Finished(step, epoch, causes, error=err)]
+            fresh, error = err.results, err  # the sets that did not fail are kept
         if keys:
             assert spec.cache_dir is not None  # keys exist only with the cache on
             for r in fresh:
                 ResultCache(spec.cache_dir).put(keys[r.dataset], r)  # rank 0 only: `keys` is empty elsewhere
-        order = [s.name for s in spec.eval_sets]
-        return [Finished(step, epoch, causes, fresh, cached, blocked_secs=self._clock() - started, order=order)]
+        order = [s.name for s in spec.eval_sets if s.name in cached or any(r.dataset == s.name for r in fresh)]
+        blocked = self._clock() - started
+        return [Finished(step, epoch, causes, fresh, cached, blocked_secs=blocked, error=error, order=order)]
 
     def poll(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[Outcome]:
         return []
@@ -186,36 +222,23 @@ class SyncRunner:
     def close(self, cancel: bool = False) -> None:
         pass
 
-    def _cache_keys(self, pl_module: L.LightningModule, evaluate_fn: EvaluateFn) -> dict[str, str]:
-        assert self._spec is not None
-        weights = weights_digest(pl_module)
-        settings = {
-            "seed": self._spec.seed,
-            "precision": str(self._spec.precision.value),
-            "evaluate_fn": function_identity(evaluate_fn),
-            "max_table_rows": self._spec.max_table_rows,
-        }
-        return {s.name: result_key(weights, s, **settings) for s in self._spec.eval_sets}
-
     def _cached_results(
         self, trainer: L.Trainer, pl_module: L.LightningModule, evaluate_fn: EvaluateFn
     ) -> tuple[dict[str, SetResult], dict[str, str]]:
-        """The eval sets answered from the cache (rank 0 looks, every rank gets its answer) and,
-        on rank 0, every set's key."""
-        cache_dir = self._spec.cache_dir if self._spec is not None else None
-        if cache_dir is None:
+        spec = self._spec
+        if spec is None or spec.cache_dir is None:
             return {}, {}
-        keys: dict[str, str] = {}
-        hits: dict[str, SetResult] = {}
-        if trainer.is_global_zero:
-            try:
-                keys = self._cache_keys(pl_module, evaluate_fn)
-            except UncacheableError as err:  # state changed since construction: evaluate, cache nothing
-                warnings.warn(f"result cache skipped this round: {err}", stacklevel=2)
-            cache = ResultCache(cache_dir)
-            hits = {name: r for name, key in keys.items() if (r := cache.get(key)) is not None}
-        # Every rank must skip the same eval sets, or the ranks that evaluate wait for the others.
-        return trainer.strategy.broadcast(hits, src=0), keys
+        return cached_results(
+            spec.cache_dir,
+            pl_module,
+            spec.eval_sets,
+            evaluate_fn,
+            is_global_zero=trainer.is_global_zero,
+            broadcaster=trainer.strategy,
+            seed=spec.seed,
+            precision=str(spec.precision.value),
+            max_table_rows=spec.max_table_rows,
+        )
 
 
 class AsyncRunner:
@@ -253,7 +276,9 @@ class AsyncRunner:
             precision=spec.precision,
         )
 
-    def submit(self, trainer: L.Trainer, pl_module: L.LightningModule, causes: list[Cause]) -> list[Outcome]:
+    def submit(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, causes: list[Cause], epoch: int
+    ) -> list[Outcome]:
         step = trainer.global_step
         running = self.evaluator.in_flight
         if running is not None and self.on_busy is OnBusy.SKIP:
@@ -262,7 +287,7 @@ class AsyncRunner:
             return [Skipped(step, running.step, causes)]
         done = self.finish(trainer, pl_module)
         copy_started = self._clock()
-        snapshot = self.evaluator.submit(pl_module, step, trainer.current_epoch, causes)
+        snapshot = self.evaluator.submit(pl_module, step, epoch, causes)
         self._blocked_secs += self._clock() - copy_started
         log.info(
             "async evaluation of step %d started: %.2f MiB snapshot copied in %.4f s",
@@ -295,17 +320,25 @@ class AsyncRunner:
         snapshot, local = self.evaluator.collect(self._eval_sets)
         blocked, self._blocked_secs = self._blocked_secs, 0.0
         causes = [Cause(c) for c in snapshot.causes]
-        try:
-            results = [reduce_set(r, s, device=pl_module.device) for r, s in zip(local, self._eval_sets, strict=True)]
-        except EvalRoundError as err:
-            return [Finished(snapshot.step, snapshot.epoch, causes, error=err)]
+        results: list[SetResult] = []
+        failures: dict[str, str] = {}
+        for r, s in zip(local, self._eval_sets, strict=True):
+            try:
+                results.append(reduce_set(r, s, device=pl_module.device))
+            except EvalRoundError as err:  # every rank alike; the other sets are still reduced
+                failures[s.name] = str(err)
+        error = EvalRoundError("\n".join(failures.values()), results=results, failures=failures) if failures else None
         fields: Mapping[str, Any] = {
             "lag_steps": trainer.global_step - snapshot.step,
             "snapshot_mb": snapshot.mb,
             "snapshot_secs": snapshot.copy_secs,
         }
         blocked += self._clock() - started
-        return [Finished(snapshot.step, snapshot.epoch, causes, results, blocked_secs=blocked, fields=dict(fields))]
+        return [
+            Finished(
+                snapshot.step, snapshot.epoch, causes, results, blocked_secs=blocked, fields=dict(fields), error=error
+            )
+        ]
 
 
 def make_runner(execution: Execution, clock: Callable[[], float] = time.monotonic) -> Runner:

@@ -43,7 +43,7 @@ from areal_lightning.callbacks.choices import (
 from areal_lightning.callbacks.reward_hacking import DEFAULT_MIN_TRAIN_RISE, DEFAULT_TRAIN_METRIC, RewardWatch
 from areal_lightning.callbacks.thresholds import ThresholdMonitor
 from areal_lightning.callbacks.trigger import HybridTrigger
-from areal_lightning.errors import ArgumentError
+from areal_lightning.errors import ArgumentError, owned_by
 from areal_lightning.eval_round.precision import EvalPrecision
 
 OWNER = "EvaluationCallback"
@@ -93,6 +93,10 @@ class AdaptiveSettings:
     start_steps: Optional[int] = None
     """The first interval; null: min_steps (early training moves fastest)."""
 
+    def __post_init__(self) -> None:
+        with owned_by("AdaptiveSettings"):
+            self.build()
+
     def build(self) -> AdaptiveSchedule:
         """The schedule (its constructor checks these values)."""
         return AdaptiveSchedule(
@@ -122,6 +126,11 @@ class RewardWatchSettings:
     """For a metric without per-prompt outcomes (no paired interval): the least fall that counts; null: never."""
     since: WatchReference = WatchReference.PREVIOUS
     """previous: compare with the previous round; best: with the best round of the eval metric."""
+
+    def __post_init__(self) -> None:
+        with owned_by("RewardWatchSettings"):
+            self.since = choice("since", self.since, WatchReference)
+            self.build()
 
     def build(self) -> RewardWatch:
         """The watch (its constructor checks these values)."""
@@ -155,8 +164,11 @@ class Schedule:
     """Largest share of training wall time spent evaluating (e.g. 0.1); rounds are deferred to keep it."""
 
     def __post_init__(self) -> None:
-        if self.adaptive is not None:
+        if self.adaptive is not None:  # AdaptiveSettings checks its own fields
             self.adaptive = as_settings(AdaptiveSettings, self.adaptive, "adaptive")
+        with owned_by("Schedule"):
+            self.trigger()  # the trigger's and the budget's own checks, worded for this class
+            self.eval_budget()
 
     def trigger(self, clock: Callable[[], float] = time.monotonic) -> HybridTrigger:
         """The trigger of these settings (its constructor checks them)."""
@@ -191,11 +203,10 @@ class Execution:
     not fit); null: no bound."""
 
     def __post_init__(self) -> None:
-        self.mode = choice("mode", self.mode, EvalMode)
-        self.on_busy = choice("on_busy", self.on_busy, OnBusy)
-
-    def validate(self) -> None:
-        check_async_options(self.async_device, self.async_threads, self.max_snapshot_mb)
+        with owned_by("Execution"):
+            self.mode = choice("mode", self.mode, EvalMode)
+            self.on_busy = choice("on_busy", self.on_busy, OnBusy)
+            check_async_options(self.async_device, self.async_threads, self.max_snapshot_mb)
 
 
 @dataclass
@@ -211,14 +222,31 @@ class RoundSettings:
     max_table_rows: int = DEFAULT_TABLE_ROWS
     """Sample generations per eval set kept for the W&B table."""
     on_error: ErrorPolicy = ErrorPolicy.LOG
-    """log: an exception in an evaluation is recorded and training goes on; raise: fail fast. The first
-    round of a fit is a sanity round: its failure stops training either way."""
+    """log: an exception in an evaluation is recorded and training goes on (the other eval sets of the
+    round are kept); raise: fail fast. A failure of the sanity pass (or, without it, of the first round
+    of a fit) stops training either way."""
+    sanity_batches: int = 1
+    """Batches of each eval set that `evaluate_fn` runs on every rank when fit starts, before step 1
+    (as Lightning's num_sanity_val_steps): nothing is recorded; a failure stops fit, and every metric
+    name the settings and the Trainer's ModelCheckpoint/EarlyStopping monitors refer to is checked
+    against what it produced. 0: no sanity pass (the first round is checked instead)."""
+    verbose: bool = True
+    """Log one line per round (logger ``areal_lightning``, INFO); false: at DEBUG level."""
 
     def __post_init__(self) -> None:
-        self.precision = EvalPrecision.parse(self.precision)
-        self.on_error = choice("on_error", self.on_error, ErrorPolicy)
+        with owned_by("RoundSettings"):
+            self.precision = EvalPrecision.parse(self.precision)
+            self.on_error = choice("on_error", self.on_error, ErrorPolicy)
         if isinstance(self.cache_dir, Path):
             self.cache_dir = str(self.cache_dir)
+        for name in ("cache", "verbose"):
+            if not isinstance(getattr(self, name), bool):
+                raise ArgumentError("RoundSettings", name, getattr(self, name), "True or False")
+        for name in ("max_table_rows", "sanity_batches"):
+            # Checked here, not at the first round: a negative count would silently do nothing.
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ArgumentError("RoundSettings", name, value, "a non-negative integer")
 
     def cache_path(self, output_dir: Path) -> Path | None:
         """Where the result cache lives under a run's `output_dir`; None with the cache off."""
@@ -228,21 +256,17 @@ class RoundSettings:
             return None
         return Path(self.cache_dir) if self.cache_dir is not None else output_dir / CACHE_DIRNAME
 
-    def validate(self) -> None:
-        if not isinstance(self.cache, bool):
-            raise ArgumentError(OWNER, "cache", self.cache, "true or false")
-        rows = self.max_table_rows
-        # Checked here, not at the first round: a negative count would silently keep no table rows.
-        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
-            raise ArgumentError(OWNER, "max_table_rows", rows, "a non-negative integer")
-
 
 @dataclass
 class Decisions:
     """What follows a round: alerts, best values, the reward-hacking watch."""
 
     metric_thresholds: dict[str, float] = field(default_factory=dict)
-    """Alert when a metric that reached its threshold falls below it, e.g. {accuracy: 0.7}."""
+    """Alert when a metric falls below its threshold after having reached it, e.g. {accuracy: 0.7}
+    (a name matches a metric or its /mean: reward watches reward/mean)."""
+    alert_from_start: bool = False
+    """Also alert when a metric is below its threshold before it ever reached it (at the first round
+    below it, then once per crossing); default: a metric arms once it reaches its threshold."""
     threshold_action: ThresholdAction = ThresholdAction.ALERT
     """alert: log, record and alert; stop: also stop training cleanly."""
     best_metrics: Optional[dict[str, Direction]] = None
@@ -252,12 +276,17 @@ class Decisions:
     """The reward-hacking watch, e.g. {eval_metric: accuracy, min_train_rise: 0.1}; null: off."""
 
     def __post_init__(self) -> None:
-        self.threshold_action = choice("threshold_action", self.threshold_action, ThresholdAction)
-        if self.reward_watch is not None:
+        if self.reward_watch is not None:  # RewardWatchSettings checks its own fields
             self.reward_watch = as_settings(RewardWatchSettings, self.reward_watch, "reward_watch")
+        with owned_by("Decisions"):
+            self.threshold_action = choice("threshold_action", self.threshold_action, ThresholdAction)
+            if not isinstance(self.alert_from_start, bool):
+                raise ArgumentError("Decisions", "alert_from_start", self.alert_from_start, "True or False")
+            self.thresholds()
+            self.best()
 
     def thresholds(self) -> ThresholdMonitor:
-        return ThresholdMonitor(self.metric_thresholds)
+        return ThresholdMonitor(self.metric_thresholds, armed_from_start=self.alert_from_start)
 
     def best(self) -> BestValues:
         return BestValues(DEFAULT_BEST_METRICS if self.best_metrics is None else self.best_metrics)
@@ -293,16 +322,14 @@ def resolve_settings(
     decisions: Decisions | Mapping[str, Any] | None,
     evaluate_fn: Callable[..., Any] | None = None,
 ) -> tuple[Schedule, Execution, RoundSettings, Decisions]:
-    """`EvaluationCallback`'s four groups as dataclasses, their values checked (the schedule's and
-    the decisions' checks run where their objects are built)."""
+    """`EvaluationCallback`'s four groups as dataclasses (each checks its own fields when built),
+    checked together."""
     out = (
         as_settings(Schedule, schedule, "schedule"),
         as_settings(Execution, execution, "execution"),
         as_settings(RoundSettings, rounds, "rounds"),
         as_settings(Decisions, decisions, "decisions"),
     )
-    out[1].validate()  # checked in either mode: a config error shows before the mode is switched
-    out[2].validate()
     validate_together(out[1], out[2])
     check_cacheable(out[2], evaluate_fn)
     return out
@@ -318,11 +345,6 @@ class EvaluatorSettings(Decisions, RoundSettings, Execution, Schedule):
         Execution.__post_init__(self)
         RoundSettings.__post_init__(self)
         Decisions.__post_init__(self)
-
-    def validate(self) -> None:
-        """Every group's checks (the groups' own `validate` would each hide the others')."""
-        Execution.validate(self)
-        RoundSettings.validate(self)
 
     def groups(self) -> dict[str, Any]:
         """The four groups, as `EvaluationCallback`'s keyword arguments."""

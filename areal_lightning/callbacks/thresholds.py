@@ -19,9 +19,15 @@ class Alert:
     value: float
     threshold: float
     step: int
+    reached_before: bool = True
 
     @property
     def message(self) -> str:
+        if not self.reached_before:
+            return (
+                f"eval/{self.dataset}/{self.metric} is {self.value:.4g} at step {self.step}, below its "
+                f"threshold {self.threshold:g} (it has not reached it yet)"
+            )
         return (
             f"eval/{self.dataset}/{self.metric} fell to {self.value:.4g} at step {self.step}, "
             f"below its threshold {self.threshold:g} (it had reached it before)"
@@ -32,14 +38,16 @@ class ThresholdMonitor:
     """Watches `{metric: threshold}` per eval set; thresholds are minimums (higher is better).
 
     A metric arms once it reaches its threshold; falling below it while armed raises one alert
-    and disarms it until it reaches the threshold again. A name matches a metric exactly or its
-    `/mean` (``reward`` watches ``reward/mean``).
+    and disarms it until it reaches the threshold again. So a metric that starts below its
+    threshold raises nothing until it has reached it once, unless `armed_from_start`. A name
+    matches a metric exactly or its `/mean` (``reward`` watches ``reward/mean``).
 
     Args:
         thresholds: metric name -> minimum acceptable value.
+        armed_from_start: every metric starts armed: the first round below its threshold alerts too.
 
     Raises:
-        ValueError: for a threshold that is not a finite number.
+        ValueError: for thresholds that are not a mapping of names to finite numbers.
 
     Example:
         >>> m = ThresholdMonitor({"accuracy": 0.7})
@@ -48,8 +56,16 @@ class ThresholdMonitor:
         2
     """
 
-    def __init__(self, thresholds: Mapping[str, float] | None = None) -> None:
+    def __init__(self, thresholds: Mapping[str, float] | None = None, *, armed_from_start: bool = False) -> None:
+        if thresholds is not None and not isinstance(thresholds, Mapping):
+            raise ArgumentError(
+                "ThresholdMonitor",
+                "metric_thresholds",
+                thresholds,
+                "a mapping of metric names to minimums, e.g. {'accuracy': 0.7}",
+            )
         self.thresholds = dict(thresholds or {})
+        self.armed_from_start = armed_from_start
         for name, value in self.thresholds.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ArgumentError(
@@ -61,6 +77,7 @@ class ThresholdMonitor:
                 )
         self._names: dict[str, str] = {}
         self._armed: dict[str, bool] = {}
+        self._reached: set[str] = set()
 
     def resolve(self, available: Iterable[str]) -> None:
         """Maps each threshold to a logged metric name.
@@ -96,13 +113,17 @@ class ThresholdMonitor:
             key = f"{dataset}/{metric}"
             if value >= threshold:
                 self._armed[key] = True
-            elif self._armed.get(key, False):
+                self._reached.add(key)
+            elif self._armed.get(key, self.armed_from_start):
                 self._armed[key] = False
-                alerts.append(Alert(dataset=dataset, metric=metric, value=value, threshold=threshold, step=step))
+                reached = key in self._reached
+                alerts.append(Alert(dataset, metric, value, threshold, step, reached_before=reached))
         return alerts
 
     def state_dict(self) -> dict[str, Any]:
-        return {"armed": dict(self._armed)}
+        return {"armed": dict(self._armed), "reached": sorted(self._reached)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._armed = dict(state.get("armed", {}))
+        # A checkpoint from before `reached` was kept: an armed metric had reached its threshold.
+        self._reached = set(state.get("reached", [k for k, armed in self._armed.items() if armed]))

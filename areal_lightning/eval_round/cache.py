@@ -18,9 +18,10 @@ import hashlib
 import json
 import os
 import types
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -333,6 +334,7 @@ class ResultCache:
                 num_prompts=int(data["num_prompts"]),
                 eval_secs=float(data["eval_secs"]),
                 table_rows=list(data["table_rows"]),
+                sampling=data.get("sampling"),
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -346,8 +348,46 @@ class ResultCache:
             "num_prompts": result.num_prompts,
             "eval_secs": result.eval_secs,
             "table_rows": result.table_rows,
+            "sampling": result.sampling,
             "metrics": {k: (v if v == v else None) for k, v in result.metrics.items()},
         }
         tmp = self._path(key).with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(data, default=str), encoding="utf-8")
         os.replace(tmp, self._path(key))
+
+
+class Broadcaster(Protocol):
+    """What sends rank 0's object to every rank: a Lightning strategy, a Fabric."""
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any: ...
+
+
+def cached_results(
+    cache_dir: Path,
+    module: nn.Module,
+    eval_sets: Sequence[EvalSet],
+    evaluate_fn: Callable[..., Any],
+    *,
+    is_global_zero: bool,
+    broadcaster: Broadcaster,
+    **settings: Any,
+) -> tuple[dict[str, SetResult], dict[str, str]]:
+    """The eval sets the cache answers (rank 0 looks; every rank gets its answer, so every rank
+    skips the same sets) and, on rank 0, every set's key for `ResultCache.put`.
+
+    `settings` are what else changes a result besides the weights, the eval set and `evaluate_fn`
+    (seed, precision, table rows). An `evaluate_fn` whose state cannot be keyed evaluates every
+    set and caches nothing, with a warning.
+    """
+    keys: dict[str, str] = {}
+    hits: dict[str, SetResult] = {}
+    if is_global_zero:
+        try:
+            weights = weights_digest(module)
+            identity = function_identity(evaluate_fn)
+            keys = {s.name: result_key(weights, s, **settings, evaluate_fn=identity) for s in eval_sets}
+        except UncacheableError as err:  # state changed since construction: evaluate, cache nothing
+            warnings.warn(f"result cache skipped this round: {err}", stacklevel=2)
+        cache = ResultCache(cache_dir)
+        hits = {name: r for name, key in keys.items() if (r := cache.get(key)) is not None}
+    return broadcaster.broadcast(hits, src=0), keys

@@ -23,7 +23,26 @@ class EvalBatch:
 
 
 class EvalRoundError(RuntimeError):
-    """`evaluate_fn` failed on at least one rank; raised on every rank, so none is left waiting."""
+    """`evaluate_fn` failed on at least one rank; raised on every rank, so none is left waiting.
+
+    A failing eval set costs only itself: `failures` maps each failed set's name to its message,
+    and `results` holds the reduced results of the round's other sets (in eval-set order). An
+    error that is not one set's (a reduction the ranks disagree on) has no `failures`.
+    """
+
+    def __init__(
+        self, message: str, *, results: Sequence[SetResult] = (), failures: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.results = list(results)
+        self.failures = dict(failures or {})
+
+    @property
+    def messages(self) -> dict[str | None, str]:
+        """Each failed set's message, or the whole round's under None."""
+        if not self.failures:
+            return {None: str(self)}
+        return {name: message for name, message in self.failures.items()}
 
 
 def metric_to(metric: Metric, device: torch.device) -> Metric:
@@ -51,7 +70,9 @@ class EvalContext:
     FSDP): every rank must then run the same number of forward passes for a batch of the same
     kind, so generation must decode a fixed number of steps instead of stopping once every row
     ended. `padding` is True on the second call the round makes under lockstep, with batches that
-    only keep this rank in step with the others: whatever it records is dropped.
+    only keep this rank in step with the others: whatever it records is dropped. `sanity` is True in
+    the sanity pass when `fit` starts (as ``trainer.sanity_checking`` for validation): nothing of
+    that call is recorded.
     """
 
     dataset: str
@@ -69,6 +90,7 @@ class EvalContext:
     table_rows: list[dict[str, Any]] = field(default_factory=list)
     lockstep: bool = False
     padding: bool = False
+    sanity: bool = False
     outcomes: dict[str, dict[int, float]] = field(default_factory=dict)
 
     def metric(self, name: str, factory: Callable[[], Metric]) -> Metric:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,19 @@ class EvalSet:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "/" in self.name:
             raise ValueError(f"`EvalSet(name=...)` must be a non-empty string without '/', got {self.name!r}")
+        if isinstance(self.samples, (str, bytes, os.PathLike)):
+            # A str is a sequence too: each character would become a sample.
+            raise ArgumentError(
+                "EvalSet",
+                "samples",
+                self.samples,
+                "a sequence of samples (a list, a tuple, a Dataset ...), not a file name: read the file first, "
+                "e.g. samples = [json.loads(line) for line in open(path)] for a JSON lines file",
+                f"`EvalSet(name={self.name!r}, samples=...)` got the {type(self.samples).__name__} "
+                f"{str(self.samples)!r}; samples must be a sequence of samples (a list, a tuple, a Dataset ...), not "
+                "a file name: read the file first, e.g. samples = [json.loads(line) for line in open(path)] for a "
+                "JSON lines file",
+            )
         if not isinstance(self.samples, Sequence) and not hasattr(self.samples, "__getitem__"):
             # A generator or a set has no stable order or length: sharding indexes the samples.
             raise ArgumentError(
@@ -84,14 +98,15 @@ class EvalSet:
     def keys(self) -> list[str]:
         return [self.key_fn(s) for s in self.samples]
 
-    def first_batch(self) -> EvalSet:
-        """The same set cut to its first `batch_size` samples (what ``fast_dev_run`` evaluates).
+    def first_batches(self, count: int = 1) -> EvalSet:
+        """The same set cut to its first `count` x `batch_size` samples (``fast_dev_run`` evaluates
+        one batch; the sanity pass one per rank).
 
         Example:
-            >>> len(EvalSet("easy", list(range(10)), batch_size=4).first_batch().samples)
+            >>> len(EvalSet("easy", list(range(10)), batch_size=4).first_batches().samples)
             4
         """
-        return dataclasses.replace(self, samples=list(self.samples[: self.batch_size]))
+        return dataclasses.replace(self, samples=list(self.samples[: count * self.batch_size]))
 
 
 def as_eval_sets(eval_sets: Mapping[str, Sequence[Any]] | Sequence[EvalSet]) -> list[EvalSet]:

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 from torchmetrics import Metric
 
-from areal_lightning.eval_round.context import BatchList, EvalBatch, EvalContext, EvaluateFn, SetResult
+from areal_lightning.eval_round.context import BatchList, EvalBatch, EvalContext, EvalRoundError, EvaluateFn, SetResult
 from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.eval_round.isolation import evaluation_mode, module_device
 from areal_lightning.eval_round.progress import GuardedProgress, RoundProgress
@@ -104,6 +104,7 @@ def evaluate_local(
     max_table_rows: int = 0,
     progress: RoundProgress | None = None,
     lockstep: bool = False,
+    sanity: bool = False,
 ) -> LocalSetResult:
     """Runs `evaluate_fn` on rank `rank`'s deal of one eval set; no collective of its own (under
     `lockstep` the module's forwards run theirs, and padding batches keep them paired).
@@ -135,6 +136,7 @@ def evaluate_local(
         sampling=sampling,
         max_table_rows=max_table_rows,
         lockstep=lockstep and world_size > 1,
+        sanity=sanity,
     )
     error, updates = None, {}
     shown = GuardedProgress(progress)
@@ -186,6 +188,7 @@ def evaluate_set(
     max_table_rows: int = 0,
     progress: RoundProgress | None = None,
     lockstep: bool = False,
+    sanity: bool = False,
 ) -> SetResult:
     """Runs one eval set on this rank's deal and reduces it over all ranks.
 
@@ -204,6 +207,7 @@ def evaluate_set(
         max_table_rows=max_table_rows,
         progress=progress,
         lockstep=lockstep,
+        sanity=sanity,
     )
     return reduce_set(local, eval_set)
 
@@ -219,6 +223,7 @@ def run_round(
     max_table_rows: int = 0,
     progress: RoundProgress | None = None,
     lockstep: bool = False,
+    sanity: bool = False,
 ) -> list[SetResult]:
     """Evaluates every eval set, in order, on the module replica; returns the reduced results.
 
@@ -236,9 +241,12 @@ def run_round(
             busiest rank (the others add padding batches whose results are dropped, in a second
             `evaluate_fn` call with ``ctx.padding`` True), and ``ctx.lockstep`` tells
             `evaluate_fn` to run the same number of forwards for every batch (no early stop).
+        sanity: ``ctx.sanity`` for `evaluate_fn`: the round is the sanity pass, recorded nowhere.
 
     Raises:
-        EvalRoundError: on every rank, when `evaluate_fn` raised on any rank. Under `lockstep`
+        EvalRoundError: on every rank, when `evaluate_fn` raised on any rank for some eval set;
+            the other sets are still evaluated, and their results are the error's `results`
+            (its `failures` names the sets that failed). Under `lockstep`
             a rank that raised mid-batch leaves the others waiting in a forward's collective
             until the process group's timeout, which then raises there.
 
@@ -249,17 +257,26 @@ def run_round(
         ...                                   global_step=0, epoch=0)]
         [3]
     """
-    return [
-        evaluate_set(
-            module,
-            s,
-            evaluate_fn,
-            seed=seed,
-            global_step=global_step,
-            epoch=epoch,
-            max_table_rows=max_table_rows,
-            progress=progress,
-            lockstep=lockstep,
-        )
-        for s in eval_sets
-    ]
+    results: list[SetResult] = []
+    failures: dict[str, str] = {}
+    for s in eval_sets:
+        try:
+            results.append(
+                evaluate_set(
+                    module,
+                    s,
+                    evaluate_fn,
+                    seed=seed,
+                    global_step=global_step,
+                    epoch=epoch,
+                    max_table_rows=max_table_rows,
+                    progress=progress,
+                    lockstep=lockstep,
+                    sanity=sanity,
+                )
+            )
+        except EvalRoundError as err:  # raised on every rank alike: every rank goes on to the next set
+            failures[s.name] = str(err)
+    if failures:
+        raise EvalRoundError("\n".join(failures.values()), results=results, failures=failures)
+    return results

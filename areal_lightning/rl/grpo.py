@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from enum import Enum
@@ -30,6 +31,7 @@ from areal_lightning.rl.train_data import EpochShuffle, ResumableLoader
 from areal_lightning.rl.warmup import format_warmup
 from areal_lightning.tasks.arithmetic import ArithmeticTask
 
+log = logging.getLogger(__name__)
 TRAIN_STREAM = "train"  # names the per-step rollout seeds, apart from every eval set's
 
 
@@ -141,10 +143,27 @@ class GRPOModule(L.LightningModule):
         # here), so whoever resumes sets `warmed_up = True` first, as `areal-lightning fit --ckpt` does.
         if stage == "fit" and not self.warmed_up and self.uses_format_warmup:
             assert isinstance(self.policy, TinyPolicy) and isinstance(self.task, ArithmeticTask)
+            self._announce_warmup()
             format_warmup(self.policy, self.task, steps=self.grpo.warmup_steps, lr=self.grpo.warmup_lr, seed=self.seed)
             if self.reference is not None:
                 self.reference.load_state_dict(self.policy.state_dict())
         self.warmed_up = True
+
+    def _announce_warmup(self) -> None:
+        """Says that the format warm-up runs first, and warns when it is longer than the GRPO
+        training that follows (``trainer.max_steps`` counts GRPO steps only)."""
+        steps = self.grpo.warmup_steps
+        max_steps = self.trainer.max_steps if self._trainer is not None else -1
+        if 0 <= max_steps < steps:
+            log.warning(
+                "grpo.warmup_steps=%d format-only steps (no answers learned) run before GRPO step 1, and "
+                "trainer.max_steps=%d counts GRPO steps only: most of this run is warm-up; raise "
+                "trainer.max_steps or lower grpo.warmup_steps",
+                steps,
+                max_steps,
+            )
+        else:
+            log.info("format warm-up: %d supervised steps (the answer format only) before GRPO step 1", steps)
 
     @override
     def train_dataloader(self) -> ResumableLoader:

@@ -34,16 +34,18 @@ class EvalRecorder:
     Args:
         run_id: written in round, error and alert records; None: a new id.
         mode: written in every round record (``sync`` or ``async``).
+        verbose: each round's summary line at INFO level (else DEBUG).
 
     Raises:
         ArgumentError: for a run id that is not a non-empty string.
     """
 
-    def __init__(self, run_id: str | None, mode: str) -> None:
+    def __init__(self, run_id: str | None, mode: str, verbose: bool = True) -> None:
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise ArgumentError("EvaluationCallback", "run_id", run_id, "a non-empty string or None")
         self.run_id = run_id or new_run_id()
         self.mode = mode
+        self.verbose = verbose
         self.history: EvalHistory | None = None
 
     def open(self, trainer: L.Trainer, output_dir: Path, once_per_step: Collection[str]) -> None:
@@ -101,7 +103,8 @@ class EvalRecorder:
             f"{r.dataset}: " + " ".join(f"{k}={v:.3f}" for k, v in r.metrics.items() if k in SUMMARY_METRICS)
             for r in results
         )
-        log.info("evaluation at step %d (%s): %s", step, "+".join(causes), summary)
+        level = logging.INFO if self.verbose else logging.DEBUG
+        log.log(level, "evaluation at step %d (%s): %s", step, "+".join(causes), summary)
 
     def event(
         self, trainer: L.Trainer, kind: str, step: int, message: str, *, level: int = logging.WARNING, **fields: Any
@@ -119,16 +122,26 @@ class EvalRecorder:
         warnings.warn(message, stacklevel=3)
         self._append(event_record("drift", step, dataset=dataset, message=message))
 
-    def error(self, trainer: L.Trainer, step: int, err: Exception, *, stops: bool = False, why: str = "") -> None:
-        """A failed round; `stops`: training stops with it (else it goes on, ``on_error="log"``),
-        `why` says why it stops when that is not ``on_error``."""
+    def error(
+        self,
+        trainer: L.Trainer,
+        step: int,
+        err: Exception | str,
+        *,
+        dataset: str | None = None,
+        stops: bool = False,
+        why: str = "",
+    ) -> None:
+        """A failed round, or one failed eval set of a round (`dataset`); `stops`: training stops
+        with it (else it goes on, ``on_error="log"``), `why` says why it stops when that is not ``on_error``."""
         if not trainer.is_global_zero:
             return
+        what = f"evaluation of eval set {dataset!r}" if dataset is not None else "evaluation"
         if stops:
-            log.error("evaluation at step %d failed; training stops%s:\n%s", step, f" {why}" if why else "", err)
+            log.error("%s at step %d failed; training stops%s:\n%s", what, step, f" {why}" if why else "", err)
         else:
-            log.error("evaluation at step %d failed; training goes on (on_error='log'):\n%s", step, err)
-        self._append(event_record("error", step, message=str(err), run_id=self.run_id))
+            log.error("%s at step %d failed; training goes on (on_error='log'):\n%s", what, step, err)
+        self._append(event_record("error", step, dataset=dataset, message=str(err), run_id=self.run_id))
 
     def alert(
         self, trainer: L.Trainer, step: int, *, dataset: str, message: str, title: str, source: str, **fields: Any

@@ -228,14 +228,14 @@ def test_a_reward_function_that_raises_fails_the_round_naming_the_function_and_t
         r"scoring raised KeyError: \"no verifier for '\d{3}'\" in reward \(test_bad_data.py:\d+\) on "
         r"completion '7777' \(answer '\d{3}'\)"
     )
-    # The first round is a sanity round: whatever on_error says, its failure stops training.
+    # The sanity pass: whatever on_error says, its failure stops training before the first step.
     with pytest.raises(EvalRoundError, match=expected):
         trainer.fit(module)
-    assert trainer.global_step == 1
+    assert trainer.global_step == 0
     records = read_history(tmp_path)
-    assert eval_rows(records) == []  # one set failed: the round is not recorded in part
+    assert eval_rows(records) == []  # the sanity pass records no round
     errors = event_rows(records, "error")
-    assert [e["step"] for e in errors] == [1]
+    assert [(e["step"], e["dataset"]) for e in errors] == [(0, "hard")]  # the set that failed, alone
     assert re.search(expected, errors[0]["message"]), errors[0]["message"]
 
 
