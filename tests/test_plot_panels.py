@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from areal_lightning.app.cli import main
-from areal_lightning.viz.panels import build_panels
-from areal_lightning.viz.plot import PlotError, plot_runs
+from areal_lightning.viz.plot import PlotError, build_panels, load_runs, plot_runs
 
 
 def _run(root: Path, name: str, scale: float) -> Path:
@@ -31,8 +30,6 @@ def test_each_metric_gets_a_panel_with_a_line_per_run(tmp_path: Path) -> None:
     mt2, mt4 = _run(tmp_path, "mt2", 1.0), _run(tmp_path, "mt4", 1.2)
     out = plot_runs([mt2, mt4], ["reward/mean", "success@2"])
     assert out == tmp_path / "compare_reward_mean+success@2.png" and out.stat().st_size > 0
-    from areal_lightning.viz.plot import load_runs
-
     fig = build_panels(load_runs([mt2, mt4]), ["reward/mean", "success@2"])
     reward, success = fig.axes
     assert [reward.get_title(), success.get_title()] == ["reward/mean", "success@2"]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Optional, cast
 import yaml
 from omegaconf import DictConfig, ListConfig, Node, OmegaConf, errors as oc_errors
 
+from areal_lightning.app.episode_checks import episode_config_problem, logged_episode_metrics
 from areal_lightning.callbacks.choices import ThresholdAction
 from areal_lightning.callbacks.settings import EvaluatorSettings, validate_together
 from areal_lightning.errors import ArgumentError
@@ -584,9 +585,11 @@ class Config:
             eval_set.check(f"eval_sets.{name}", self.task.name)
         self._check_kinds_agree()
         if self.episodes is not None:
-            from areal_lightning.app.episode_checks import check_episodes
-
-            check_episodes(self)
+            with _owned_by("episodes"):
+                self.episodes.validate()
+            problem = episode_config_problem(self)
+            if problem:
+                raise ConfigError(problem)
         self._check_sequence_lengths()
         self._check_thresholds()
         self.trainer.check_lightning_names("trainer")  # last: it imports Lightning
@@ -652,8 +655,6 @@ class Config:
     def _metric_names(self, n_samples: int, single_turn: Any, labels: Any) -> list[str]:
         if self.episodes is None:
             return list(single_turn(n_samples, labels))
-        from areal_lightning.app.episode_checks import logged_episode_metrics
-
         return logged_episode_metrics(self.episodes, n_samples)
 
     def _check_kinds_agree(self) -> None:

@@ -3,7 +3,10 @@
 One run: the metric of each eval set over training steps (a line per eval set). Several runs:
 the metric across runs (a line per run and eval set; colour = run, line style = eval set). Runs
 are told apart by ``run_id``: a directory whose history holds several runs (or standalone
-``evaluate`` records beside its training) is drawn as several runs, with a printed note.
+``evaluate`` records beside its training) is drawn as several runs, with a printed note (the
+runs are read in run_histories.py). Several metrics (``--metric A --metric B``): a panel each,
+side by side, each run in the same colour in every panel, as the design document's Figure 3
+sets MT2 against MT4.
 Where a history has ``<metric>/ci_low`` and ``<metric>/ci_high`` (our accuracy metric logs its
 Wilson interval there) the interval is a shaded band around the line.
 
@@ -28,9 +31,14 @@ import numpy as np
 if TYPE_CHECKING:  # matplotlib loads when a figure is drawn: `areal-lightning fit` parses its arguments without it
     from matplotlib.figure import Figure
 
-from areal_lightning.tracking.history import HISTORY_FILENAME, drop_superseded, eval_rows, read_history, split_runs
+from areal_lightning.tracking.history import HISTORY_FILENAME, eval_rows
 from areal_lightning.tracking.writable import option_problem
-from areal_lightning.viz.panels import MetricsAction, build_panels
+from areal_lightning.viz.run_histories import (
+    PlotError as PlotError,
+    load_runs as load_runs,
+    run_names as run_names,
+    runs_in_history as runs_in_history,
+)
 
 DEFAULT_METRIC = "accuracy"
 CI_LOW_SUFFIX = "/ci_low"
@@ -46,6 +54,10 @@ SAVE_FORMATS = (".png", ".pdf", ".svg")
 LEGEND_INSIDE_MAX = 6
 # Runs named in a comparison's title before it says "N runs" instead.
 TITLE_MAX_RUNS = 3
+PANEL_WIDTH_IN = 5.0
+PANEL_HEIGHT_IN = 4.2
+MAX_PANELS = 6
+"""Metrics one figure holds, a panel each (side by side)."""
 X_LABEL = "global step of evaluated weights"
 PALETTE_SIZE = 10
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
@@ -55,10 +67,6 @@ LINE_STYLES = ("-", "--", ":", "-.")
 UNIT_INTERVAL_METRIC = re.compile(
     r"(accuracy|acc|(pass|maj|best|mean|worst|success)@\d+|success_rate|zero_std_frac(tion)?)"
 )
-
-
-class PlotError(ValueError):
-    """Bad input to a plot: the message names what was wrong and what is accepted."""
 
 
 @dataclass(frozen=True)
@@ -245,11 +253,42 @@ def _style_axes(ax: Any, metric: str, all_series: Sequence[Series], run_names: l
         ax.legend(handles, labels, title=legend_title, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
 
 
-def run_names(run_dirs: Sequence[Path]) -> list[str]:
-    """A name per run dir: its name, or ``parent/name`` where names collide (else the path)."""
-    names = [d.name for d in run_dirs]
-    names = [f"{d.parent.name}/{d.name}" if names.count(n) > 1 else n for d, n in zip(run_dirs, names, strict=True)]
-    return [str(d) if names.count(n) > 1 else n for d, n in zip(run_dirs, names, strict=True)]
+def build_panels(runs: Mapping[str, Sequence[Mapping[str, Any]]], metrics: Sequence[str]) -> Figure:
+    """A figure with one panel per metric in `metrics`, each drawn as `build_figure` draws one
+    metric (one metric: exactly `build_figure`'s figure).
+
+    Args:
+        runs: run name -> its eval history records.
+        metrics: one to `MAX_PANELS` metric names.
+
+    Raises:
+        PlotError: no metric or more than `MAX_PANELS`, a metric named twice, or a metric that no run has.
+
+    Example:
+        >>> recs = [{"step": s, "dataset": "easy", "metrics": {"a": s / 10, "b": 1.0}} for s in (0, 5)]
+        >>> [ax.get_ylabel() for ax in build_panels({"demo": recs}, ["a", "b"]).axes]
+        ['a', 'b']
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if not 1 <= len(metrics) <= MAX_PANELS:
+        raise PlotError(f"plot draws 1 to {MAX_PANELS} metrics on one figure, got {len(metrics)}: {list(metrics)}")
+    if len(metrics) == 1:
+        return build_figure(runs, metrics[0])
+    twice = sorted({m for m in metrics if list(metrics).count(m) > 1})
+    if twice:
+        raise PlotError(f"--metric {twice[0]!r} is given twice; name each metric once")
+    series = {metric: _collect_series(runs, metric) for metric in metrics}  # every metric checked before drawing
+    size = (PANEL_WIDTH_IN * len(metrics), PANEL_HEIGHT_IN)
+    fig = Figure(figsize=size, dpi=FIGURE_DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    run_names = list(runs)
+    for ax, metric in zip(fig.subplots(1, len(metrics), squeeze=False)[0], metrics, strict=True):
+        _draw_series(ax, series[metric], run_names, len(runs) == 1)
+        _style_axes(ax, metric, series[metric], run_names, len(runs) == 1)
+        ax.set_title(metric)
+    return fig
 
 
 def _metric_file_part(metric: str) -> str:
@@ -263,70 +302,6 @@ def default_output(run_dirs: Sequence[Path], metric: str | Sequence[str]) -> Pat
     if len(run_dirs) == 1:
         return run_dirs[0] / f"eval_{part}.png"
     return run_dirs[0].parent / f"compare_{part}.png"
-
-
-def _load_run(run_dir: Path) -> list[dict[str, Any]]:
-    accepted = f"pass the output_dir of a training run (it holds {HISTORY_FILENAME})"
-    if not run_dir.exists():
-        raise PlotError(f"run directory {str(run_dir)!r} does not exist; {accepted}")
-    if not run_dir.is_dir():
-        raise PlotError(f"{str(run_dir)!r} is not a directory; {accepted}")
-    history = run_dir / HISTORY_FILENAME
-    if not history.is_file():
-        raise PlotError(f"run directory {str(run_dir)!r} has no {HISTORY_FILENAME}; {accepted}")
-    try:
-        records = read_history(history)
-    except ValueError as err:
-        raise PlotError(str(err)) from None
-    if not eval_rows(records):
-        raise PlotError(
-            f"{str(history)!r} has no eval records (it is empty or holds only "
-            "alerts / errors); a run appends one per eval set per eval round"
-        )
-    return records
-
-
-def runs_in_history(name: str, records: Sequence[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """The runs one history holds, by plot name: `name` alone when it holds one, else
-    ``"<name> [<run_id>]"`` per run, and ``"<name> [<run_id> evaluate]"`` for a run's standalone
-    evaluations. A run's records that a resumption superseded are left out (`drop_superseded`).
-
-    Example:
-        >>> recs = [{"step": s, "dataset": "easy", "metrics": {}, "run_id": r} for r in ("a", "b") for s in (0, 5)]
-        >>> list(runs_in_history("trial0", recs))
-        ['trial0 [a]', 'trial0 [b]']
-    """
-    found: dict[str, list[dict[str, Any]]] = {}
-    for run_id, records_of_run in split_runs(records).items():
-        standalone = [r for r in records_of_run if r.get("source") == "standalone"]
-        training = drop_superseded([r for r in records_of_run if r.get("source") != "standalone"])
-        if eval_rows(training):
-            found[run_id] = training
-        if eval_rows(standalone):
-            found[f"{run_id} evaluate"] = standalone
-    if len(found) == 1:
-        return {name: next(iter(found.values()))}
-    return {f"{name} [{key}]": run_records for key, run_records in found.items()}
-
-
-def load_runs(run_dirs: Sequence[Path]) -> dict[str, list[dict[str, Any]]]:
-    """The runs of every directory's history, by plot name (see `runs_in_history`); a directory
-    that holds several runs is named in a `UserWarning` (the CLI prints it).
-
-    Raises:
-        PlotError: a directory is missing or has no eval records.
-    """
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for name, d in zip(run_names([d.resolve() for d in run_dirs]), run_dirs, strict=True):
-        found = runs_in_history(name, _load_run(d))
-        if len(found) > 1:
-            warnings.warn(
-                f"{str(d)!r} holds {len(found)} runs ({', '.join(found)}); each is drawn as its own line",
-                UserWarning,
-                stacklevel=2,
-            )
-        runs.update(found)
-    return runs
 
 
 def plot_runs(
@@ -364,6 +339,17 @@ def plot_runs(
     target.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(target)
     return target
+
+
+class MetricsAction(argparse.Action):
+    """``--metric`` given once keeps its name (a string); given again, the names so far become a list."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        current = getattr(namespace, self.dest)
+        if current is self.default:
+            setattr(namespace, self.dest, values)
+        else:
+            setattr(namespace, self.dest, [*([current] if isinstance(current, str) else current), values])
 
 
 def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
