@@ -180,3 +180,25 @@ def test_episode_settings_are_part_of_each_eval_sets_fingerprint() -> None:
         == 4
     )
     assert fingerprint("episodes.max_turns=2") == mt2
+
+
+def test_lockstep_generation_runs_every_turn_for_every_episode_and_changes_no_episode() -> None:
+    # Under sharded parameters every rank must run the same forwards: all episodes, all turns.
+    policy, env = _policy(), OddFirstDigit()
+    samples = TASK.make_samples("episodes", digits=1, size=6)
+    seeds = sample_seeds(3, "episodes", [s.index for s in samples])
+    rows_per_call: list[int] = []
+    generate = policy.generate
+
+    def counting(ids, mask, **kwargs):
+        rows_per_call.append(ids.shape[0])
+        return generate(ids, mask, **kwargs)
+
+    policy.generate = counting  # type: ignore[method-assign]
+    settings, sampling = EpisodeSettings(max_turns=3), SamplingParams(n_samples=3, temperature=1.0)
+    kwargs = {"n": 3, "settings": settings, "sampling": sampling, "max_new_tokens": 4}
+    lockstep = run_episodes(policy, TOK, env, samples, seeds, lockstep=True, **kwargs)
+    assert rows_per_call == [18, 18, 18]
+    rows_per_call.clear()
+    assert _summary(run_episodes(policy, TOK, env, samples, seeds, **kwargs)) == _summary(lockstep)
+    assert rows_per_call[0] == 18 and rows_per_call[-1] < 18  # finished episodes are left out
