@@ -1,7 +1,7 @@
 """Multi-turn episodes: the policy writes, the environment answers, until it is done or ``max_turns``.
 
 The whole conversation is the next turn's context, as token ids: the first prompt (through the
-tokenizer, its chat template where it has one), then each completion as it was generated (up to
+tokenizer, its chat template when prompts use it), then each completion as it was generated (up to
 and including its EOS), then the observation that followed it (`encode_observation`: for a chat
 tokenizer, the template's user turn and the assistant's generation prompt). A completion cut at
 ``max_new_tokens`` gets an EOS before the observation, as AReaL's multi-turn workflow adds one.
