@@ -176,15 +176,26 @@ def state_copy(module: nn.Module) -> Mapping[str, Tensor]:
 
 def round_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     """The metrics the round itself computes, without what the callback derives across rounds
-    (``/best``, ``/best_step``, ``/delta...``): a standalone evaluation has no earlier round."""
-    return {k: v for k, v in metrics.items() if not k.endswith(("/best", "/best_step")) and "/delta" not in k}
+    (``/best``, ``/best_step``, ``/delta...``, the prompt story's ``/gained``, ``/lost``,
+    ``/bucket/...`` and ``/gap``): a standalone evaluation has no earlier round."""
+    derived = ("/best", "/best_step", "/gained", "/lost", "/gap")
+    return {k: v for k, v in metrics.items() if not k.endswith(derived) and "/delta" not in k and "/bucket/" not in k}
 
 
 _GROUPS = {
     "schedule": ("freq_epochs", "freq_steps", "freq_secs", "eval_before_train", "eval_at_end", "adaptive", "budget"),
     "execution": ("mode", "on_busy", "async_device", "async_threads", "max_snapshot_mb"),
     "rounds": ("precision", "cache", "cache_dir", "max_table_rows", "on_error"),
-    "decisions": ("metric_thresholds", "threshold_action", "best_metrics", "reward_watch"),
+    "decisions": (
+        "metric_thresholds",
+        "threshold_action",
+        "best_metrics",
+        "reward_watch",
+        "best_rule",
+        "best_confidence",
+        "prompt_story",
+        "integrity",
+    ),
 }
 
 

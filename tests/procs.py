@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pty
+import re
+import shlex
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 KILL_GRACE_S: float = 5.0
@@ -78,3 +83,45 @@ def run_in_group(cmd: Sequence[str], timeout: float, **kwargs: Any) -> subproces
 def evaluate_command(config: os.PathLike[str] | str, ckpt: os.PathLike[str] | str, *args: str) -> list[str]:
     """``python -m areal_lightning evaluate -c CONFIG --ckpt CKPT ARGS`` with this interpreter."""
     return [sys.executable, "-m", "areal_lightning", "evaluate", "-c", str(config), "--ckpt", str(ckpt), *args]
+
+
+def on_a_terminal(argv: list[str], timeout: float, cwd: Path) -> tuple[int, str]:
+    """Runs `argv` with stdout and stderr on a pseudo-terminal (as a shell would), in its own process
+    group that a timeout ends as a whole; returns (exit status, what the terminal showed)."""
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen(
+        argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, start_new_session=True
+    )
+    os.close(terminal)
+    shown: list[bytes] = []
+
+    def read() -> None:
+        with contextlib.suppress(OSError):  # EIO once the command and its children closed the terminal
+            while chunk := os.read(controller, 65536):
+                shown.append(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        status = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        raise AssertionError(
+            f"`{shlex.join(argv)}` ran past {timeout} s:\n" + b"".join(shown).decode(errors="replace")[-3000:]
+        ) from None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 9)  # nothing the command started outlives the test
+        reader.join(timeout=10)
+        os.close(controller)
+    return status, b"".join(shown).decode(errors="replace")
+
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def round_lines_glued(shown: str, marker: str = "evaluation at step") -> list[str]:
+    """The terminal lines where a round's line does not start the line: glued after a progress
+    bar's last characters (ANSI codes removed; a carriage return starts a line too)."""
+    lines = re.split(r"[\r\n]", ANSI.sub("", shown))
+    return [line for line in lines if marker in line and not line.startswith(marker)]

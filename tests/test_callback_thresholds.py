@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from callback_helpers import QUIET_WARNINGS, CountingModule, history_steps, make_trainer
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.trainer.states import TrainerStatus
 from torchmetrics import CatMetric
 
@@ -15,7 +17,7 @@ from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
 from areal_lightning.callbacks.sanity import MetricNameError
 from areal_lightning.eval_round import EvalRoundError
 from areal_lightning.metrics import RewardMetric
-from areal_lightning.tracking.history import event_rows, read_history
+from areal_lightning.tracking.history import eval_rows, event_rows, read_history
 
 pytestmark = [pytest.mark.filterwarnings(w) for w in QUIET_WARNINGS]
 
@@ -37,11 +39,12 @@ def scripted_rewards(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
     return {}
 
 
-def expected_alerts(threshold: float) -> list[tuple[int, str, float]]:
-    """One alert per downward crossing: a value below the threshold after one at or above it."""
+def expected_alerts(threshold: float, from_start: bool = False) -> list[tuple[int, str, float]]:
+    """One alert per downward crossing: a value below the threshold after one at or above it (or,
+    `from_start`, also the first value below it before it was ever reached)."""
     alerts = []
     for dataset, values in SCRIPT.items():
-        armed = False
+        armed = from_start
         for step, value in enumerate(values, start=1):
             if value >= threshold:
                 armed = True
@@ -66,6 +69,22 @@ def test_alert_is_recorded_once_per_downward_crossing(tmp_path: Path) -> None:
         assert (alert["metric"], alert["threshold"]) == ("reward/mean", THRESHOLD)  # `reward` watches reward/mean
         assert f"eval/{alert['dataset']}/reward/mean fell to" in alert["message"]
     assert trainer.global_step == len(SCRIPT["easy"])  # alerts do not stop training
+
+
+def test_alert_from_start_also_alerts_on_a_metric_that_starts_below_its_threshold(tmp_path: Path) -> None:
+    decisions = {"metric_thresholds": {"reward": THRESHOLD}, "alert_from_start": True}
+    callback = EvaluationCallback(EVAL_SETS, scripted_rewards, schedule={"freq_steps": 1}, decisions=decisions)
+    make_trainer(tmp_path, [callback], len(SCRIPT["easy"])).fit(CountingModule())
+
+    alerts = event_rows(read_history(tmp_path), "alert")
+    got = sorted((a["step"], a["dataset"], a["value"]) for a in alerts)
+    assert got == [(s, d, pytest.approx(v)) for s, d, v in expected_alerts(THRESHOLD, from_start=True)]
+    first = next(a for a in alerts if (a["step"], a["dataset"]) == (1, "easy"))  # 0.6 before ever reaching 0.7
+    assert (
+        "eval/easy/reward/mean is 0.6 at step 1, below its threshold 0.7 (it has not reached it yet)"
+        in (first["message"])
+    )
+    assert len(got) == len(expected_alerts(THRESHOLD)) + 1
 
 
 def test_threshold_action_stop_stops_training_cleanly_after_the_alert(tmp_path: Path) -> None:
@@ -134,6 +153,33 @@ def test_a_failing_evaluate_fn_is_recorded_and_training_goes_on(tmp_path: Path) 
     assert "ValueError: no answer could be parsed at step 4" in errors[0]["message"]
     assert "evaluation of eval set 'probe' failed" in errors[0]["message"]
     assert module.training and torch.is_grad_enabled()  # the failed round left no eval mode behind
+
+
+def _hard_fails_at_step_4(module: Any, batches: Any, ctx: Any) -> dict[str, float]:
+    if ctx.dataset == "hard" and ctx.global_step == 4:
+        raise ValueError("the hard set's scorer broke")
+    return {"w": float(module.w)}
+
+
+def test_a_failing_eval_set_costs_only_itself(tmp_path: Path) -> None:
+    callback = EvaluationCallback({"easy": [1, 2], "hard": [3]}, _hard_fails_at_step_4, schedule={"freq_steps": 2})
+    trainer = make_trainer(tmp_path, [callback], 6, logger=CSVLogger(tmp_path, name="csv", version=0))
+    trainer.fit(CountingModule())
+
+    records = read_history(tmp_path)
+    assert [(r["step"], r["dataset"]) for r in eval_rows(records)] == [
+        (2, "easy"),
+        (2, "hard"),
+        (4, "easy"),
+        (6, "easy"),
+        (6, "hard"),
+    ]  # step 4: easy is kept, and hard alone is an error record that names it
+    errors = event_rows(records, "error")
+    assert [(e["step"], e["dataset"]) for e in errors] == [(4, "hard")]
+    assert "the hard set's scorer broke" in errors[0]["message"]
+    with open(tmp_path / "csv" / "version_0" / "metrics.csv") as f:
+        logged = {int(row["step"]) for row in csv.DictReader(f) if row.get("eval/easy/w")}
+    assert logged == {2, 4, 6}  # the easy set of the failed round reached the loggers too
 
 
 def test_on_error_raise_fails_fast(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
 
 from areal_lightning.app.cli import main
@@ -153,3 +154,62 @@ def test_plot_exits_2_when_there_is_nothing_to_draw(tmp_path: Path, capsys: pyte
     assert "metric 'accuracy' has no finite value in any eval record" in capsys.readouterr().err
     assert not (all_null / "eval_accuracy.png").exists()
     assert main(["plot", str(all_null), "--metric", "reward/mean"]) == 0
+
+
+# ---- the second command a user runs: evaluate after fit ------------------------------------------
+
+
+def test_evaluate_records_the_epoch_that_training_recorded_for_the_same_weights(tmp_path: Path) -> None:
+    """Lightning's checkpoint ``epoch`` counts the epochs begun: ``last.ckpt``, written when training
+    ends mid-epoch, says 1 for weights trained in epoch 0."""
+    config = _config(tmp_path)
+    settings = yaml.safe_load(config.read_text())
+    settings["trainer"]["checkpoint_every_n_steps"] = 5  # never reached: last.ckpt alone, written at the end
+    config.write_text(yaml.safe_dump(settings))
+    assert main(["fit", "-c", str(config)]) == 0
+    run_dir = tmp_path / "run"
+    training = {r["step"]: r["epoch"] for r in read_history(run_dir) if "metrics" in r}
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    assert torch.load(ckpt, weights_only=True)["epoch"] == 1  # Lightning's count (the run never left epoch 0)
+    history = tmp_path / "evaluate.jsonl"
+    assert main(["evaluate", "-c", str(config), "--ckpt", str(ckpt), "--history", str(history)]) == 0
+    assert {(r["step"], r["epoch"]) for r in read_history(history)} == {(4, training[4])} == {(4, 0)}
+
+
+def test_evaluate_twice_with_the_cache_on_answers_the_second_from_the_cache(
+    trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from areal_lightning.eval_round import round as round_module
+
+    calls: list[str] = []
+    original = round_module.evaluate_local
+
+    def counting(module: Any, eval_set: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(eval_set.name)  # the evaluation of one eval set (the cache keys evaluate_fn, not this)
+        return original(module, eval_set, *args, **kwargs)
+
+    monkeypatch.setattr(round_module, "evaluate_local", counting)
+    ckpt = Path(yaml.safe_load(trained.read_text())["output_dir"]) / "checkpoints" / "last.ckpt"
+    history = tmp_path / "h.jsonl"
+    args = ["evaluate", "-c", str(trained), "--ckpt", str(ckpt), "--history", str(history)]
+    args += [f"output_dir={tmp_path / 'out'}", "evaluator.cache=true"]
+    assert main(args) == 0 and calls == ["easy", "hard"]
+    assert main(args) == 0 and calls == ["easy", "hard"]  # nothing evaluated the second time
+    first, second = read_history(history)[:2], read_history(history)[2:]
+    assert [r.get("cached") for r in first] == [None, None] and [r["cached"] for r in second] == [True, True]
+    assert [r["metrics"] for r in second] == [r["metrics"] for r in first]
+    assert [r["sampling"] for r in second] == [r["sampling"] for r in first]
+    table = capsys.readouterr().out.splitlines()
+    header = table[1].split()
+    row = dict(zip(header, table[2].split(), strict=True))  # the easy set's row of the first table
+    assert re.fullmatch(r"\d+", row["scoring/timeouts"]) and re.fullmatch(r"0\.\d{4}", row["accuracy/ci_high"])
+
+
+def test_evaluate_without_a_config_names_the_runs_own(trained: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = Path(yaml.safe_load(trained.read_text())["output_dir"])
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    assert main(["evaluate", "--ckpt", str(ckpt)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"areal-lightning: error: evaluate needs the config of the run (-c): fit saved it as {run_dir}/config.yaml; "
+        f"run areal-lightning evaluate -c {run_dir}/config.yaml --ckpt {ckpt}"
+    )

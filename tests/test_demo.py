@@ -8,18 +8,13 @@ round may fail, and the plot must be drawn. About 2-4 minutes on 2 CPU cores.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import pty
 import re
 import shlex
-import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
-from procs import kill_group
+from procs import on_a_terminal, round_lines_glued
 
 from areal_lightning.tracking.history import eval_rows, event_rows, read_history
 
@@ -40,41 +35,11 @@ def demo_command() -> list[str]:
     return [str(Path(sys.executable).parent / "areal-lightning"), *argv[1:]]
 
 
-def run_on_a_terminal(argv: list[str], timeout: float, cwd: Path) -> tuple[int, str]:
-    """Runs `argv` with stdout and stderr on a pseudo-terminal (as a shell would), in its own process
-    group that a timeout ends as a whole; returns (exit status, what the terminal showed)."""
-    controller, terminal = pty.openpty()
-    proc = subprocess.Popen(
-        argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, start_new_session=True
-    )
-    os.close(terminal)
-    shown: list[bytes] = []
-
-    def read() -> None:
-        with contextlib.suppress(OSError):  # EIO once the command and its children closed the terminal
-            while chunk := os.read(controller, 65536):
-                shown.append(chunk)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        status = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
-        pytest.fail(f"`{shlex.join(argv)}` ran past {timeout} s:\n" + b"".join(shown).decode(errors="replace")[-3000:])
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 9)  # nothing the command started outlives the test
-        reader.join(timeout=10)
-        os.close(controller)
-    return status, b"".join(shown).decode(errors="replace")
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(DEMO_TIMEOUT_S + 60)
 def test_make_demo_records_every_scheduled_round_and_learns(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    status, shown = run_on_a_terminal([*demo_command(), f"output_dir={out}"], DEMO_TIMEOUT_S, ROOT)
+    status, shown = on_a_terminal([*demo_command(), f"output_dir={out}"], DEMO_TIMEOUT_S, ROOT)
     assert status == 0, shown[-3000:]
     assert "it/s" in shown or "s/it" in shown  # the progress bar was on, as in a terminal
 
@@ -90,3 +55,10 @@ def test_make_demo_records_every_scheduled_round_and_learns(tmp_path: Path) -> N
     assert easy[max(easy)] >= END_MIN_ACCURACY, easy
     assert (out / "eval_accuracy.png").stat().st_size > 0
     assert "rounds failed" not in shown
+    # What the person at the terminal read: one line per round, none glued to the progress bar, a
+    # sane epoch, and no third-party noise (Lightning's tips and deprecations, see app/console.py).
+    assert shown.count("evaluation at step") == len({r["step"] for r in rows}), shown[-3000:]
+    assert round_lines_glued(shown) == []
+    assert "/-2" not in shown and re.search(r"Epoch 99\b", shown)  # no max_epochs: no "Epoch 99/-2"
+    for noise in ("litlogger", "litmodels", "LeafSpec"):
+        assert noise not in shown

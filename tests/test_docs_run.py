@@ -149,10 +149,21 @@ SETUP: dict[str, Callable[[Path], None]] = {
 NEEDS = {"hf_models.md": ("transformers",), "eval_history.md": ("pandas",)}
 SLOW = {"README.md", "evaluate_watch.md", "hf_models.md", "eval_history.md"}
 # Every block the docs mark as not runnable here: a new mark is a decision, taken here too.
+GRADERS_BLOCK = """\
+from areal_lightning.rl.model_graders import GradedTask, JudgeGrader, RewardModelGrader
+
+task = GradedTask(
+    MathTask("test.jsonl"),
+    reward_model=RewardModelGrader("models/my-rm", batch_size=16),  # AutoModelForSequenceClassification
+    judge=JudgeGrader(HFPolicy.from_pretrained("models/judge"), template=RUBRIC),
+)
+module = GRPOModule(policy, task)
+"""
 SKIPPED = {
     "README.md": ["pip install areal-lightning", "make demo"],
     "development.md": ["make lint", ".venv/bin/pre-commit install", "make wheel", "make mutation"],
     "hf_models.md": ["huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir models/Qwen2.5-0.5B-Instruct"],
+    "code_evaluation.md": [GRADERS_BLOCK],
 }
 
 

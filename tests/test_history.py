@@ -251,7 +251,8 @@ def test_record_builders_reject_bad_arguments_naming_them() -> None:
     with pytest.raises(
         ValueError,
         match=r"event_record\(event=...\) must be one of "
-        r"\('alert', 'error', 'resume', 'adaptive', 'drift', 'skipped', 'interrupted'\), got 'info'",
+        r"\('alert', 'error', 'resume', 'adaptive', 'drift', 'skipped', 'interrupted', 'integrity', "
+        r"'prompt_outcomes'\), got 'info'",
     ):
         event_record("info", 1, message="x")
     with pytest.raises(

@@ -101,7 +101,11 @@ class WandbMode(str, Enum):
     DISABLED = "disabled"
 
 
-SETTINGS_PATHS = {"AdaptiveSettings": "evaluator.adaptive", "RewardWatchSettings": "evaluator.reward_watch"}
+SETTINGS_PATHS = {
+    "AdaptiveSettings": "evaluator.adaptive",
+    "RewardWatchSettings": "evaluator.reward_watch",
+    "PromptStorySettings": "evaluator.prompt_story",
+}
 """Where the settings classes that check their own fields when built live in the YAML file (the
 four groups of `EvaluationCallback`: ``evaluator``)."""
 
@@ -626,14 +630,17 @@ class Config:
             )
         if not (ev.metric_thresholds or ev.best_metrics or ev.reward_watch):
             return  # nothing names a metric: the metric classes (torch) need not load
+        from areal_lightning.callbacks.prompt_story import StoryBuckets, story_metric_names
         from areal_lightning.rl.rollout_eval import (
             metric_names,  # torch and torchmetrics: only when needed
         )
 
         labels = _task_labels(self.task.name)
-        logged = sorted(
-            {m for es in self.eval_sets.values() for m in self._metric_names(es.n_samples, metric_names, labels)}
-        )
+        base = {m for es in self.eval_sets.values() for m in self._metric_names(es.n_samples, metric_names, labels)}
+        story = ev.prompt_story
+        # Stratum buckets are named by the data's strata, unknown here: the sanity pass checks those.
+        by_stratum = story is not None and story.buckets is StoryBuckets.STRATUM
+        logged = sorted(base | set(story_metric_names(base, story)))
         named = [(f"evaluator.metric_thresholds.{name}", name, True) for name in ev.metric_thresholds]
         named += [(f"evaluator.best_metrics.{name}", name, False) for name in ev.best_metrics or {}]
         if ev.reward_watch is not None:
@@ -644,6 +651,8 @@ class Config:
                     f"{ev.reward_watch.eval_set!r}; defined: {', '.join(self.eval_sets)}"
                 )
         for key, name, mean_too in named:
+            if by_stratum and story is not None and name.startswith(f"{story.metric}/bucket/"):
+                continue
             if name not in logged and not (mean_too and f"{name}/mean" in logged):
                 close = difflib.get_close_matches(name, logged, n=1)
                 hint = f" Did you mean `{close[0]}`?" if close else ""

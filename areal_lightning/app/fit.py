@@ -24,7 +24,7 @@ from areal_lightning.app.config import (
     save_config,
     to_yaml,
 )
-from areal_lightning.app.console import ROUNDS_FAILED, fail, log, quiet_lightning, report_rounds
+from areal_lightning.app.console import ROUNDS_FAILED, USAGE_ERROR, fail, log, quiet_lightning, report_rounds
 from areal_lightning.tracking.writable import option_problem
 
 if TYPE_CHECKING:
@@ -211,7 +211,12 @@ def fit_main(args: argparse.Namespace) -> int:
         if resumed:
             _record_resume(run, args.ckpt)
     records_before = _count_records(cfg.output_dir) if trainer.is_global_zero else 0
-    status = _fit_as_run(trainer, module, args.ckpt, cfg, stop)
+    from areal_lightning.callbacks.integrity_checks import IntegrityError
+
+    try:
+        status = _fit_as_run(trainer, module, args.ckpt, cfg, stop)
+    except IntegrityError as err:  # evaluator.integrity: fail, before the first step; recorded as events
+        return fail(str(err)) if trainer.is_global_zero else USAGE_ERROR
     finish_wandb(trainer.loggers, exit_code=status)  # Lightning leaves the W&B run open
     if not trainer.is_global_zero:
         return status  # rank 0 reports for every rank: the rounds and their failures are the same on all

@@ -57,6 +57,15 @@ class WatchReference(str, Enum):
     BEST = "best"
 
 
+class IntegrityAction(str, Enum):
+    """What the integrity checks at the start of fit do with a problem they find: ``warn`` (an event
+    and a warning, training goes on), ``fail`` (training does not start) or ``off`` (no checks)."""
+
+    WARN = "warn"
+    FAIL = "fail"
+    OFF = "off"
+
+
 E = TypeVar("E", bound=Enum)
 
 

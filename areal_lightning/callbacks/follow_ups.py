@@ -6,13 +6,17 @@ round), then the round is published to ``trainer.callback_metrics`` and recorded
 follow-ups with ``after_record = True`` in list order (they read the recorded round and raise
 alerts or stop training). `build_follow_ups` makes the list; its order is:
 
-1. `DriftCheck`: at training start only, reports eval sets whose content changed.
-2. `PairedDeltas`: ``<metric>/delta`` and ``delta_best`` with their paired 95% intervals.
-3. `BudgetShare`: charges the round to the eval-time budget (``budget_share``, ``deferred``).
-4. `AdaptiveInterval`: the adaptive schedule's next interval, from the paired intervals.
-5. `BestMetrics`: ``<metric>/best`` and ``best_step``.
-6. `ThresholdAlerts` (after the record): threshold alerts, and the stop they may ask for.
-7. `RewardHackingWatch` (after the record): the reward-hacking watch's alerts.
+1. `IntegrityChecks` (``callbacks/integrity.py``): at training start only, training prompts in the
+   eval sets and reference answers the grader fails; ``integrity: fail`` stops the fit there.
+2. `DriftCheck`: at training start only, reports eval sets whose content changed.
+3. `PairedDeltas`: ``<metric>/delta`` and ``delta_best`` with their paired 95% intervals.
+4. `BudgetShare`: charges the round to the eval-time budget (``budget_share``, ``deferred``).
+5. `AdaptiveInterval`: the adaptive schedule's next interval, from the paired intervals.
+6. `PromptStory`: ``pass@<k>/gap``, ``<metric>/gained``, ``/lost``,
+   ``/bucket/<b>``, and each round's per-prompt outcomes in ``prompt_outcomes.jsonl`` (``callbacks/story_keeper.py``).
+7. `BestMetrics`: ``<metric>/best`` and ``best_step`` (under ``best_rule``).
+8. `ThresholdAlerts` (after the record): threshold alerts, and the stop they may ask for.
+9. `RewardHackingWatch` (after the record): the reward-hacking watch's alerts.
 
 Every follow-up runs on every rank with the same reduced results; `state_dict` goes into the
 callback's checkpoint state under `state_key` (None: nothing to keep). To add one, write its class
@@ -31,11 +35,14 @@ import lightning as L
 from areal_lightning.callbacks.adaptive import AdaptiveSchedule
 from areal_lightning.callbacks.best import BEST, BEST_STEP, BestValues
 from areal_lightning.callbacks.budget import EvalBudget
-from areal_lightning.callbacks.choices import ThresholdAction
+from areal_lightning.callbacks.choices import IntegrityAction, ThresholdAction
+from areal_lightning.callbacks.integrity import check_integrity
 from areal_lightning.callbacks.lightning_monitors import read_train_metric
 from areal_lightning.callbacks.reward_hacking import ALERT_KIND, RewardWatch
+from areal_lightning.callbacks.round_outcomes import RoundOutcomes
 from areal_lightning.callbacks.runners import Finished
 from areal_lightning.callbacks.settings import Decisions, Schedule
+from areal_lightning.callbacks.story_keeper import StoryKeeper
 from areal_lightning.callbacks.thresholds import ThresholdMonitor
 from areal_lightning.eval_round import EvalSet
 from areal_lightning.eval_round.eval_set_drift import DriftMonitor
@@ -85,19 +92,33 @@ class FollowUp:
             getattr(self, self.keeps).load_state_dict(state)
 
 
+class IntegrityChecks(FollowUp):
+    """At the start of fit: training prompts in the eval sets, reference answers the grader fails
+    (`callbacks.integrity`); with ``fail``, a problem stops the fit before its first step."""
+
+    def __init__(self, action: IntegrityAction) -> None:
+        self.action = action
+
+    def start(self, trainer: L.Trainer, eval_sets: Sequence[EvalSet], recorder: EvalRecorder) -> None:
+        check_integrity(trainer, eval_sets, recorder, self.action)
+
+
 class DriftCheck(FollowUp):
-    """Compares each eval set with the one the checkpoint saw; a changed set starts its pairing anew."""
+    """Compares each eval set with the one the checkpoint saw; a changed set starts its pairing (and
+    whatever else keeps its prompts' outcomes: `others`, each with a ``reset(eval_set)``) anew."""
 
     state_key = "drift"
     keeps = "monitor"
 
-    def __init__(self, pairs: PairedRounds) -> None:
+    def __init__(self, pairs: PairedRounds, *others: Any) -> None:
         self.monitor = DriftMonitor()
         self.pairs = pairs
+        self.others = others
 
     def start(self, trainer: L.Trainer, eval_sets: Sequence[EvalSet], recorder: EvalRecorder) -> None:
         for name, message in self.monitor.check(eval_sets).items():
-            self.pairs.reset(name)  # the new content has nothing to pair with
+            for keeper in (self.pairs, *self.others):
+                keeper.reset(name)  # the new content has nothing to pair with
             recorder.drift(trainer, trainer.global_step, name, message)
 
 
@@ -186,21 +207,48 @@ class AdaptiveInterval(FollowUp):
         recorder.event(trainer, "adaptive", done.step, message, level=logging.INFO, **fields, moved=change.moved)
 
 
+class PromptStory(FollowUp):
+    """Each prompt's outcome across rounds: gained, lost, difficulty buckets, ``pass@<k>/gap``, and
+    the per-prompt outcomes file (`callbacks.story_keeper`)."""
+
+    state_key = "prompt_story"
+    keeps = "keeper"
+
+    def __init__(self, keeper: StoryKeeper) -> None:
+        self.keeper = keeper
+
+    def names(self, dataset: str, metrics: Collection[str], outcome_names: Collection[str]) -> set[str]:
+        return self.keeper.names(dataset, metrics, outcome_names)
+
+    def start(self, trainer: L.Trainer, eval_sets: Sequence[EvalSet], recorder: EvalRecorder) -> None:
+        self.keeper.start(trainer, eval_sets, recorder)
+
+    def observe(self, trainer: L.Trainer, done: Finished, recorder: EvalRecorder) -> None:
+        self.keeper.observe(trainer, done, recorder)
+
+
 class BestMetrics(FollowUp):
-    """Adds each watched metric's best value and step so far to every set's metrics."""
+    """Adds each watched metric's best value and step so far to every set's metrics; a noise-aware
+    rule (``best_rule``) reads every prompt's outcomes, and a set answered by the result cache (no
+    outcomes) does not compete."""
 
     state_key = "best"
     keeps = "best"
 
-    def __init__(self, best: BestValues) -> None:
+    def __init__(self, best: BestValues, outcomes: RoundOutcomes | None = None) -> None:
         self.best = best
+        self.outcomes = outcomes or RoundOutcomes()
 
     def names(self, dataset: str, metrics: Collection[str], outcome_names: Collection[str]) -> set[str]:
         return {f"{name}/{suffix}" for name in self.best.directions if name in metrics for suffix in (BEST, BEST_STEP)}
 
     def observe(self, trainer: L.Trainer, done: Finished, recorder: EvalRecorder) -> None:
+        every = self.outcomes.of(done) if self.best.needs_outcomes and done.results else {}
         for r in done.all_results:
-            r.metrics.update(self.best.update(r.dataset, r.metrics, done.step))
+            if self.best.needs_outcomes and r.dataset in done.cached:
+                r.metrics.update(self.best.current(r.dataset))
+            else:
+                r.metrics.update(self.best.update(r.dataset, r.metrics, done.step, every.get(r.dataset, {})))
 
 
 class ThresholdAlerts(FollowUp):
@@ -271,17 +319,27 @@ class RewardHackingWatch(FollowUp):
 
 
 def build_follow_ups(
-    schedule: Schedule, decisions: Decisions, clock: Callable[[], float] = time.monotonic
+    schedule: Schedule,
+    decisions: Decisions,
+    clock: Callable[[], float] = time.monotonic,
+    eval_sets: Sequence[EvalSet] = (),
 ) -> list[FollowUp]:
-    """The follow-ups the settings ask for, in the order they observe each round (the module docstring)."""
+    """The follow-ups the settings ask for, in the order they observe each round (the module docstring);
+    `eval_sets` lets those that name metrics after the samples (the story's stratum buckets) know them
+    before any round."""
     pairs = PairedRounds()
+    outcomes = RoundOutcomes()
     budget = schedule.eval_budget(clock)
+    best = decisions.best()
+    story = StoryKeeper(decisions.prompt_story, outcomes, eval_sets) if decisions.prompt_story is not None else None
     follow_ups: list[FollowUp | None] = [
-        DriftCheck(pairs),
+        IntegrityChecks(decisions.integrity),
+        DriftCheck(pairs, best, *([story] if story is not None else [])),
         PairedDeltas(pairs),
         BudgetShare(budget) if budget is not None else None,
         AdaptiveInterval(schedule.adaptive.build(), pairs) if schedule.adaptive is not None else None,
-        BestMetrics(decisions.best()),
+        PromptStory(story) if story is not None else None,
+        BestMetrics(best, outcomes),
         ThresholdAlerts(decisions.thresholds(), decisions.threshold_action),
         RewardHackingWatch(decisions.reward_watch.build()) if decisions.reward_watch is not None else None,
     ]

@@ -93,6 +93,8 @@ def check_after_round(trainer: L.Trainer, pl_module: L.LightningModule, adopted:
     """Runs each adopted `EarlyStopping`'s check as its own class would after a validation (or an
     epoch end, as it was configured); every rank, right after a round's metrics are published."""
     for es in adopted:
+        if es.monitor not in trainer.callback_metrics:
+            continue  # a name the sanity pass accepted that later rounds log (a paired change from round 2)
         # Exactly one of the two runs the check, depending on `check_on_train_epoch_end`.
         type(es).on_train_epoch_end(es, trainer, pl_module)
         type(es).on_validation_end(es, trainer, pl_module)

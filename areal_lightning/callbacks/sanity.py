@@ -11,6 +11,8 @@ and the reward watch's metrics, the monitor of every `ModelCheckpoint` and `Earl
 from __future__ import annotations
 
 import difflib
+import logging
+import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -21,12 +23,15 @@ from areal_lightning.callbacks.conclusion import Conclusion
 from areal_lightning.callbacks.follow_ups import FollowUp
 from areal_lightning.callbacks.lightning_monitors import EVAL_STEP_KEY
 from areal_lightning.callbacks.runners import RoundSpec, run_unrecorded
+from areal_lightning.callbacks.selection import CI_HIGH, CI_LOW, NoiseUnknownError, SelectionRule
 from areal_lightning.callbacks.settings import Decisions, Schedule
 from areal_lightning.callbacks.training_position import fast_dev_run
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round import EvalRoundError, EvalSet, SetResult
 from areal_lightning.tracking.loggers import EVAL_PREFIX, EVAL_SECS_KEY, eval_metric_key
 from areal_lightning.tracking.recorder import EvalRecorder
+
+log = logging.getLogger(__name__)
 
 SANITY_PASS_NOTE = (
     "(the sanity pass runs evaluate_fn on the first batch of each eval set when fit starts, as Lightning's "
@@ -201,6 +206,7 @@ class SanityPass:
         """The pass on every rank, unrecorded; its failure is recorded (an ``error`` per failed set)
         and raised on every rank alike, before any training step; then the names are checked."""
         sets = sanity_sets(spec.eval_sets, self.num_batches, trainer.world_size)
+        started = time.perf_counter()
         try:
             results = run_unrecorded(trainer, pl_module, spec, sets)
         except EvalRoundError as err:
@@ -209,6 +215,13 @@ class SanityPass:
                 recorder.error(trainer, step, message, dataset=dataset, stops=True, why=SANITY_PASS_NOTE)
             raise EvalRoundError(f"{err}\n{SANITY_PASS_NOTE}", failures=err.failures) from err
         self.check_names(trainer, results)
+        if trainer.is_global_zero:
+            log.info(
+                "sanity pass: evaluate_fn ran on %d sample(s) of %d eval set(s) in %.2f s; every metric name checked",
+                sum(len(s.samples) for s in sets),
+                len(sets),
+                time.perf_counter() - started,
+            )
 
     def check_names(self, trainer: L.Trainer, results: Sequence[SetResult]) -> None:
         """Refuses (`MetricNameError`, on every rank alike) a metric name of the settings or of an
@@ -220,3 +233,29 @@ class SanityPass:
         run_level = set().union(*(f.run_level_names() for f in self.follow_ups))
         named = named_in_settings(self.schedule, self.decisions) + monitored_eval_metrics(trainer)
         check_metric_names(named, produced, run_level)
+        check_noise_known(self.decisions, results)
+
+
+def check_noise_known(decisions: Decisions, results: Sequence[SetResult]) -> None:
+    """A noise-aware `best_rule` needs, for each best metric a round logs, its per-prompt outcomes
+    (``lcb``: or its published ``ci_low``/``ci_high``); checked before step 1, not at the first round.
+
+    Raises:
+        NoiseUnknownError: naming the rule, the metric and the eval set, and the ways out.
+    """
+    rule = decisions.best_rule
+    if rule is SelectionRule.POINT:
+        return
+    for r in results:
+        for metric in decisions.best().directions:
+            interval = {f"{metric}/{CI_LOW}", f"{metric}/{CI_HIGH}"} <= set(r.metrics)
+            if metric not in r.metrics or metric in r.outcome_names or (rule is SelectionRule.LCB and interval):
+                continue
+            also = (
+                f" or {metric}/{CI_LOW} and {metric}/{CI_HIGH} among its metrics" if rule is SelectionRule.LCB else ""
+            )
+            raise NoiseUnknownError(
+                f"`Decisions(best_rule={rule.value!r})` needs the per-prompt outcomes of {metric!r} on eval set "
+                f"{r.dataset!r} (evaluate_fn records them with ctx.record_outcomes({metric!r}, ...)){also}; "
+                "record them, or use best_rule='point'"
+            )

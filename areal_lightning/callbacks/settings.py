@@ -33,6 +33,7 @@ from areal_lightning.callbacks.choices import (
     Direction,
     ErrorPolicy,
     EvalMode,
+    IntegrityAction,
     OnBusy,
     ThresholdAction,
     WatchReference,
@@ -40,7 +41,9 @@ from areal_lightning.callbacks.choices import (
     check_cache_mode,
     choice,
 )
+from areal_lightning.callbacks.prompt_story import PromptStorySettings
 from areal_lightning.callbacks.reward_hacking import DEFAULT_MIN_TRAIN_RISE, DEFAULT_TRAIN_METRIC, RewardWatch
+from areal_lightning.callbacks.selection import DEFAULT_SELECTION_CONFIDENCE, SelectionRule
 from areal_lightning.callbacks.thresholds import ThresholdMonitor
 from areal_lightning.callbacks.trigger import HybridTrigger
 from areal_lightning.errors import ArgumentError, owned_by
@@ -274,12 +277,27 @@ class Decisions:
     e.g. {accuracy: max}; null: accuracy and reward/mean (max); {}: none."""
     reward_watch: Optional[RewardWatchSettings] = None
     """The reward-hacking watch, e.g. {eval_metric: accuracy, min_train_rise: 0.1}; null: off."""
+    best_rule: SelectionRule = SelectionRule.POINT
+    """When a round becomes the best of a best_metrics metric: point (a better value), lcb (a better lower
+    confidence bound across prompts) or paired (a paired change over the current best that excludes 0)."""
+    best_confidence: float = DEFAULT_SELECTION_CONFIDENCE
+    """The confidence of the intervals best_rule lcb and paired use."""
+    prompt_story: Optional[PromptStorySettings] = field(default_factory=PromptStorySettings)
+    """Each prompt's outcome across rounds: <metric>/gained, /lost, /bucket/<b>, pass@<k>/gap, and
+    prompt_outcomes.jsonl, e.g. {buckets: stratum}; null: off."""
+    integrity: IntegrityAction = IntegrityAction.WARN
+    """At the start of fit, look for training prompts in the eval sets and reference answers the grader fails:
+    warn (an integrity event and a warning), fail (training does not start), off."""
 
     def __post_init__(self) -> None:
         if self.reward_watch is not None:  # RewardWatchSettings checks its own fields
             self.reward_watch = as_settings(RewardWatchSettings, self.reward_watch, "reward_watch")
+        if self.prompt_story is not None:  # PromptStorySettings checks its own fields
+            self.prompt_story = as_settings(PromptStorySettings, self.prompt_story, "prompt_story")
         with owned_by("Decisions"):
             self.threshold_action = choice("threshold_action", self.threshold_action, ThresholdAction)
+            self.best_rule = choice("best_rule", self.best_rule, SelectionRule)
+            self.integrity = choice("integrity", self.integrity, IntegrityAction)
             if not isinstance(self.alert_from_start, bool):
                 raise ArgumentError("Decisions", "alert_from_start", self.alert_from_start, "True or False")
             self.thresholds()
@@ -289,7 +307,8 @@ class Decisions:
         return ThresholdMonitor(self.metric_thresholds, armed_from_start=self.alert_from_start)
 
     def best(self) -> BestValues:
-        return BestValues(DEFAULT_BEST_METRICS if self.best_metrics is None else self.best_metrics)
+        directions = DEFAULT_BEST_METRICS if self.best_metrics is None else self.best_metrics
+        return BestValues(directions, self.best_rule, self.best_confidence)
 
 
 def validate_together(execution: Execution, rounds: RoundSettings) -> None:

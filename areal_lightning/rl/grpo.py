@@ -29,7 +29,7 @@ from areal_lightning.rl.protocols import PromptTokenizer, RLTask, seeded_generat
 from areal_lightning.rl.rollout_eval import rollout_evaluate, score_texts
 from areal_lightning.rl.train_data import EpochShuffle, ResumableLoader
 from areal_lightning.rl.warmup import format_warmup
-from areal_lightning.tasks.arithmetic import ArithmeticTask
+from areal_lightning.tasks.arithmetic import CORRECT_REWARD, ArithmeticTask
 
 log = logging.getLogger(__name__)
 TRAIN_STREAM = "train"  # names the per-step rollout seeds, apart from every eval set's
@@ -202,6 +202,25 @@ class GRPOModule(L.LightningModule):
         if self.eval_generate is not None:
             return self.eval_generate(self, batches, ctx)
         return rollout_evaluate(self, batches, ctx)
+
+    # What the integrity checks at the start of fit read (`callbacks.integrity_checks.IntegritySource`).
+    def integrity_train_prompts(self) -> list[str]:
+        """Every training prompt of the task."""
+        return [s.prompt for s in self.task.train_samples()]
+
+    def integrity_prompt(self, sample: Any) -> str:
+        """An eval sample's prompt."""
+        return str(sample.prompt)
+
+    def integrity_reference(self, sample: Any) -> str | None:
+        """The task's gold completion of an eval sample (its `reference_completion`); None when it has none."""
+        reference = getattr(self.task, "reference_completion", None)
+        return reference(sample) if callable(reference) else None
+
+    def integrity_grade(self, completions: Sequence[str], samples: Sequence[Any]) -> list[bool]:
+        """Whether the task's own grader (its reward) scores each completion correct for its sample."""
+        scores = score_texts(self.task, completions, [s.answer for s in samples])
+        return [s.reward >= CORRECT_REWARD for s in scores]
 
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:

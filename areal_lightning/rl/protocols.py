@@ -15,7 +15,12 @@ from torch import Tensor
 
 @runtime_checkable
 class RLTask(Protocol):
-    """Training prompts and a verifiable reward."""
+    """Training prompts and a verifiable reward.
+
+    A task may also have ``reference_completion(sample) -> str | None``: a completion its reward must
+    score correct (None: no gold answer for that sample); the integrity checks at the start of fit
+    grade every eval sample's with the task's own reward (`GRPOModule.integrity_grade`).
+    """
 
     def train_samples(self) -> Sequence[Any]:
         """Samples with `index`, `prompt` and `answer` attributes."""

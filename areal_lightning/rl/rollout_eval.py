@@ -236,6 +236,23 @@ def _report_non_finite(rewards: Tensor, batch: EvalBatch, ctx: EvalContext) -> T
     return finite
 
 
+def _count_outcomes(task: Any, scores: Sequence[Score], scoring: Metric, ctx: EvalContext) -> None:
+    """Counts the scoring failures, and a task's own outcomes (``code/timeout``, ...) when it declares
+    them (`ScoreLabels`)."""
+    scoring.update(scores)
+    for labels in getattr(task, "score_labels", ()):
+        ctx.metric(labels.prefix, functools.partial(LabelCountMetric, labels)).update(scores)
+
+
+def _correctness(scores: Sequence[Score], rewards: Tensor, finite: Tensor) -> tuple[Tensor, Tensor]:
+    """Each sample's correctness [P, n] (``Score.correct``, else ``reward >= 1``, and finite), and
+    what accuracy counts: the rewards, or the correctness when a score states it (a continuous reward)."""
+    verdicts = [s.reward >= CORRECT_REWARD if s.correct is None else s.correct for s in scores]
+    correct = finite & torch.tensor(verdicts, device=rewards.device).view(rewards.shape)
+    stated = any(s.correct is not None for s in scores)
+    return correct, correct.float() if stated else rewards
+
+
 def rollout_evaluate(module: RolloutModule, batches: Sequence[EvalBatch], ctx: EvalContext) -> dict[str, Any]:
     """Samples `n_samples` completions per prompt, each prompt from its own seed, with the eval
     set's `SamplingParams`; cuts each completion at its first stop string; updates reward,
@@ -280,16 +297,12 @@ def rollout_evaluate(module: RolloutModule, batches: Sequence[EvalBatch], ctx: E
         answers = [s.answer for s in samples for _ in range(n)]
         texts = [cut_at_stop(tok.decode(row), sp.stop) for row in completions.cpu()]
         scores = _score(module.task, texts, answers, batch, n, ctx)
-        scoring.update(scores)
-        for labels in getattr(module.task, "score_labels", ()):  # a task's own outcomes (code/timeout, ...)
-            ctx.metric(labels.prefix, functools.partial(LabelCountMetric, labels)).update(scores)
+        _count_outcomes(module.task, scores, scoring, ctx)
         rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32, device=ctx.device).view(len(samples), n)
         finite = _report_non_finite(rewards, batch, ctx)
-        verdicts = [s.reward >= CORRECT_REWARD if s.correct is None else s.correct for s in scores]
-        correct = finite & torch.tensor(verdicts, device=ctx.device).view(len(samples), n)
+        correct, judged = _correctness(scores, rewards, finite)
         answer_ids = _per_prompt_answer_ids([module.task.answer_id(t) for t in texts], n)
         reward.update(rewards[finite])
-        judged = correct.float() if any(s.correct is not None for s in scores) else rewards  # a continuous reward
         accuracy.update(torch.where(finite, judged, torch.full_like(rewards, WRONG_REWARD)))
         non_finite.update((~finite).sum().double())
         # Per-prompt outcomes pair this round with earlier ones (eval/<set>/accuracy/delta).

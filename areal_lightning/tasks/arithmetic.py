@@ -117,6 +117,15 @@ class ArithmeticTask:
             for c, a in zip(completions, answers, strict=True)
         ]
 
+    def reference_completion(self, sample: Sample) -> str | None:
+        """The completion the reward must score correct for `sample`: its answer, as written.
+
+        Example:
+            >>> ArithmeticTask().reference_completion(Sample(0, "3+4=", "07"))
+            '07'
+        """
+        return sample.answer
+
     def answer_id(self, completion: str) -> int:
         """An id per distinct final answer, for majority voting; NO_ANSWER_ID when there is none."""
         return int(completion) if completion.isdigit() else NO_ANSWER_ID

@@ -76,6 +76,9 @@ class MathSample:
     prompt: str
     answer: str
     stratum: str
+    solution: str | None = None
+    """The row's answer field as written (GSM8K's worked solution ending ``#### 72``, MATH's solution with
+    its ``\\boxed{}``); None for ``plain`` answers, whose field is the answer alone."""
 
     @property
     def key(self) -> str:
@@ -195,7 +198,8 @@ class MathTask:
                 )
             stratum = str(row[self.stratum_field]) if self.stratum_field else self.path.stem
             prompt = self.prompt_template.format(question=str(row[self.question_field]))
-            samples.append(MathSample(index=index, prompt=prompt, answer=answer, stratum=stratum))
+            solution = None if self.answer_format is AnswerFormat.PLAIN else str(row[self.answer_field])
+            samples.append(MathSample(index=index, prompt=prompt, answer=answer, stratum=stratum, solution=solution))
         return samples
 
     def samples(self) -> list[MathSample]:
@@ -224,6 +228,16 @@ class MathTask:
             value = fn(completion, answer)
             out.append(Score(WRONG_REWARD, ScoreStatus.PARSE_FAILURE) if value is None else Score(value))
         return out
+
+    def reference_completion(self, sample: MathSample) -> str | None:
+        """The completion this task's grader must score correct for `sample`: the row's own solution
+        (GSM8K's ``... #### 72``, MATH's ``... \\boxed{...}``), or ``\\boxed{<answer>}`` for a plain answer.
+
+        Example:
+            >>> print(MathTask.reference_completion(None, MathSample(0, "Q", "1/2", "test")))  # type: ignore[arg-type]
+            \\boxed{1/2}
+        """
+        return sample.solution if sample.solution is not None else f"\\boxed{{{sample.answer}}}"
 
     def answer_id(self, completion: str) -> int:
         """An id per distinct final answer, for majority voting; `NO_ANSWER` when there is none.

@@ -9,7 +9,17 @@ import time as _time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-EVENT_KINDS = ("alert", "error", "resume", "adaptive", "drift", "skipped", "interrupted")
+EVENT_KINDS = (
+    "alert",
+    "error",
+    "resume",
+    "adaptive",
+    "drift",
+    "skipped",
+    "interrupted",
+    "integrity",
+    "prompt_outcomes",
+)
 """Accepted values of a record's ``"event"`` key."""
 
 EVAL_MODES = ("sync", "async")

@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # matplotlib loads when a figure is drawn: `areal-lightning f
 
 from areal_lightning.tracking.history import HISTORY_FILENAME, eval_rows
 from areal_lightning.tracking.writable import option_problem
+from areal_lightning.viz.metric_groups import group_records
 from areal_lightning.viz.run_histories import (
     PlotError as PlotError,
     load_runs as load_runs,
@@ -177,7 +178,7 @@ def _collect_series(runs: Mapping[str, Sequence[Mapping[str, Any]]], metric: str
             raise PlotError(f"run {name!r} has no eval records (only alerts / errors, or none)")
     all_series: list[Series] = []
     for name, records in runs.items():
-        found = metric_series(name, records, metric)
+        found = metric_series(name, records, metric) or metric_series(name, group_records(records, metric), metric)
         if not found and len(runs) > 1:
             warnings.warn(
                 f"run {name!r} has no metric {metric!r}; it is left out of the figure", UserWarning, stacklevel=3
@@ -357,7 +358,10 @@ def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "run_dirs", nargs="+", metavar="RUN_DIR", help=f"run output directories, each holding {HISTORY_FILENAME}"
     )
-    metric_help = f"metric to draw, e.g. accuracy, pass@4 (default: {DEFAULT_METRIC}); repeat it for a panel each"
+    metric_help = (
+        f"metric to draw, e.g. accuracy, pass@4, or a group: accuracy/bucket (default: {DEFAULT_METRIC}); "
+        "repeat it for a panel each"
+    )
     parser.add_argument("--metric", default=DEFAULT_METRIC, action=MetricsAction, help=metric_help)
     parser.add_argument(
         "--out",
