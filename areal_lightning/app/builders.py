@@ -18,6 +18,7 @@ from areal_lightning.app.model_builders import build_policy, build_task  # noqa:
 from areal_lightning.app.runs import CHECKPOINT_DIRNAME, CSV_DIRNAME, RunIdentity
 from areal_lightning.eval_round import EvalSet, EvaluateFn
 from areal_lightning.eval_round.subsample import subsample
+from areal_lightning.rl.make_environment import episode_values
 
 if TYPE_CHECKING:  # Lightning and W&B load only when a builder that needs them runs
     import lightning as L
@@ -106,7 +107,11 @@ def build_eval_sets(cfg: Config, task: RLTask | None = None) -> list[EvalSet]:
             key_fn=lambda s: s.key,
             max_batch_cost=es.max_batch_cost,
             sampling=es.sampling(cfg.grpo.max_new_tokens),
-            options={} if es.token_scores else {TOKEN_SCORES: False},
+            # Episode settings change every result: in the fingerprint, the result cache keys them.
+            options={
+                **({} if es.token_scores else {TOKEN_SCORES: False}),
+                **({"episodes": episode_values(cfg.episodes)} if cfg.episodes is not None else {}),
+            },
         )
         if es.subsample is not None:  # chosen before the deal: the same subset on any number of devices
             eval_set = subsample(eval_set, es.subsample.build(cfg.seed))

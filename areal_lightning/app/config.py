@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Optional, cast
 import yaml
 from omegaconf import DictConfig, ListConfig, Node, OmegaConf, errors as oc_errors
 
+from areal_lightning.app.episode_checks import episode_config_problem, logged_episode_metrics
 from areal_lightning.callbacks.choices import ThresholdAction
 from areal_lightning.callbacks.settings import EvaluatorSettings, validate_together
 from areal_lightning.errors import ArgumentError
@@ -29,6 +30,7 @@ from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.eval_round.sampling_params import SamplingParams
 from areal_lightning.eval_round.subsample import Subsample
 from areal_lightning.metrics.constants import AdvantageStd
+from areal_lightning.rl.episode_settings import EpisodeSettings
 from areal_lightning.tasks.math import (
     AnswerFormat,
     PromptStyle,
@@ -577,6 +579,8 @@ class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    episodes: Optional[EpisodeSettings] = None
+    """Multi-turn episodes for training and evaluation, e.g. {max_turns: 4}; null: one prompt, one completion."""
     eval_sets: dict[str, EvalSetConfig] = field(default_factory=dict)
     evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -590,6 +594,12 @@ class Config:
         for name, eval_set in self.eval_sets.items():
             eval_set.check(f"eval_sets.{name}", self.task.name)
         self._check_kinds_agree()
+        if self.episodes is not None:
+            with _owned_by("episodes"):
+                self.episodes.validate()
+            problem = episode_config_problem(self)
+            if problem:
+                raise ConfigError(problem)
         self._check_sequence_lengths()
         self._check_thresholds()
         self.trainer.check_lightning_names("trainer")  # last: it imports Lightning
@@ -632,7 +642,7 @@ class Config:
         )
 
         labels = _task_labels(self.task.name)
-        base = {m for es in self.eval_sets.values() for m in metric_names(es.n_samples, labels, es.ks)}
+        base = {m for es in self.eval_sets.values() for m in self._metric_names(es, metric_names, labels)}
         story = ev.prompt_story
         # Stratum buckets are named by the data's strata, unknown here: the sanity pass checks those.
         by_stratum = story is not None and story.buckets is StoryBuckets.STRATUM
@@ -656,6 +666,11 @@ class Config:
                     f"{key} names a metric the evaluation does not log.{hint} Accepted "
                     f"(with the eval sets' n_samples): {', '.join(logged)}"
                 )
+
+    def _metric_names(self, es: EvalSetConfig, single_turn: Any, labels: Any) -> list[str]:
+        if self.episodes is None:
+            return list(single_turn(es.n_samples, labels, es.ks))
+        return logged_episode_metrics(self.episodes, es.n_samples)
 
     def _check_kinds_agree(self) -> None:
         if self.task.name.reads_files and self.policy.kind is PolicyKind.TINY:

@@ -26,7 +26,7 @@ from areal_lightning.app.console import fail, quiet_lightning, report_rounds
 if TYPE_CHECKING:  # heavy imports stay out of `areal-lightning --help` and `plot`
     from lightning.fabric import Fabric
 
-    from areal_lightning.eval_round import EvalSet, SetResult
+    from areal_lightning.eval_round import EvalSet, EvaluateFn, SetResult
     from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.tracking.history import EvalHistory
 
@@ -261,7 +261,6 @@ def _evaluate_on_rank(
     result in the config's order and the names of the sets the cache answered."""
     from areal_lightning.eval_round import run_round
     from areal_lightning.eval_round.progress import terminal_progress
-    from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     module, eval_sets = prepare_on_rank(fabric, cfg, module)
     show_progress = cfg.trainer.enable_progress_bar and fabric.global_rank == 0 and sys.stderr.isatty()
@@ -270,7 +269,7 @@ def _evaluate_on_rank(
         fresh = run_round(
             module,
             [s for s in eval_sets if s.name not in hits],
-            rollout_evaluate,
+            default_evaluate_fn(module),
             seed=cfg.seed,
             global_step=step,
             epoch=epoch,
@@ -288,12 +287,19 @@ def _evaluate_on_rank(
     return [by_name[s.name] for s in eval_sets], set(hits)
 
 
+def default_evaluate_fn(module: GRPOModule) -> EvaluateFn:
+    """What evaluates a checkpoint: the episode evaluation for a module with episodes, else `rollout_evaluate`."""
+    from areal_lightning.rl.episode_eval import episode_evaluate
+    from areal_lightning.rl.rollout_eval import rollout_evaluate
+
+    return episode_evaluate if module.episodes is not None else rollout_evaluate
+
+
 def _cache_lookup(
     fabric: Fabric, cfg: Config, module: GRPOModule, eval_sets: list[EvalSet]
 ) -> tuple[dict[str, SetResult], dict[str, str]]:
     """The sets the result cache answers, and rank 0's keys; nothing with ``evaluator.cache`` off."""
     from areal_lightning.eval_round.cache import cached_results
-    from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     cache_dir = cfg.evaluator.cache_path(Path(cfg.output_dir))
     if cache_dir is None:
@@ -302,7 +308,7 @@ def _cache_lookup(
         cache_dir,
         module,
         eval_sets,
-        rollout_evaluate,
+        default_evaluate_fn(module),
         is_global_zero=fabric.global_rank == 0,
         broadcaster=fabric,
         seed=cfg.seed,

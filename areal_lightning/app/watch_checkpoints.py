@@ -371,8 +371,8 @@ def _evaluate_checkpoint(
 ) -> list[Any] | None:
     """The loaded checkpoint's round on every rank; None when it failed (recorded by rank 0, so that a
     restart does not retry it forever)."""
+    from areal_lightning.app.evaluate import default_evaluate_fn
     from areal_lightning.eval_round import EvalRoundError, run_round
-    from areal_lightning.rl.rollout_eval import rollout_evaluate
     from areal_lightning.tracking.records import event_record
 
     try:
@@ -380,7 +380,7 @@ def _evaluate_checkpoint(
             return run_round(
                 module,
                 eval_sets,
-                rollout_evaluate,
+                default_evaluate_fn(module),
                 seed=watch.cfg.seed,
                 global_step=decision.step,
                 epoch=decision.epoch,

@@ -82,6 +82,22 @@ class HFTokenizer:
         # A chat template writes its own special tokens (BOS included); adding them again would double them.
         return list(self.tokenizer(self.render(prompt), add_special_tokens=not self.chat)["input_ids"])
 
+    def encode_observation(self, text: str) -> list[int]:
+        """Token ids that follow a completion (ended by EOS) in a multi-turn episode and show `text`
+        as the next user turn: with `chat`, the template's user message and the assistant's generation
+        prompt, found as AReaL finds them (an assistant message rendered with and without the user
+        message after it: the difference); without, the tokens of `text` alone."""
+        if not self.chat:
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        messages = [{"role": "assistant", "content": "x"}]
+        before = self.tokenizer.apply_chat_template(messages, tokenize=False)
+        after = self.tokenizer.apply_chat_template(
+            [*messages, {"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
+        if not after.startswith(before):
+            raise ValueError("the chat template renders an assistant message differently when a user turn follows")
+        return list(self.tokenizer(after[len(before) :], add_special_tokens=False)["input_ids"])
+
     def decode(self, ids: Sequence[int] | Tensor) -> str:
         """Text of a completion up to its first EOS, special tokens dropped, cut after a stop string."""
         ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)

@@ -112,6 +112,9 @@ class ArithmeticTask:
         (1.0, 0.0)
     """
 
+    retry_feedback = "="
+    """What a retry environment shows after a wrong answer (the alphabet has no letters): "again, =" ."""
+
     def __init__(self, train_digits: int = 1, train_size: int = 256, seed: int = 0) -> None:
         operand_range(train_digits)  # validates
         if train_size < 1:

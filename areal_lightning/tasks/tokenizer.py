@@ -52,6 +52,10 @@ class CharTokenizer:
         ids = [self._ids[ch] for ch in text]
         return [self.bos_id, *ids] if bos else ids
 
+    def encode_observation(self, text: str) -> list[int]:
+        """Token ids of an observation that follows a completion in a multi-turn episode (no BOS)."""
+        return self.encode(text, bos=False)
+
     def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
         """Text of `ids`, stopping at the first EOS; special tokens are dropped."""
         out = []

@@ -24,13 +24,16 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 PANEL_WIDTH_IN = 5.2
+MAX_PANELS = 6
+"""Metrics one figure holds, a panel each (side by side)."""
 
 
 def build_panels(runs: Mapping[str, Sequence[Mapping[str, Any]]], metrics: Sequence[str]) -> Figure:
     """One panel per metric, left to right, each drawn as :func:`~areal_lightning.viz.plot.build_figure` draws one.
 
     Raises:
-        PlotError: no metric, a metric given twice, or one that no run has (named with those it has).
+        PlotError: no metric or more than `MAX_PANELS`, a metric given twice, or one that no run has
+            (named with those it has).
 
     Example:
         >>> recs = [{"step": s, "dataset": "easy", "metrics": {"accuracy": s / 10, "completion/truncated": 0.1}}
@@ -38,11 +41,12 @@ def build_panels(runs: Mapping[str, Sequence[Mapping[str, Any]]], metrics: Seque
         >>> [ax.get_ylabel() for ax in build_panels({"demo": recs}, ["accuracy", "completion/truncated"]).axes]
         ['accuracy', 'completion/truncated']
     """
-    if not metrics:
-        raise PlotError("build_panels(metrics=...) needs at least one metric, got none")
-    if len(set(metrics)) != len(metrics):
-        raise PlotError(f"plot --metric names a metric twice: {list(metrics)}; name each once")
-    series = [_collect_series(runs, metric) for metric in metrics]
+    if not 1 <= len(metrics) <= MAX_PANELS:
+        raise PlotError(f"plot draws 1 to {MAX_PANELS} metrics on one figure, got {len(metrics)}: {list(metrics)}")
+    twice = sorted({m for m in metrics if list(metrics).count(m) > 1})
+    if twice:
+        raise PlotError(f"--metric {twice[0]!r} is given twice; name each metric once")
+    series = [_collect_series(runs, metric) for metric in metrics]  # every metric checked before drawing
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -54,6 +58,7 @@ def build_panels(runs: Mapping[str, Sequence[Mapping[str, Any]]], metrics: Seque
         ax = fig.add_subplot(1, len(metrics), i + 1)
         _draw_series(ax, found, run_names, single)
         _style_axes(ax, metric, found, run_names, single)
+        ax.set_title(metric)
     return fig
 
 

@@ -51,7 +51,7 @@ LINE_STYLES = ("-", "--", ":", "-.")
 # Metrics that live in [0, 1]; their y axis is fixed to [0, 1] so curves from runs compare at a
 # glance. Matched against the metric name or its last "/" component.
 UNIT_INTERVAL_METRIC = re.compile(
-    r"(accuracy|acc|(pass|maj|best|mean|worst)@\d+|pass\^\d+|success_rate|zero_std_frac(tion)?|truncated|stopped|no_answer)"
+    r"(accuracy|acc|(pass|maj|best|mean|worst|success)@\d+|pass\^\d+|success_rate|zero_std_frac(tion)?|truncated|stopped|no_answer)"
 )
 
 
