@@ -1,8 +1,10 @@
 """The default evaluation of a `GRPOModule` with episodes: success within t turns, turns, the
-discounted reward; the same numbers on one process and on two gloo ranks."""
+discounted reward, the completion statistics per turn and over all turns; the same numbers on one
+process and on two gloo ranks."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -46,8 +48,27 @@ def test_success_within_t_turns_grows_with_t_and_the_reward_is_discounted() -> N
     assert "tool/calls" not in metrics  # a retry environment calls no tool
 
 
+def test_each_turns_completion_statistics_are_over_the_episodes_that_reached_it() -> None:
+    metrics, _, _ = _metrics()
+    # The share of episodes that wrote a t-th completion: those not solved within t - 1 turns.
+    reached = [1.0] + [1 - metrics[f"success@{t}"] for t in range(1, MAX_TURNS)]
+    assert sum(reached) == pytest.approx(metrics["turns/mean"], abs=1e-12)
+    for stat in ("length/mean", "truncated", "no_answer", "logprob", "entropy"):
+        per_turn = [metrics[f"turn{t}/completion/{stat}"] for t in range(1, MAX_TURNS + 1)]
+        assert len(set(per_turn)) > 1, stat  # the turns differ: each reads its own completions
+        # All turns' statistic is the turns' weighted by their completions (tokens, for the scores).
+        tokens = [r * metrics[f"turn{t}/completion/length/mean"] for t, r in enumerate(reached, start=1)]
+        weights = tokens if stat in ("logprob", "entropy") else reached
+        expected = sum(w * v for w, v in zip(weights, per_turn, strict=True)) / sum(weights)
+        assert metrics[f"completion/{stat}"] == pytest.approx(expected, abs=1e-12), stat
+    assert f"turn{MAX_TURNS + 1}/completion/length/mean" not in metrics
+
+
 @pytest.mark.ddp
 def test_two_ranks_give_the_metrics_of_one_process_bit_for_bit() -> None:
     alone, prompts, _ = _metrics()
     (rank0, prompts0, _), (rank1, _, _) = run_ddp(_metrics, 2)
+    per_turn = [k for k in alone if k.startswith("turn") and "/completion/" in k]
+    assert len(per_turn) == 9 * MAX_TURNS and not any(math.isnan(alone[k]) for k in per_turn)
+    assert {k: rank0[k] for k in per_turn} == {k: alone[k] for k in per_turn}  # named in a failure
     assert rank0 == rank1 == alone and prompts0 == prompts == 13

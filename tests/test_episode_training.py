@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import pytest
 import torch
 from callback_helpers import make_trainer
 from episode_helpers import episode_module
@@ -40,6 +41,30 @@ def test_observation_tokens_get_no_gradient_and_the_policys_tokens_do() -> None:
     assert (observations & advantage_rows[:, None]).sum() >= 10
     assert per_action[observations].abs().max() == 0.0
     assert (per_action[b["loss_mask"] & advantage_rows[:, None]] > 0).all()
+
+
+def test_a_step_logs_the_completion_statistics_of_each_turn_from_its_episodes() -> None:
+    module = episode_module(max_turns=3)
+    batch = next(iter(module.train_dataloader()))
+    episodes = roll_out(module, batch, module._train_samples)
+    _, logged = episode_loss(module, episodes, torch.tensor([e.reward(module.episodes) for e in episodes]))
+    b = episode_batch(episodes, module.tokenizer, "cpu")
+    with torch.no_grad():
+        _, entropy = module.policy.completion_logprobs(
+            b["prompt_ids"], b["prompt_mask"], b["action_ids"], temperature=module.grpo.temperature
+        )
+    eos = module.policy.eos_id
+    for turn in range(1, 4):
+        written = [e.completion_ids[turn - 1] for e in episodes if e.turns >= turn]
+        assert len(written) > 0 and float(logged[f"train/turn{turn}/completion/length/mean"]) == pytest.approx(
+            sum(map(len, written)) / len(written), abs=1e-12
+        )
+        cut = [ids[-1] != eos for ids in written]
+        assert float(logged[f"train/turn{turn}/completion/truncated"]) == pytest.approx(sum(cut) / len(cut))
+        own = entropy[b["action_turns"] == turn].double().mean()
+        assert float(logged[f"train/turn{turn}/completion/entropy"]) == pytest.approx(float(own), rel=1e-6)
+    assert float(logged["train/completion/entropy"]) == pytest.approx(float(entropy[b["loss_mask"]].mean()), rel=1e-6)
+    assert "train/entropy" not in logged  # one name for one number: train/completion/entropy
 
 
 class RecordSteps(L.Callback):

@@ -144,6 +144,10 @@ def test_bad_settings_are_refused_in_python(kwargs, match) -> None:
         ("episodes.feedback=wrong", r"^episodes\.feedback must be written in the arithmetic alphabet '0123456789\+='"),
         ("episodes.max_turns=6", r"^policy\.max_len must be at least 39 for episodes\.max_turns=6 .*got 32$"),
         ("evaluator.metric_thresholds={success@3: 0.5}", r"evaluator\.metric_thresholds\.success@3 names a metric"),
+        (
+            "evaluator.best_metrics={turn3/completion/truncated: min}",
+            r"best_metrics\.turn3/completion/truncated names a metric .* Did you mean `turn2/completion/truncated`\?",
+        ),
     ],
 )
 def test_bad_episode_config_is_refused_with_the_key(override, match) -> None:
@@ -153,7 +157,13 @@ def test_bad_episode_config_is_refused_with_the_key(override, match) -> None:
 
 def test_episode_metric_names_are_accepted_in_thresholds() -> None:
     cfg = load_config(
-        None, ["eval_sets.easy.size=4", "episodes.max_turns=4", "evaluator.metric_thresholds={success@4: 0.5}"]
+        None,
+        [
+            "eval_sets.easy.size=4",
+            "episodes.max_turns=4",
+            "evaluator.metric_thresholds={success@4: 0.5, turn4/completion/length/p95: 2}",
+            "evaluator.best_metrics={completion/truncated: min}",
+        ],
     )
     assert cfg.episodes is not None and cfg.episodes.max_turns == 4
 
@@ -188,13 +198,13 @@ def test_lockstep_generation_runs_every_turn_for_every_episode_and_changes_no_ep
     samples = TASK.make_samples("episodes", digits=1, size=6)
     seeds = sample_seeds(3, "episodes", [s.index for s in samples])
     rows_per_call: list[int] = []
-    generate = policy.generate
+    generate = policy.generate_scored  # what the episode runner calls
 
     def counting(ids, mask, **kwargs):
         rows_per_call.append(ids.shape[0])
         return generate(ids, mask, **kwargs)
 
-    policy.generate = counting  # type: ignore[method-assign]
+    policy.generate_scored = counting  # type: ignore[method-assign]
     settings, sampling = EpisodeSettings(max_turns=3), SamplingParams(n_samples=3, temperature=1.0)
     kwargs = {"n": 3, "settings": settings, "sampling": sampling, "max_new_tokens": 4}
     lockstep = run_episodes(policy, TOK, env, samples, seeds, lockstep=True, **kwargs)

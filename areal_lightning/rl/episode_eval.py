@@ -3,7 +3,9 @@
 Logged per eval set (exact under DDP, see episode_metrics.py): ``reward/*`` of the discounted
 episode rewards, ``accuracy`` and ``pass@k`` of success within ``max_turns``, ``success@t`` for
 each t up to ``max_turns``, ``turns/mean``, and for a tool environment ``tool/calls``,
-``tool/errors`` and ``tool/timeouts``.
+``tool/errors`` and ``tool/timeouts``, and the completion statistics of docs/round_statistics.md
+per turn (``turn<t>/completion/...``, over the episodes that reached turn t) and over all turns
+(``completion/...``).
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import torch
 
 from areal_lightning.eval_round import EvalBatch, EvalContext
 from areal_lightning.rl.environments import Environment
+from areal_lightning.rl.episode_completions import update_episode_completion_metrics
 from areal_lightning.rl.episode_metrics import TOOL_KEYS, TURNS_KEY, episode_metrics, success_key
 from areal_lightning.rl.episode_settings import EpisodeSettings
 from areal_lightning.rl.episodes import Episode, run_episodes
-from areal_lightning.rl.rollout_eval import RolloutModule, sampling_of
+from areal_lightning.rl.rollout_eval import TOKEN_SCORES_OPTION, RolloutModule, sampling_of
 
 
 class EpisodeModule(RolloutModule, Protocol):
@@ -67,7 +70,7 @@ def episode_evaluate(module: EpisodeModule, batches: Sequence[EvalBatch], ctx: E
     max_new_tokens = sp.max_new_tokens or module.grpo.max_new_tokens
     metrics = {
         name: ctx.metric(name, factory)
-        for name, factory in episode_metrics(n, settings.max_turns, env.uses_tools).items()
+        for name, factory in episode_metrics(n, settings.max_turns, env.uses_tools, max_new_tokens).items()
     }
     for batch in batches:
         episodes = run_episodes(
@@ -82,8 +85,12 @@ def episode_evaluate(module: EpisodeModule, batches: Sequence[EvalBatch], ctx: E
             max_new_tokens=max_new_tokens,
             device=ctx.device,
             lockstep=ctx.lockstep,
+            scores=bool(ctx.options.get(TOKEN_SCORES_OPTION, True)),
         )
         _update(metrics, episodes, settings, n, ctx)
+        update_episode_completion_metrics(
+            metrics, episodes, settings.max_turns, module.policy.eos_id, module.task.answer_id
+        )
         solved = torch.tensor([e.success_turn is not None for e in episodes], dtype=torch.float64).view(-1, n)
         rewards = torch.tensor([e.reward(settings) for e in episodes], dtype=torch.float64).view(-1, n)
         ctx.record_outcomes("accuracy", batch.indices, solved.mean(1))

@@ -1,4 +1,5 @@
-"""The metrics an episode evaluation keeps, by name: success within t turns, turns, tool use.
+"""The metrics an episode evaluation keeps, by name: success within t turns, turns, tool use, and
+the completion statistics per turn and over all turns (rl/episode_completions.py).
 
 Every one is a sum of integer counts or an exact mean (float64 states), so a round gives the same
 numbers on any number of ranks.
@@ -15,6 +16,7 @@ from torch import Tensor
 from torchmetrics import Metric, SumMetric
 
 from areal_lightning.metrics import AccuracyMetric, ExactMean, PassAtK, RewardMetric
+from areal_lightning.rl.episode_completions import episode_completion_metrics
 
 TURNS_KEY = "turns/mean"
 """Mean number of turns per episode (completions the policy wrote)."""
@@ -60,13 +62,16 @@ def _float64_sum() -> Metric:
     return SumMetric(nan_strategy="disable").set_dtype(torch.float64)
 
 
-def episode_metrics(n_samples: int, max_turns: int, uses_tools: bool) -> dict[str, Callable[[], Metric]]:
+def episode_metrics(
+    n_samples: int, max_turns: int, uses_tools: bool, max_new_tokens: int = 1
+) -> dict[str, Callable[[], Metric]]:
     """The metrics of an episode evaluation with `n_samples` episodes per prompt, by name.
 
     ``reward``: the discounted episode rewards; ``accuracy``: success within ``max_turns``;
     ``pass@1`` / ``pass@n``: of the episodes' successes; ``success@t`` for t = 1..max_turns;
-    ``turns/mean``; and, for an environment that uses tools, ``tool/calls``, ``tool/errors``,
-    ``tool/timeouts`` (counts over the round).
+    ``turns/mean``; for an environment that uses tools, ``tool/calls``, ``tool/errors``,
+    ``tool/timeouts`` (counts over the round); and the completion statistics of completions of at
+    most `max_new_tokens` tokens, ``completion/...`` and ``turn<t>/completion/...``.
     """
     factories: dict[str, Callable[[], Metric]] = {"reward": RewardMetric, "accuracy": AccuracyMetric}
     for k in sorted({1, n_samples}):
@@ -77,6 +82,7 @@ def episode_metrics(n_samples: int, max_turns: int, uses_tools: bool) -> dict[st
     if uses_tools:
         for key in TOOL_KEYS:
             factories[key] = _float64_sum
+    factories.update(episode_completion_metrics(max_turns, max_new_tokens))
     return factories
 
 
@@ -85,8 +91,10 @@ def episode_metric_names(n_samples: int, max_turns: int, uses_tools: bool) -> li
     config's check of threshold and best-metric names).
 
     Example:
-        >>> [n for n in episode_metric_names(4, 2, False) if n.startswith(("success@2", "turns"))]
-        ['success@2', 'success@2/ci_high', 'success@2/ci_low', 'turns/mean']
+        >>> [n for n in episode_metric_names(4, 2, False) if n.startswith(("success@2", "turns", "turn2/completion/l"))]
+        ['success@2', 'success@2/ci_high', 'success@2/ci_low', 'turn2/completion/length/max', \
+'turn2/completion/length/mean', 'turn2/completion/length/p50', 'turn2/completion/length/p95', \
+'turn2/completion/logprob', 'turns/mean']
     """
     names = []
     for name, factory in episode_metrics(n_samples, max_turns, uses_tools).items():

@@ -6,6 +6,10 @@ the observations and feedback between the turns carry no loss at all: the loss m
 the policy's own tokens only, and the loss is their token mean over the batch, as single-turn
 GRPO takes the token mean of its completions.
 
+A step logs the completion statistics of its episodes as the evaluation does, per turn
+(``train/turn<t>/completion/...``) and over all turns (``train/completion/...``), from the
+completions the rollout generated and the log-probabilities and entropies of the loss's forward.
+
 Each training step draws its episodes from (run seed, global step, prompt index): a resumed run
 (same step, same prompts, `ResumableLoader`) rolls out the same episodes.
 """
@@ -21,6 +25,7 @@ from torch import Tensor
 from areal_lightning.eval_round import SamplingParams
 from areal_lightning.eval_round.sharding import sample_seed
 from areal_lightning.metrics.functional import group_advantages
+from areal_lightning.rl.episode_completions import step_episode_completion_stats
 from areal_lightning.rl.episodes import Episode, run_episodes
 
 TRAIN_EPISODE_STREAM = "train-episodes"
@@ -45,8 +50,9 @@ def pad_right(rows: Sequence[Sequence[Any]], fill: Any, dtype: torch.dtype) -> T
 
 
 def episode_batch(episodes: Sequence[Episode], tokenizer: Any, device: Any) -> dict[str, Tensor]:
-    """Left-padded prompts, right-padded actions (completions and observations after the prompt)
-    and the loss mask: True on the tokens the policy wrote, False on observations and padding."""
+    """Left-padded prompts, right-padded actions (completions and observations after the prompt),
+    the loss mask (True on the tokens the policy wrote, False on observations and padding) and each
+    action token's turn (from 1; 0 on observations and padding)."""
     prompt_ids, prompt_mask = tokenizer.pad_left([e.prompt_ids for e in episodes])
     actions = [e.action_ids() for e in episodes]
     return {
@@ -54,6 +60,7 @@ def episode_batch(episodes: Sequence[Episode], tokenizer: Any, device: Any) -> d
         "prompt_mask": prompt_mask.to(device),
         "action_ids": pad_right([ids for ids, _ in actions], tokenizer.pad_id, torch.long).to(device),
         "loss_mask": pad_right([mine for _, mine in actions], False, torch.bool).to(device),
+        "action_turns": pad_right([e.action_turns() for e in episodes], 0, torch.long).to(device),
     }
 
 
@@ -85,7 +92,8 @@ def roll_out(module: Any, batch: Mapping[str, Any], samples: Mapping[int, Any]) 
 
 def episode_loss(module: Any, episodes: Sequence[Episode], rewards: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
     """The GRPO loss of `episodes` (grouped by prompt, `group_size` each, with their discounted
-    `rewards`) and what a step logs about it."""
+    `rewards`) and what a step logs about it (the completion statistics over every rank's episodes:
+    every rank must call it)."""
     hp = module.grpo
     advantages = group_advantages(rewards.view(-1, hp.group_size), scale=hp.scale_advantages, std=hp.advantage_std)
     b = episode_batch(episodes, module.tokenizer, module.device)
@@ -106,11 +114,19 @@ def episode_loss(module: Any, episodes: Sequence[Episode], rewards: Tensor) -> t
     n_tokens = mine.sum().clamp(min=1)
     loss = (per_token * mine).sum() / n_tokens
     token_mean = lambda x: (x.detach() * mine).sum() / n_tokens  # noqa: E731
+    logged = step_episode_completion_stats(
+        module.train_completions,
+        episodes,
+        module.episodes.max_turns,
+        module.policy.eos_id,
+        module.task.answer_id,
+        (logp, entropy, b["action_turns"]),
+    )
     return loss, {
         "train/kl": token_mean(kl),
         "train/clip_frac": token_mean(was_clipped.float()),
-        "train/entropy": token_mean(entropy),
         "train/loss": loss.detach(),
+        **logged,
     }
 
 

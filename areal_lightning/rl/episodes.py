@@ -13,7 +13,7 @@ alone or in a batch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ from areal_lightning.eval_round import SamplingParams, cut_at_stop
 from areal_lightning.eval_round.sharding import sample_seed
 from areal_lightning.rl.environments import EpisodeView, Feedback, check_feedback
 from areal_lightning.rl.episode_settings import EpisodeSettings
+from areal_lightning.rl.generation import Generation, generate_scored
 from areal_lightning.rl.protocols import seeded_generators
 
 TURN_STREAM = "episode"
@@ -59,6 +60,11 @@ class Episode:
     observations: list[str] = field(default_factory=list)
     feedback: list[Feedback] = field(default_factory=list)
     done: bool = False
+    generations: list[Generation] = field(default_factory=list, repr=False, compare=False)
+    """Each turn's completion as the engine returned it (a one-row `Generation` on the CPU, with the
+    engine's scores when asked for): what the completion statistics read (rl/episode_completions.py)."""
+    stop_in_text: list[bool] = field(default_factory=list, compare=False)
+    """Each turn's completion text held one of the sampling's stop strings (and was cut there)."""
 
     @property
     def turns(self) -> int:
@@ -89,6 +95,15 @@ class Episode:
                 ids += self.observation_ids[turn]
                 mine += [False] * len(self.observation_ids[turn])
         return ids, mine
+
+    def action_turns(self) -> list[int]:
+        """For each token of `action_ids`, the turn (from 1) whose completion it belongs to; 0 on observations."""
+        turns: list[int] = []
+        for turn, completion in enumerate(self.completion_ids):
+            turns += [turn + 1] * len(completion)
+            if turn < len(self.observation_ids):
+                turns += [0] * len(self.observation_ids[turn])
+        return turns
 
     def transcript(self) -> str:
         """The turns as text, observations in brackets: ``08 [=] 07``."""
@@ -130,21 +145,42 @@ def _generate(
     max_new_tokens: int,
     device: Any,
     lockstep: bool,
-) -> torch.Tensor:
+    scores: bool,
+) -> Generation:
+    """One turn's completions of `rows`, on the CPU. The engine is not stopped at the stop strings
+    (the text is cut at them afterwards), so the next turn's context holds every generated token."""
     contexts = [e.context_ids() for e in rows]
     _check_length(policy, contexts, max_new_tokens, turn)
     ids, mask = tokenizer.pad_left(contexts)
     generators = seeded_generators([turn_seed(e.seed, e.number, turn) for e in rows], device)
-    return policy.generate(
+    generation = generate_scored(
+        policy,
         ids.to(device),
         mask.to(device),
+        scores=scores,
         max_new_tokens=max_new_tokens,
         temperature=sampling.temperature,
         generators=generators,
         top_p=sampling.top_p,
         top_k=sampling.top_k,
         stop_at_eos=not lockstep,
-    ).cpu()
+    )
+    return _map(generation, lambda x: x.cpu())
+
+
+def _map(generation: Generation, fn: Callable[[torch.Tensor], torch.Tensor]) -> Generation:
+    """`generation` with `fn` applied to each of its tensors (the scores where it has them)."""
+
+    def optional(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else fn(x)
+
+    g = generation
+    return Generation(fn(g.tokens), fn(g.stopped), optional(g.logprobs), optional(g.entropy), optional(g.scored))
+
+
+def _row(generation: Generation, row: int) -> Generation:
+    """Row `row` of `generation` as a one-row `Generation`."""
+    return _map(generation, lambda x: x[row : row + 1])
 
 
 def _completion(row: torch.Tensor, eos_id: int) -> list[int]:
@@ -166,12 +202,15 @@ def run_episodes(
     max_new_tokens: int,
     device: torch.device | str = "cpu",
     lockstep: bool = False,
+    scores: bool = False,
 ) -> list[Episode]:
     """`n` episodes per sample, in order (sample 0's episodes 0..n-1, then sample 1's ...).
 
     Each turn generates for the episodes still running, in one batch; `lockstep` (sharded
     parameters) generates for every episode at every turn, all ``max_new_tokens`` steps, so that all
     ranks run the same number of forwards (the finished episodes' extra completions are dropped).
+    Each turn's completion is kept as the engine returned it (`Episode.generations`), with the
+    engine's per-token scores when `scores` (`rl.generation`).
 
     Raises:
         ValueError: a turn's context plus `max_new_tokens` exceeds the policy's ``max_len``, or the
@@ -190,11 +229,14 @@ def run_episodes(
         if not active and not lockstep:
             break
         rows = episodes if lockstep else active
-        generated = _generate(policy, tokenizer, rows, turn, sampling, max_new_tokens, device, lockstep)
-        for episode, row in zip(rows, generated, strict=True):
+        generated = _generate(policy, tokenizer, rows, turn, sampling, max_new_tokens, device, lockstep, scores)
+        for i, (episode, row) in enumerate(zip(rows, generated.tokens, strict=True)):
             if not episode.done:
+                text = tokenizer.decode(row)
                 episode.completion_ids.append(_completion(row, eos))
-                episode.completions.append(cut_at_stop(tokenizer.decode(row), sampling.stop))
+                episode.completions.append(cut_at_stop(text, sampling.stop))
+                episode.generations.append(_row(generated, i))
+                episode.stop_in_text.append(len(episode.completions[-1]) < len(text))
         if not active:
             continue
         views = [

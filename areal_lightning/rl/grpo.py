@@ -21,6 +21,7 @@ from areal_lightning.metrics import AdvantageMetric, RewardMetric
 from areal_lightning.metrics.functional import group_advantages
 from areal_lightning.rl.completion_stats import completion_metrics, step_completion_stats
 from areal_lightning.rl.environments import Environment
+from areal_lightning.rl.episode_completions import episode_completion_metrics
 from areal_lightning.rl.episode_eval import episode_evaluate
 from areal_lightning.rl.episode_settings import EpisodeSettings
 from areal_lightning.rl.episode_training import episode_training_step
@@ -114,7 +115,13 @@ class GRPOModule(L.LightningModule):
         self.train_advantage = AdvantageMetric(scale=self.grpo.scale_advantages, std=self.grpo.advantage_std)
         # By their logged names; registered as submodules too (ModuleDict keys take no "/"), so they
         # follow the module to its device.
-        self.train_completions = {name: make() for name, make in completion_metrics(self.grpo.max_new_tokens).items()}
+        # With episodes, per turn too (rl/episode_completions.py).
+        completions = (
+            completion_metrics(self.grpo.max_new_tokens)
+            if self.episodes is None
+            else episode_completion_metrics(self.episodes.max_turns, self.grpo.max_new_tokens)
+        )
+        self.train_completions = {name: make() for name, make in completions.items()}
         self._train_completion_modules = torch.nn.ModuleDict(
             {name.replace("/", "_"): metric for name, metric in self.train_completions.items()}
         )
