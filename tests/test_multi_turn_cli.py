@@ -49,6 +49,7 @@ def test_fit_evaluate_and_resume_the_mt2_example(tmp_path: Path) -> None:
     for r in rounds:
         m = r["metrics"]
         assert m["success@1"] <= m["success@2"] == m["accuracy"] and 1.0 <= m["turns/mean"] <= 2.0
+        assert {"completion/length/mean", "turn1/completion/truncated", "turn2/completion/entropy"} <= m.keys()
     end = rounds[-1]["metrics"]
 
     # The second command: the checkpoint evaluated alone gives the end round's numbers.
@@ -57,7 +58,7 @@ def test_fit_evaluate_and_resume_the_mt2_example(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (alone,) = _rounds(run, "standalone")
-    for key in ("reward/mean", "accuracy", "success@1", "success@2", "turns/mean"):
+    for key in ("reward/mean", "accuracy", "success@1", "success@2", "turns/mean", "turn1/completion/entropy"):
         assert alone["metrics"][key] == end[key], key
 
     # A resume from step 2 trains on the same episodes: the same weights at step 4, the same round.

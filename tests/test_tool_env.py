@@ -93,6 +93,9 @@ def test_a_tiny_policy_solves_additions_by_running_code(tool_module: GRPOModule)
     m = result.metrics
     assert m["tool/calls"] == 20 and m["tool/errors"] == 0 and m["tool/timeouts"] == 0
     assert m["success@1"] == 0.0 and m["success@2"] >= 0.9 and m["turns/mean"] == 2.0
+    # Per turn: the first completions are programs (no final answer), the second ones answers.
+    assert m["turn1/completion/no_answer"] == 1.0 and m["turn2/completion/no_answer"] <= 0.1
+    assert m["completion/no_answer"] == pytest.approx((1.0 + m["turn2/completion/no_answer"]) / 2)
     first = samples[0]
     a, b = first.prompt[:-1].split("+")
     assert result.table_rows[0]["completion"] == f"{a}+{b} [{int(a) + int(b)}=] {first.answer}"
