@@ -189,6 +189,19 @@ def _completion(row: torch.Tensor, eos_id: int) -> list[int]:
     return ids[: ids.index(eos_id) + 1] if eos_id in ids else ids
 
 
+def _add_completions(rows: Sequence[Episode], generated: Generation, tokenizer: Any, stop: Sequence[str]) -> None:
+    """Each running episode's completion of the turn: its ids up to the EOS, its text cut at the stop
+    strings, and its row of the engine's `Generation`."""
+    for i, (episode, row) in enumerate(zip(rows, generated.tokens, strict=True)):
+        if episode.done:
+            continue  # lockstep: an ended episode's row is dropped
+        text = tokenizer.decode(row)
+        episode.completion_ids.append(_completion(row, tokenizer.eos_id))
+        episode.completions.append(cut_at_stop(text, stop))
+        episode.generations.append(_row(generated, i))
+        episode.stop_in_text.append(len(episode.completions[-1]) < len(text))
+
+
 def run_episodes(
     policy: Any,
     tokenizer: Any,
@@ -230,13 +243,7 @@ def run_episodes(
             break
         rows = episodes if lockstep else active
         generated = _generate(policy, tokenizer, rows, turn, sampling, max_new_tokens, device, lockstep, scores)
-        for i, (episode, row) in enumerate(zip(rows, generated.tokens, strict=True)):
-            if not episode.done:
-                text = tokenizer.decode(row)
-                episode.completion_ids.append(_completion(row, eos))
-                episode.completions.append(cut_at_stop(text, sampling.stop))
-                episode.generations.append(_row(generated, i))
-                episode.stop_in_text.append(len(episode.completions[-1]) < len(text))
+        _add_completions(rows, generated, tokenizer, sampling.stop)
         if not active:
             continue
         views = [
