@@ -23,7 +23,7 @@ from callback_helpers import QUIET_WARNINGS, CountingModule, make_trainer, metri
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from procs import run_in_group
 
-from areal_lightning.app.builders import build_eval_sets
+from areal_lightning.app.builders import build_eval_sets, build_module
 from areal_lightning.app.config import ConfigError, load_config
 from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
 from areal_lightning.callbacks.runners import AsyncRunner
@@ -102,7 +102,7 @@ def _grpo_fit(run_dir: Path, mode: str) -> GRPOModule:
         ],
     )
     L.seed_everything(cfg.seed, verbose=False)
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     callback = EvaluationCallback(
         build_eval_sets(cfg, module.task),
         rollouts_and_weights,

@@ -42,12 +42,11 @@ def test_bf16_evaluation_autocasts_the_round_only(tmp_path: Path) -> None:
 
 
 def test_grpo_rollout_evaluation_runs_in_bf16_on_cpu() -> None:
-    from areal_lightning.app.builders import build_eval_sets
-    from areal_lightning.rl.grpo import GRPOModule
+    from areal_lightning.app.builders import build_eval_sets, build_module
     from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     cfg = load_config(None, ["eval_sets.easy.size=16", "policy.d_model=32", "policy.n_layers=1"])
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     # The dtype every Linear of the policy computes in during the round's rollouts.
     seen: set[torch.dtype] = set()
     hooks = [

@@ -9,7 +9,7 @@ import pytest
 import torch
 from callback_helpers import make_trainer
 
-from areal_lightning.app.builders import build_eval_sets
+from areal_lightning.app.builders import build_eval_sets, build_module
 from areal_lightning.app.config import load_config
 from areal_lightning.eval_round import run_round
 from areal_lightning.rl.grpo import GRPOModule
@@ -29,7 +29,7 @@ def test_grpo_raises_eval_accuracy_far_beyond_chance(tmp_path):
     # The main job's settings (areal_lightning/app/configs/arithmetic_grpo.yaml), stopped early.
     cfg = load_config(EXAMPLE, [f"trainer.max_steps={TRAIN_STEPS}", f"output_dir={tmp_path}"])
     L.seed_everything(cfg.seed, verbose=False)
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     eval_sets = [s for s in build_eval_sets(cfg, module.task) if s.name == "easy"]
     trainer = make_trainer(tmp_path, [], TRAIN_STEPS)
     before: dict[str, float] = {}
@@ -61,7 +61,7 @@ def test_training_step_logs_the_grpo_statistics(tmp_path):
             "grpo.group_size=4",
         ],
     )
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     trainer = make_trainer(tmp_path, [], 2)
     trainer.fit(module)
     logged = trainer.callback_metrics
@@ -102,7 +102,7 @@ def test_kl_to_a_reference_that_differs_is_positive(tmp_path):
             "grpo.group_size=4",
         ],
     )
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     with torch.no_grad():
         for param in module.reference.parameters():
             param.add_(0.5 * torch.randn_like(param))
@@ -113,7 +113,7 @@ def test_kl_to_a_reference_that_differs_is_positive(tmp_path):
 
 def test_warmup_teaches_the_format_but_not_the_answers():
     cfg = load_config(None, ["eval_sets.easy.size=100", "grpo.warmup_steps=150"])
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     from areal_lightning.rl.warmup import format_warmup
 
     format_warmup(module.policy, module.task, steps=cfg.grpo.warmup_steps, lr=cfg.grpo.warmup_lr, seed=cfg.seed)

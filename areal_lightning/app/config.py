@@ -29,8 +29,8 @@ from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.eval_round.sampling_params import SamplingParams
 from areal_lightning.eval_round.subsample import Subsample
-from areal_lightning.metrics.constants import AdvantageStd
 from areal_lightning.rl.episode_settings import EpisodeSettings
+from areal_lightning.rl.grpo_config import GRPOConfig
 from areal_lightning.tasks.math import (
     AnswerFormat,
     PromptStyle,
@@ -367,48 +367,6 @@ class TaskConfig:
 
 
 @dataclass
-class GRPOConfig:
-    """Group-relative policy optimisation."""
-
-    group_size: int = 16
-    """Completions sampled per prompt; at least 2, or every advantage is zero."""
-    prompts_per_step: int = 32
-    """Prompts per optimizer step on each device."""
-    lr: float = 3.0e-4
-    """Adam learning rate."""
-    clip_eps: float = 0.2
-    """Clip range of the probability ratio to the sampling policy."""
-    kl_coef: float = 0.0
-    """Weight of the KL penalty to the frozen initial policy; 0 turns it off."""
-    temperature: float = 1.0
-    """Sampling temperature of training rollouts."""
-    max_new_tokens: int = 4
-    """Tokens generated per completion."""
-    scale_advantages: bool = True
-    """Divide advantages by the group's std (plus a small epsilon)."""
-    advantage_std: AdvantageStd = AdvantageStd.SAMPLE
-    """sample: the group's sample std (n - 1), as TRL and verl divide by; population: the n-divided one."""
-    warmup_steps: int = 150
-    """Supervised steps that teach the answer format only (random digits, then end of sequence)."""
-    warmup_lr: float = 1.0e-3
-    """Learning rate of the format warm-up."""
-
-    def check(self, path: str) -> None:
-        if self.group_size < 2:
-            raise ConfigError(
-                f"{path}.group_size must be at least 2 (advantages are relative to the group), got {self.group_size}"
-            )
-        _at_least(f"{path}.prompts_per_step", self.prompts_per_step, 1)
-        _positive_number(f"{path}.lr", self.lr)
-        _positive_number(f"{path}.clip_eps", self.clip_eps)
-        _positive_number(f"{path}.kl_coef", self.kl_coef, allow_zero=True)
-        _positive_number(f"{path}.temperature", self.temperature)
-        _at_least(f"{path}.max_new_tokens", self.max_new_tokens, 1)
-        _at_least(f"{path}.warmup_steps", self.warmup_steps, 0)
-        _positive_number(f"{path}.warmup_lr", self.warmup_lr)
-
-
-@dataclass
 class SubsampleConfig:
     """A deterministic proportional stratified subset of an eval set (the same every round, on any
     number of devices). Give exactly one of max_prompts and fraction."""
@@ -587,8 +545,11 @@ class Config:
 
     def __post_init__(self) -> None:
         _at_least("seed", self.seed, 0)
-        for section in ("trainer", "policy", "task", "grpo", "evaluator"):
+        for section in ("trainer", "policy", "task"):
             getattr(self, section).check(section)
+        with _owned_by("grpo"):
+            self.grpo.validate()
+        self.evaluator.check("evaluator")
         if not self.eval_sets:
             raise ConfigError("eval_sets is empty; define at least one, e.g. eval_sets: {easy: {digits: 1, size: 200}}")
         for name, eval_set in self.eval_sets.items():

@@ -405,12 +405,12 @@ def evaluate_main(args: argparse.Namespace) -> int:
     import torch
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+    from areal_lightning.app.builders import build_module
     from areal_lightning.app.runs import RUN_ID_KEY
     from areal_lightning.eval_round import EvalRoundError, EvalSetMismatchError
-    from areal_lightning.rl.grpo import GRPOModule
 
     try:
-        module = GRPOModule.from_config(cfg)
+        module = build_module(cfg)
         load_weights(module, ckpt[STATE_DICT_KEY], args.ckpt)
         step, epoch = int(ckpt["global_step"]), checkpoint_epoch(ckpt)  # the weights' place in training
         run_id = ckpt.get(RUN_ID_KEY)  # None for a checkpoint written before run ids

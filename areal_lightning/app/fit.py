@@ -212,16 +212,15 @@ def fit_main(args: argparse.Namespace) -> int:
         return fail(problem)
     import lightning as L
 
-    from areal_lightning.app.builders import build_callback, build_trainer
+    from areal_lightning.app.builders import build_callback, build_module, build_trainer
     from areal_lightning.app.interrupt import StopOnSignal
     from areal_lightning.app.runs import CHECKPOINT_DIRNAME, LAST_CHECKPOINT, last_logged_eval_step, latest_csv_version
-    from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.tracking.wandb_logger import finish_wandb
 
     assert cfg.run_id is not None
     resumed = run.resumed_from_step is not None
     L.seed_everything(cfg.seed, verbose=False)
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     module.warmed_up = args.ckpt is not None  # the checkpoint holds warmed-up weights: no second warm-up
     stop = StopOnSignal(Path(cfg.output_dir) / CHECKPOINT_DIRNAME / LAST_CHECKPOINT)
     trainer = build_trainer(

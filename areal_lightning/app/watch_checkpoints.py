@@ -316,13 +316,13 @@ def _load_on_every_rank(
 
 
 def _watch_on_rank(fabric: Fabric, watch: _Watch) -> int:
+    from areal_lightning.app.builders import build_module
     from areal_lightning.app.console import report_rounds
     from areal_lightning.app.evaluate import prepare_on_rank
-    from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.tracking.history import EvalHistory
     from areal_lightning.tracking.wandb_logger import finish_wandb
 
-    module, eval_sets = prepare_on_rank(fabric, watch.cfg, GRPOModule.from_config(watch.cfg))
+    module, eval_sets = prepare_on_rank(fabric, watch.cfg, build_module(watch.cfg))
 
     loggers: list[Logger] | None = None  # built at the first round, under the checkpoint's run id
     history = EvalHistory(watch.history_file)

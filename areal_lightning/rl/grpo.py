@@ -14,7 +14,6 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from areal_lightning.app.config import Config, GRPOConfig
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round.sharding import sample_seed
 from areal_lightning.metrics import AdvantageMetric, RewardMetric
@@ -25,6 +24,7 @@ from areal_lightning.rl.episode_eval import episode_evaluate
 from areal_lightning.rl.episode_settings import EpisodeSettings
 from areal_lightning.rl.episode_training import episode_training_step
 from areal_lightning.rl.generation import Generation, generate_scored
+from areal_lightning.rl.grpo_config import GRPOConfig
 from areal_lightning.rl.make_environment import episode_parts, episode_values
 from areal_lightning.rl.policy import Policy, TinyPolicy, completion_mask
 from areal_lightning.rl.protocols import PromptTokenizer, RLTask, seeded_generators
@@ -65,13 +65,15 @@ class GRPOModule(L.LightningModule):
         environment: the episodes' `Environment`; None: the one `episodes.env` names, on `task`.
 
     Raises:
-        ValueError: when no tokenizer is given and neither the policy nor the task has one.
+        ValueError: when no tokenizer is given and neither the policy nor the task has one;
+            `ArgumentError` (a ValueError) for an impossible `grpo` value.
 
     Example:
-        >>> from areal_lightning.app.config import load_config
-        >>> module = GRPOModule.from_config(load_config(None, ["eval_sets.easy.size=8"]))
-        >>> type(module.policy).__name__
-        'TinyPolicy'
+        >>> task = ArithmeticTask()
+        >>> tok = task.tokenizer
+        >>> policy = TinyPolicy(tok.vocab_size, 32, 1, 2, 16, pad_id=tok.pad_id, eos_id=tok.eos_id)
+        >>> GRPOModule(policy, task, GRPOConfig(group_size=4)).grpo.group_size
+        4
     """
 
     def __init__(
@@ -100,6 +102,7 @@ class GRPOModule(L.LightningModule):
             )
         self.tokenizer: PromptTokenizer = tokenizer
         self.grpo = grpo or GRPOConfig()
+        self.grpo.validate()
         self.seed = seed
         # Plain values only: checkpoints must load with torch.load(weights_only=True).
         grpo_values = {k: v.value if isinstance(v, Enum) else v for k, v in asdict(self.grpo).items()}
@@ -117,23 +120,6 @@ class GRPOModule(L.LightningModule):
         self.train_completions = {name: make() for name, make in completion_metrics(self.grpo.max_new_tokens).items()}
         self._train_completion_modules = torch.nn.ModuleDict(
             {name.replace("/", "_"): metric for name, metric in self.train_completions.items()}
-        )
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> GRPOModule:
-        """The module of the config's task, policy and ``grpo`` section; ``seed`` seeds the tiny
-        policy's initial weights, the warm-up and the rollouts."""
-        from areal_lightning.app.model_builders import build_eval_generate, build_policy, build_task
-
-        torch.manual_seed(cfg.seed)  # the policy's initial weights
-        task = build_task(cfg)
-        return cls(
-            build_policy(cfg, task),
-            task,
-            cfg.grpo,
-            seed=cfg.seed,
-            eval_generate=build_eval_generate(cfg),
-            episodes=cfg.episodes,
         )
 
     @property
