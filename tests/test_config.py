@@ -98,3 +98,16 @@ def test_yaml_that_is_not_a_mapping_is_an_error(tmp_path):
 
 def test_defaults_are_a_valid_config():
     assert isinstance(load_config(None, MINIMAL), Config)
+
+
+def test_a_removed_key_says_why_it_went_and_what_to_do(tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text("grpo:\n  lr: 0.001\n  clip_eps: 0.2\neval_sets: {easy: {size: 3}}\n")
+    with pytest.raises(
+        ConfigError, match=r"`grpo.clip_eps` \(from file .*old.yaml'\) was removed: .*ratio exactly 1.*delete"
+    ):
+        load_config(old, [])
+    with pytest.raises(
+        ConfigError, match=r"`grpo.clip_eps` \(from the command line\) was removed: .*drop the override"
+    ):
+        load_config(None, [*MINIMAL, "grpo.clip_eps=0.1"])

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Optional, cast
 import yaml
 from omegaconf import DictConfig, ListConfig, Node, OmegaConf, errors as oc_errors
 
+from areal_lightning.app.config_keys import retired_key_problem
 from areal_lightning.app.episode_checks import episode_config_problem, logged_episode_metrics
 from areal_lightning.callbacks.choices import ThresholdAction
 from areal_lightning.callbacks.settings import EvaluatorSettings, validate_together
@@ -895,6 +896,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     for source, layer in layers:
         item, from_file = source, source.startswith("file ")
         source = source if from_file else "the command line"
+        problem = retired_key_problem(_as_plain(layer), source)
+        if problem:
+            raise ConfigError(problem)
         replaced = None if from_file else _replaces(merged, item, layer)
         try:
             if replaced is not None:

@@ -26,6 +26,7 @@ from areal_lightning.rl.episode_training import episode_training_step
 from areal_lightning.rl.generation import Generation, generate_scored
 from areal_lightning.rl.grpo_config import GRPOConfig
 from areal_lightning.rl.make_environment import episode_parts, episode_values
+from areal_lightning.rl.objective import k3_kl, policy_gradient
 from areal_lightning.rl.policy import Policy, TinyPolicy, completion_mask
 from areal_lightning.rl.protocols import PromptTokenizer, RLTask, seeded_generators
 from areal_lightning.rl.rollout_eval import rollout_evaluate, score_texts
@@ -49,13 +50,13 @@ def collate_prompts(samples: Sequence[Any], tokenizer: PromptTokenizer) -> dict[
 
 
 class GRPOModule(L.LightningModule):
-    """Samples `group_size` completions per prompt, scores them, and optimises the clipped
-    policy-gradient objective with group-relative advantages.
+    """Samples `group_size` completions per prompt, scores them, and optimises the policy-gradient
+    objective with group-relative advantages (one update per batch of rollouts).
 
     Args:
         policy: a `Policy` (`TinyPolicy`, `HFPolicy`).
         task: an `RLTask` (`ArithmeticTask`, `MathTask`): training prompts, reward, answer ids.
-        grpo: the GRPO settings (group size, lr, clip_eps, kl_coef, ...).
+        grpo: the GRPO settings (group size, lr, kl_coef, ...).
         seed: seeds warm-up and rollouts; each step's rollouts use their own derived seed, so
             evaluating in between does not change what training samples.
         tokenizer: encodes prompts and decodes completions; None: the policy's `tokenizer`
@@ -242,20 +243,13 @@ class GRPOModule(L.LightningModule):
         advantages = group_advantages(grouped, scale=hp.scale_advantages, std=hp.advantage_std).reshape(-1, 1)
 
         logp, entropy = self.policy.completion_logprobs(ids, mask, completions, temperature=hp.temperature)
-        # One update per rollout: the weights that sampled are the weights being updated, so the
-        # sampling policy's log-probs equal `logp` without its graph (a second forward would
-        # recompute the same numbers). The ratio is 1 in value and carries the policy gradient.
-        old_logp = logp.detach()
         tokens = completion_mask(completions, self.policy.eos_id).float()
-        ratio = (logp - old_logp).exp()
-        clipped = ratio.clamp(1 - hp.clip_eps, 1 + hp.clip_eps)
-        per_token = -torch.min(ratio * advantages, clipped * advantages)
+        per_token = policy_gradient(logp, advantages)
         kl = torch.zeros_like(per_token)
         if self.reference is not None:
             with torch.no_grad():
                 ref_logp, _ = self.reference.completion_logprobs(ids, mask, completions, temperature=hp.temperature)
-            log_ratio = ref_logp - logp
-            kl = log_ratio.exp() - log_ratio - 1  # k3 estimator: unbiased, non-negative
+            kl = k3_kl(ref_logp, logp)
             per_token = per_token + hp.kl_coef * kl
         n_tokens = tokens.sum().clamp(min=1)
         loss = (per_token * tokens).sum() / n_tokens  # token-mean over the whole batch
@@ -272,7 +266,6 @@ class GRPOModule(L.LightningModule):
                 "train/advantage_abs_mean": adv_stats["abs_mean"],
                 "train/zero_std_frac": adv_stats["zero_std_frac"],
                 "train/kl": token_mean(kl.detach()),
-                "train/clip_frac": token_mean(((ratio - clipped).abs() > 0).float().detach()),
                 "train/loss": loss.detach(),
             },
             batch_size=len(texts),

@@ -37,8 +37,6 @@ class GRPOConfig:
     """Prompts per optimizer step on each device."""
     lr: float = 3.0e-4
     """Adam learning rate."""
-    clip_eps: float = 0.2
-    """Clip range of the probability ratio to the sampling policy."""
     kl_coef: float = 0.0
     """Weight of the KL penalty to the frozen initial policy; 0 turns it off."""
     temperature: float = 1.0
@@ -72,7 +70,6 @@ class GRPOConfig:
             )
         _count("prompts_per_step", self.prompts_per_step, 1)
         _number("lr", self.lr)
-        _number("clip_eps", self.clip_eps)
         _number("kl_coef", self.kl_coef, allow_zero=True)
         _number("temperature", self.temperature)
         _count("max_new_tokens", self.max_new_tokens, 1)
