@@ -111,3 +111,19 @@ def test_a_removed_key_says_why_it_went_and_what_to_do(tmp_path):
         ConfigError, match=r"`grpo.clip_eps` \(from the command line\) was removed: .*drop the override"
     ):
         load_config(None, [*MINIMAL, "grpo.clip_eps=0.1"])
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("evaluator.adaptive.dataset=easy", "evaluator.adaptive.eval_set"),
+        ("evaluator.reward_watch.eval_metric=accuracy", "evaluator.reward_watch.metric"),
+        ("evaluator.max_snapshot_mb=64", "evaluator.max_snapshot_mib"),
+        ("evaluator.prompt_story.max_file_mb=8", "evaluator.prompt_story.max_file_mib"),
+        ("policy.stop_strings=[x]", "policy.stop"),
+    ],
+)
+def test_a_renamed_key_names_its_new_name(old, new):
+    key = old.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"`{key}` \(from the command line\) was renamed to `{new}`"):
+        load_config(None, [*MINIMAL, old])

@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # Lightning and W&B load only when a builder that needs them 
     from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.rl.policy import Policy
     from areal_lightning.rl.protocols import RLTask
-    from areal_lightning.rl.vllm_policy import VLLMEvaluator
+    from areal_lightning.rl.vllm_evaluator import VLLMEvaluator
     from areal_lightning.tracking.wandb_logger import SafeWandbLogger
 
 
@@ -98,7 +98,7 @@ def build_policy(cfg: Config, task: RLTask) -> Policy:
             chat=chat,
             chat_template=p.chat_template,
             system_prompt=p.system_prompt,
-            stop_strings=list(p.stop_strings),
+            stop=list(p.stop),
             disable_dropout=p.disable_dropout,
         )
     from areal_lightning.rl.policy import TinyPolicy
@@ -107,18 +107,18 @@ def build_policy(cfg: Config, task: RLTask) -> Policy:
     return TinyPolicy(tok.vocab_size, p.d_model, p.n_layers, p.n_heads, p.max_len, pad_id=tok.pad_id, eos_id=tok.eos_id)
 
 
-def build_eval_generate(cfg: Config) -> VLLMEvaluator | None:
+def build_engine_evaluate_fn(cfg: Config) -> VLLMEvaluator | None:
     """The evaluation's generation engine of ``policy.eval_engine``: a `VLLMEvaluator` for ``vllm``,
     None (the policy's own `generate`) for ``policy``. The engine itself starts on the first round.
 
     Example:
         >>> from areal_lightning.app.config import load_config
-        >>> build_eval_generate(load_config(None, ["eval_sets.easy.size=5"])) is None
+        >>> build_engine_evaluate_fn(load_config(None, ["eval_sets.easy.size=5"])) is None
         True
     """
     if cfg.policy.eval_engine is not EvalEngine.VLLM:
         return None
-    from areal_lightning.rl.vllm_policy import VLLMEvaluator
+    from areal_lightning.rl.vllm_evaluator import VLLMEvaluator
 
     return VLLMEvaluator(cfg.policy.vllm.build())
 
@@ -145,7 +145,7 @@ def build_module(cfg: Config, module_class: type[GRPOModule] | None = None) -> G
         task,
         cfg.grpo,
         seed=cfg.seed,
-        eval_generate=build_eval_generate(cfg),
+        engine_evaluate_fn=build_engine_evaluate_fn(cfg),
         episodes=cfg.episodes,
     )
 

@@ -253,8 +253,9 @@ class PolicyConfig:
     """hf: a Jinja chat template replacing the tokenizer's own (for task.prompt_style: chat); null: the tokenizer's."""
     system_prompt: Optional[str] = None
     """hf: a system message before each chat prompt (task.prompt_style: chat only)."""
-    stop_strings: list[str] = field(default_factory=list)
-    """hf: a completion ends after the first of these strings (e.g. "\\nQuestion:" for base models)."""
+    stop: list[str] = field(default_factory=list)
+    """hf: a completion ends after the first of these strings, in training and evaluation (e.g.
+    "\\nQuestion:" for base models); it stays in the text, while an eval set's `stop` is cut off."""
     disable_dropout: bool = True
     """hf: set every dropout probability of the model to 0 (as RL trainers do, e.g. TRL's
     disable_dropout), so a training forward computes the policy that sampled; false keeps the
@@ -308,8 +309,8 @@ class PolicyConfig:
                     f"{path}.path {self.path!r} has no config.json, so it holds no saved model; give "
                     "the directory written by save_pretrained"
                 )
-        if any(not s for s in self.stop_strings):
-            raise ConfigError(f"{path}.stop_strings must be non-empty strings, got {list(self.stop_strings)!r}")
+        if any(not s for s in self.stop):
+            raise ConfigError(f"{path}.stop must be non-empty strings, got {list(self.stop)!r}")
 
 
 @dataclass
@@ -612,7 +613,7 @@ class Config:
         named = [(f"evaluator.metric_thresholds.{name}", name, True) for name in ev.metric_thresholds]
         named += [(f"evaluator.best_metrics.{name}", name, False) for name in ev.best_metrics or {}]
         if ev.reward_watch is not None:
-            named.append(("evaluator.reward_watch.eval_metric", ev.reward_watch.eval_metric, False))
+            named.append(("evaluator.reward_watch.metric", ev.reward_watch.metric, False))
             if ev.reward_watch.eval_set is not None and ev.reward_watch.eval_set not in self.eval_sets:
                 raise ConfigError(
                     f"evaluator.reward_watch.eval_set must name an eval set, got "

@@ -16,6 +16,14 @@ REMOVED = {
     ),
 }
 """Removed options: the key path and why it went."""
+RENAMED = {
+    "evaluator.adaptive.dataset": "evaluator.adaptive.eval_set",
+    "evaluator.reward_watch.eval_metric": "evaluator.reward_watch.metric",
+    "evaluator.max_snapshot_mb": "evaluator.max_snapshot_mib",
+    "evaluator.prompt_story.max_file_mb": "evaluator.prompt_story.max_file_mib",
+    "policy.stop_strings": "policy.stop",
+}
+"""Renamed options: the old key path and the new one (the same value, one name for one concept)."""
 
 
 def key_paths(data: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
@@ -33,8 +41,11 @@ def key_paths(data: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
 
 
 def retired_key_problem(data: Mapping[str, Any], source: str) -> str | None:
-    """The message for the first removed key in `data` (a YAML file or an override, from `source`), or None."""
+    """The message for the first removed or renamed key in `data` (a YAML file or an override, from
+    `source`), or None."""
     for path in key_paths(data):
+        if path in RENAMED:
+            return f"config key `{path}` (from {source}) was renamed to `{RENAMED[path]}` (same meaning, same values)"
         if path in REMOVED:
             fix = "drop the override" if source == "the command line" else "delete the line"
             return f"config key `{path}` (from {source}) was removed: {REMOVED[path]}; {fix}"

@@ -84,14 +84,14 @@ def choice(arg: str, value: Any, enum: type[E], owner: str = "EvaluationCallback
         ) from None
 
 
-DEFAULT_MAX_SNAPSHOT_MB = 4096.0
+DEFAULT_MAX_SNAPSHOT_MIB = 4096.0
 """Default bound of the memory the async weight snapshot (the replica) may take, in MiB."""
 DEFAULT_ASYNC_THREADS = 1
 """Default torch intra-op threads of the async worker process."""
 _DEVICE = re.compile(r"(cpu|cuda|mps|xpu)(:\d+)?")
 
 
-def check_async_options(device: Any, threads: Any, max_snapshot_mb: Any) -> None:
+def check_async_options(device: Any, threads: Any, max_snapshot_mib: Any) -> None:
     """The async arguments of `EvaluationCallback`, checked at construction (the config reuses it).
 
     Raises:
@@ -103,14 +103,14 @@ def check_async_options(device: Any, threads: Any, max_snapshot_mb: Any) -> None
         raise ArgumentError("EvaluationCallback", "async_device", device, "a device string (cpu, cuda:1) or None")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ArgumentError("EvaluationCallback", "async_threads", threads, "a positive integer")
-    if max_snapshot_mb is not None and (
-        isinstance(max_snapshot_mb, bool)
-        or not isinstance(max_snapshot_mb, (int, float))
-        or not max_snapshot_mb > 0
-        or max_snapshot_mb == float("inf")
+    if max_snapshot_mib is not None and (
+        isinstance(max_snapshot_mib, bool)
+        or not isinstance(max_snapshot_mib, (int, float))
+        or not max_snapshot_mib > 0
+        or max_snapshot_mib == float("inf")
     ):
         raise ArgumentError(
-            "EvaluationCallback", "max_snapshot_mb", max_snapshot_mb, "a positive number of MiB or None"
+            "EvaluationCallback", "max_snapshot_mib", max_snapshot_mib, "a positive number of MiB or None"
         )
 
 
