@@ -394,9 +394,13 @@ def test_the_worker_evaluates_at_the_eval_precision(tmp_path: Path, precision: A
 
 
 def test_the_result_cache_with_async_is_refused_naming_both() -> None:
-    with pytest.raises(ValueError, match="cache=True does not work with execution mode='async'"):
+    with pytest.raises(
+        ValueError, match=r"`EvaluationCallback\(...\)` cannot use rounds.cache with execution.mode async"
+    ):
         EvaluationCallback({"probe": PROBES}, probe_weights, execution={"mode": "async"}, rounds={"cache": True})
-    with pytest.raises(ConfigError, match="evaluator cannot use cache: true with mode: async"):
+    with pytest.raises(
+        ConfigError, match=r"evaluator cannot use rounds.cache with execution.mode async.*set cache to false"
+    ):
         load_config(None, ["eval_sets.easy.size=4", "evaluator.mode=async", "evaluator.cache=true"])
 
 

@@ -415,7 +415,7 @@ def test_a_snapshot_over_the_bound_is_refused_naming_its_size_before_a_worker_st
         )
     assert str(info.value) == (
         "async evaluation needs a 1.5 MiB snapshot of Weights's weights, more than max_snapshot_mib=1.4; raise "
-        "max_snapshot_mib (evaluator.max_snapshot_mib) if the memory is there, or use mode='sync'"
+        "max_snapshot_mib (evaluator.execution.max_snapshot_mib) if the memory is there, or use mode='sync'"
     )
     # At the bound it is accepted: the next check (pickling) is the one that fails here.
     small = Weights()

@@ -65,7 +65,7 @@ EVAL_SET = {"probe": [1, 2, 3]}
             "`Decisions(metric_thresholds.accuracy=...)` must be a finite number, got 'high'",
         ),
         ({"schedule": {"freq_steps": 0}}, "`Schedule(freq_steps=...)` must be a positive integer or None, got 0"),
-        ({"schedule": {"eval_at_end": False}}, "`Schedule()` would never evaluate anything"),
+        ({"schedule": {"eval_at_end": False}}, "`Schedule(...)` would never evaluate: freq_epochs"),
         ({"eval_sets": {}}, "`eval_sets` is empty; give at least one eval set"),
         (
             {"schedule": {"freq_step": 5}},

@@ -73,7 +73,7 @@ def test_grpo_rollout_evaluation_runs_in_bf16_on_cpu() -> None:
 def test_precision_in_yaml_and_errors(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("eval_sets: {easy: {size: 4}}\nevaluator: {precision: 16}\n")
-    assert load_config(path).evaluator.precision is EvalPrecision.FP16
+    assert load_config(path).evaluator.rounds.precision is EvalPrecision.FP16
     with pytest.raises(ConfigError, match=r"evaluator\.precision must be one of 32, bf16, 16; got 'fp8'"):
         load_config(None, ["eval_sets.easy.size=4", "evaluator.precision=fp8"])
     with pytest.raises(ValueError, match=r"precision=...\)` must be one of 32, bf16, 16, got 'half'"):

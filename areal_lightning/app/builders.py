@@ -239,9 +239,10 @@ def build_callback(
 
     if eval_sets is None:
         eval_sets = build_eval_sets(cfg)
-    options: dict[str, Any] = dict(cfg.evaluator.groups(), output_dir=cfg.output_dir, seed=cfg.seed, run_id=cfg.run_id)
-    options.update(overrides)
-    return EvaluationCallback(eval_sets, evaluate_fn, **options)
+    ev = cfg.evaluator
+    groups = {"schedule": ev.schedule, "execution": ev.execution, "rounds": ev.rounds, "decisions": ev.decisions}
+    run = {"output_dir": cfg.output_dir, "seed": cfg.seed, "run_id": cfg.run_id}
+    return EvaluationCallback(eval_sets, evaluate_fn, **{**groups, **run, **overrides})
 
 
 def build_wandb_logger(

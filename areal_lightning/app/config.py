@@ -12,6 +12,7 @@ import contextlib
 import difflib
 import json
 import math
+import re
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -22,10 +23,9 @@ from typing import TYPE_CHECKING, Any, Optional, cast
 import yaml
 from omegaconf import DictConfig, ListConfig, Node, OmegaConf, errors as oc_errors
 
-from areal_lightning.app.config_keys import retired_key_problem
+from areal_lightning.app.config_keys import group_evaluator_keys, grouped, respell, retired_key_problem
 from areal_lightning.app.episode_checks import episode_config_problem, logged_episode_metrics
-from areal_lightning.callbacks.choices import ThresholdAction
-from areal_lightning.callbacks.settings import EvaluatorSettings, validate_together
+from areal_lightning.callbacks.settings import Decisions, Execution, RoundSettings, Schedule, validate_together
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.eval_round.sampling_params import SamplingParams
@@ -102,15 +102,6 @@ class WandbMode(str, Enum):
     DISABLED = "disabled"
 
 
-SETTINGS_PATHS = {
-    "AdaptiveSettings": "evaluator.adaptive",
-    "RewardWatchSettings": "evaluator.reward_watch",
-    "PromptStorySettings": "evaluator.prompt_story",
-}
-"""Where the settings classes that check their own fields when built live in the YAML file (the
-four groups of `EvaluationCallback`: ``evaluator``)."""
-
-
 class ConfigError(ValueError):
     """A configuration problem, worded for the user who wrote the YAML file or the override."""
 
@@ -137,11 +128,28 @@ def _owned_by(path: str) -> Iterator[None]:
     try:
         yield
     except ArgumentError as err:
-        key = f"{path}.{err.arg}" if err.arg else path
+        accepted = re.sub(r"\b(None|True|False)\b", lambda m: YAML_WORDS[m.group(0)], err.accepted)
         if not err.arg:  # a problem of several arguments together: `accepted` words it
-            raise ConfigError(f"{key} {err.accepted}") from None
-        accepted = err.accepted.replace("None", "null").replace("True or False", "true or false")
-        raise ConfigError(f"{key} must be {accepted}, got {err.value!r}") from None
+            raise ConfigError(f"{path} {accepted}") from None
+        raise ConfigError(f"{path}.{err.arg} must be {accepted}, got {err.value!r}") from None
+
+
+YAML_WORDS = {"None": "null", "True": "true", "False": "false"}
+"""Python's words in a runtime class's error, as a YAML file spells them."""
+
+
+def settings_paths(schema: Any, prefix: str = "") -> dict[str, str]:
+    """Where each settings dataclass of `schema` sits in the YAML file, by class name (the owner a
+    runtime check names): ``{"Schedule": "evaluator.schedule", "GRPOConfig": "grpo", ...}``."""
+    paths: dict[str, str] = {}
+    for f in fields(schema):
+        hint = typing.get_type_hints(schema)[f.name]
+        options = typing.get_args(hint) if typing.get_origin(hint) is typing.Union else (hint,)  # Optional[...]
+        inner = [a for a in options if isinstance(a, type) and is_dataclass(a)]
+        if inner:
+            paths[inner[0].__name__] = prefix + f.name
+            paths.update(settings_paths(inner[0], f"{prefix}{f.name}."))
+    return paths
 
 
 @dataclass
@@ -479,15 +487,23 @@ class EvalSetConfig:
 
 
 @dataclass
-class EvaluatorConfig(EvaluatorSettings):
-    """When and how to evaluate (the YAML `evaluator` block): `EvaluationCallback`'s settings,
-    each option declared once in `callbacks.settings`; the metric and eval set names they give are
+class EvaluatorConfig:
+    """When and how to evaluate (the YAML `evaluator` block): the four groups `EvaluationCallback`
+    takes, each checking its own fields when built; the metric and eval set names they give are
     checked against the rest of the config in `Config._check_thresholds`."""
 
+    schedule: Schedule = field(default_factory=Schedule)
+    """When rounds run: freq_steps, freq_epochs, freq_secs, eval_before_train, eval_at_end, adaptive, budget."""
+    execution: Execution = field(default_factory=Execution)
+    """Where they run: mode (sync, async), on_busy, async_device, async_threads, max_snapshot_mib."""
+    rounds: RoundSettings = field(default_factory=RoundSettings)
+    """What a round does: precision, cache, cache_dir, max_table_rows, on_error, sanity_batches, verbose."""
+    decisions: Decisions = field(default_factory=Decisions)
+    """What follows a round: metric_thresholds, best_metrics, best_rule, reward_watch, prompt_story, ..."""
+
     def check(self, path: str) -> None:
-        # The callback's own checks, at load time and with the config's key names.
-        with _owned_by(path):  # each group checked its own fields when built (`load_config` rewords those)
-            validate_together(self, self)
+        with _owned_by(path):  # the check that spans two groups
+            validate_together(self.execution, self.rounds)
 
 
 @dataclass
@@ -591,12 +607,7 @@ class Config:
 
     def _check_thresholds(self) -> None:
         """Thresholds name metrics that the default evaluation logs; known here, before any round."""
-        ev = self.evaluator
-        if ev.threshold_action is ThresholdAction.STOP and not ev.metric_thresholds:
-            raise ConfigError(
-                "evaluator.threshold_action=stop needs evaluator.metric_thresholds, which is empty; "
-                "add e.g. {accuracy: 0.7} or use threshold_action=alert"
-            )
+        ev = self.evaluator.decisions
         if not (ev.metric_thresholds or ev.best_metrics or ev.reward_watch):
             return  # nothing names a metric: the metric classes (torch) need not load
         from areal_lightning.callbacks.prompt_story import StoryBuckets, story_metric_names
@@ -610,13 +621,13 @@ class Config:
         # Stratum buckets are named by the data's strata, unknown here: the sanity pass checks those.
         by_stratum = story is not None and story.buckets is StoryBuckets.STRATUM
         logged = sorted(base | set(story_metric_names(base, story)))
-        named = [(f"evaluator.metric_thresholds.{name}", name, True) for name in ev.metric_thresholds]
-        named += [(f"evaluator.best_metrics.{name}", name, False) for name in ev.best_metrics or {}]
+        named = [(f"evaluator.decisions.metric_thresholds.{name}", name, True) for name in ev.metric_thresholds]
+        named += [(f"evaluator.decisions.best_metrics.{name}", name, False) for name in ev.best_metrics or {}]
         if ev.reward_watch is not None:
-            named.append(("evaluator.reward_watch.metric", ev.reward_watch.metric, False))
+            named.append(("evaluator.decisions.reward_watch.metric", ev.reward_watch.metric, False))
             if ev.reward_watch.eval_set is not None and ev.reward_watch.eval_set not in self.eval_sets:
                 raise ConfigError(
-                    f"evaluator.reward_watch.eval_set must name an eval set, got "
+                    f"evaluator.decisions.reward_watch.eval_set must name an eval set, got "
                     f"{ev.reward_watch.eval_set!r}; defined: {', '.join(self.eval_sets)}"
                 )
         for key, name, mean_too in named:
@@ -820,7 +831,7 @@ def _shape_mismatch(schema: Any, layer: Any, source: str, prefix: str = "") -> s
     return "" if prefix else f"the config (from {source}) puts a list where a mapping belongs, or the reverse"
 
 
-def _read_yaml(path: Path) -> DictConfig:
+def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist; pass the path of a YAML file with -c")
     try:
@@ -838,7 +849,7 @@ def _read_yaml(path: Path) -> DictConfig:
         raise ConfigError(
             f"config file {str(path)!r} must hold a mapping of keys to values, got a {type(data).__name__}"
         )
-    return OmegaConf.create(data)
+    return data
 
 
 def _parse_overrides(overrides: list[str]) -> DictConfig:
@@ -851,13 +862,12 @@ def _parse_overrides(overrides: list[str]) -> DictConfig:
         raise ConfigError(f"overrides {overrides} could not be parsed: {err.msg}") from None
 
 
-def _replaces(merged: DictConfig, item: str, layer: DictConfig) -> tuple[str, DictConfig] | None:
-    """(key, mapping) when the override `item` writes a whole mapping (``key={...}``, ``{}``
-    included) to an option whose value is a mapping of names (``evaluator.metric_thresholds``,
-    ``evaluator.best_metrics``, ``eval_sets``): it then replaces the mapping instead of merging into
-    it, so that ``evaluator.metric_thresholds={}`` switches off the thresholds of the YAML file.
+def _replaces(merged: DictConfig, key: str, layer: DictConfig) -> tuple[str, DictConfig] | None:
+    """(key, mapping) when the override of `key` writes a whole mapping (``key={...}``, ``{}``
+    included) to an option whose value is a mapping of names (``evaluator.decisions.metric_thresholds``,
+    ``evaluator.decisions.best_metrics``, ``eval_sets``): it then replaces the mapping instead of merging
+    into it, so that ``evaluator.decisions.metric_thresholds={}`` switches off the thresholds of the YAML file.
     None for any other override (a leaf, a section of fixed keys such as ``trainer={...}``)."""
-    key = item.split("=", 1)[0].strip()
     try:
         value = OmegaConf.select(layer, key, throw_on_missing=False, throw_on_resolution_failure=False)
         if not isinstance(value, DictConfig):
@@ -887,35 +897,60 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         (5, 'runs/arith-grpo/trial0')
     """
     merged = OmegaConf.structured(Config)
-    layers: list[tuple[str, DictConfig]] = []  # (where from: "file ..." or the override item, layer)
+    spellings: dict[str, str] = {}  # {grouped key: the flat key the user wrote}
+    try:
+        for source, key, layer in _layers(path, overrides or [], spellings):
+            merged = _merge(merged, layer, source, key)
+        return _build(merged)
+    except ConfigError as err:
+        raise ConfigError(respell(str(err), spellings)) from None
+
+
+def _layers(
+    path: str | Path | None, overrides: list[str], spellings: dict[str, str]
+) -> Iterator[tuple[str, str | None, DictConfig]]:
+    """(source, the override's key or None, layer) for the YAML file, then each override in order
+    (a mapping written whole replaces a mapping option: see `_replaces`), with retired keys refused
+    and flat evaluator keys moved into their groups."""
+    raw: list[tuple[str, str | None, dict[str, Any]]] = []
     if path is not None:
-        layers.append((f"file {str(path)!r}", _read_yaml(Path(path))))
-    if overrides:
-        _parse_overrides(overrides)  # every item checked before any is applied
-        # One at a time, in order: a mapping written whole replaces a mapping option (see `_replaces`).
-        layers += [(item, _parse_overrides([item])) for item in overrides]
-    for source, layer in layers:
-        item, from_file = source, source.startswith("file ")
-        source = source if from_file else "the command line"
-        problem = retired_key_problem(_as_plain(layer), source)
+        raw.append((f"file {str(path)!r}", None, _read_yaml(Path(path))))
+    _parse_overrides(overrides)  # every item checked before any is applied
+    for item in overrides:
+        key = grouped(item.split("=", 1)[0].strip())
+        raw.append(("the command line", key, _as_plain(_parse_overrides([item]))))
+    for source, replaces, data in raw:
+        problem = retired_key_problem(data, source)
         if problem:
             raise ConfigError(problem)
-        replaced = None if from_file else _replaces(merged, item, layer)
         try:
-            if replaced is not None:
-                OmegaConf.update(merged, replaced[0], replaced[1], merge=False)
-            else:
-                merged = OmegaConf.merge(merged, layer)
-        except oc_errors.OmegaConfBaseException as err:
-            raise _explain(err, source) from None
-        except TypeError:  # OmegaConf names no key when a list meets a mapping: find it
-            raise ConfigError(_shape_mismatch(OmegaConf.structured(Config), layer, source)) from None
+            data, moved = group_evaluator_keys(data, source)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        spellings.update(moved)
+        yield source, replaces, OmegaConf.create(data)
+
+
+def _merge(merged: DictConfig, layer: DictConfig, source: str, key: str | None) -> DictConfig:
+    replaced = None if key is None else _replaces(merged, key, layer)
+    try:
+        if replaced is not None:
+            OmegaConf.update(merged, replaced[0], replaced[1], merge=False)
+            return merged
+        return cast(DictConfig, OmegaConf.merge(merged, layer))
+    except oc_errors.OmegaConfBaseException as err:
+        raise _explain(err, source) from None
+    except TypeError:  # OmegaConf names no key when a list meets a mapping: find it
+        raise ConfigError(_shape_mismatch(OmegaConf.structured(Config), layer, source)) from None
+
+
+def _build(merged: DictConfig) -> Config:
     try:
         cfg = OmegaConf.to_object(merged)
     except oc_errors.OmegaConfBaseException as err:
         raise _explain(err, "the merged config") from None
     except ArgumentError as err:  # a settings group's own check, when OmegaConf built it
-        with _owned_by(SETTINGS_PATHS.get(err.owner, "evaluator")):
+        with _owned_by(settings_paths(Config).get(err.owner, "evaluator")):
             raise
     assert isinstance(cfg, Config)
     return cfg

@@ -257,7 +257,7 @@ def _evaluate_on_rank(
     fabric: Fabric, cfg: Config, module: GRPOModule, step: int, epoch: int
 ) -> tuple[list[SetResult], set[str]]:
     """Every rank: check the eval sets agree, answer what the result cache holds (with
-    ``evaluator.cache``), run the round on the unwrapped module for the rest; returns every set's
+    ``evaluator.rounds.cache``), run the round on the unwrapped module for the rest; returns every set's
     result in the config's order and the names of the sets the cache answered."""
     from areal_lightning.eval_round import run_round
     from areal_lightning.eval_round.progress import terminal_progress
@@ -276,7 +276,7 @@ def _evaluate_on_rank(
             progress=terminal_progress() if show_progress else None,
         )
     fabric.barrier()  # every rank reaches this (run_round returns or raises on all ranks alike)
-    cache_dir = cfg.evaluator.cache_path(Path(cfg.output_dir))
+    cache_dir = cfg.evaluator.rounds.cache_path(Path(cfg.output_dir))
     if cache_dir is not None:
         from areal_lightning.eval_round.cache import ResultCache
 
@@ -298,10 +298,10 @@ def default_evaluate_fn(module: GRPOModule) -> EvaluateFn:
 def _cache_lookup(
     fabric: Fabric, cfg: Config, module: GRPOModule, eval_sets: list[EvalSet]
 ) -> tuple[dict[str, SetResult], dict[str, str]]:
-    """The sets the result cache answers, and rank 0's keys; nothing with ``evaluator.cache`` off."""
+    """The sets the result cache answers, and rank 0's keys; nothing with ``evaluator.rounds.cache`` off."""
     from areal_lightning.eval_round.cache import cached_results
 
-    cache_dir = cfg.evaluator.cache_path(Path(cfg.output_dir))
+    cache_dir = cfg.evaluator.rounds.cache_path(Path(cfg.output_dir))
     if cache_dir is None:
         return {}, {}
     return cached_results(
@@ -379,7 +379,7 @@ def _record(
             source="standalone",
         )
         if r.dataset in cached:
-            record["cached"] = True  # answered from the result cache (evaluator.cache)
+            record["cached"] = True  # answered from the result cache (evaluator.rounds.cache)
         records.append(record)
     history.append_many(records)
     return history.path

@@ -24,6 +24,7 @@ from areal_lightning.app.config import (
     save_config,
     to_yaml,
 )
+from areal_lightning.app.config_keys import flat
 from areal_lightning.app.console import ROUNDS_FAILED, USAGE_ERROR, fail, log, quiet_lightning, report_rounds
 from areal_lightning.tracking.writable import option_problem
 
@@ -36,6 +37,10 @@ class _Run:
     cfg: Config
     resumed_from_step: int | None = None
     wandb_step: int | None = None  # the checkpoint's W&B rewind point
+
+
+MODE_KEY = "evaluator.execution.mode"
+"""The key of the evaluation mode, which the async worker's early start peeks at."""
 
 
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -177,7 +182,8 @@ def _prestart_async_worker(args: argparse.Namespace) -> None:
     try:
         layers = [OmegaConf.load(args.config)] if args.config else []
         raw = OmegaConf.merge(*layers, OmegaConf.from_dotlist(list(args.overrides)))
-        mode, policy = OmegaConf.select(raw, "evaluator.mode"), OmegaConf.select(raw, "policy.kind")
+        modes = [OmegaConf.select(raw, key) for key in (MODE_KEY, flat(MODE_KEY))]  # grouped or flat
+        mode, policy = next((m for m in modes if m is not None), None), OmegaConf.select(raw, "policy.kind")
     except Exception:  # noqa: BLE001 - load_config names what is wrong
         return
     if str(mode).lower() == "async":
@@ -240,7 +246,7 @@ def fit_main(args: argparse.Namespace) -> int:
 
     try:
         status = _fit_as_run(trainer, module, args.ckpt, cfg, stop)
-    except IntegrityError as err:  # evaluator.integrity: fail, before the first step; recorded as events
+    except IntegrityError as err:  # evaluator.decisions.integrity: fail, before the first step; recorded as events
         return fail(str(err)) if trainer.is_global_zero else USAGE_ERROR
     finish_wandb(trainer.loggers, exit_code=status)  # Lightning leaves the W&B run open
     if not trainer.is_global_zero:

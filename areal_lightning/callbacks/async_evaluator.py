@@ -223,7 +223,7 @@ class AsyncEvaluator:
             raise ValueError(
                 f"async evaluation needs a {self.snapshot_mib:.1f} MiB snapshot of {type(module).__name__}'s weights, "
                 f"more than max_snapshot_mib={self.max_snapshot_mib:g}; raise max_snapshot_mib "
-                "(evaluator.max_snapshot_mib) "
+                "(evaluator.execution.max_snapshot_mib) "
                 "if the memory is there, or use mode='sync'"
             )
         device = self.device or str(next(iter(state.values())).device if state else "cpu")

@@ -97,9 +97,7 @@ def check_async_options(device: Any, threads: Any, max_snapshot_mib: Any) -> Non
     Raises:
         ArgumentError: naming the argument, its value and what is accepted.
     """
-    if device is not None and not isinstance(device, str):
-        raise ArgumentError("EvaluationCallback", "async_device", device, "a device string (cpu, cuda:1) or None")
-    if device is not None and not _DEVICE.fullmatch(device):
+    if device is not None and not (isinstance(device, str) and _DEVICE.fullmatch(device)):
         raise ArgumentError("EvaluationCallback", "async_device", device, "a device string (cpu, cuda:1) or None")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ArgumentError("EvaluationCallback", "async_threads", threads, "a positive integer")
@@ -125,8 +123,6 @@ def check_cache_mode(mode: EvalMode, cache: bool) -> None:
             "EvaluationCallback",
             "",
             cache,
-            "cannot use cache: true with mode: async (the result cache answers sync rounds only; the async "
-            "worker evaluates every snapshot); set cache: false or mode: sync",
-            "`EvaluationCallback`: rounds cache=True does not work with execution mode='async': the result cache "
-            "answers sync rounds only, and the async worker evaluates every snapshot; pass cache=False or mode='sync'",
+            "cannot use rounds.cache with execution.mode async: the result cache answers sync rounds only (the "
+            "async worker evaluates every snapshot); set cache to False or mode to sync",
         )

@@ -47,7 +47,7 @@ class StoryBuckets(str, Enum):
 
 @dataclass
 class PromptStorySettings:
-    """Each prompt's outcome across rounds (the YAML ``evaluator.prompt_story`` block; null: off)."""
+    """Each prompt's outcome across rounds (the YAML ``evaluator.decisions.prompt_story`` block; null: off)."""
 
     metric: str = "accuracy"
     """The per-prompt outcome the story follows (as evaluate_fn records it; the default evaluation

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 SANITY_PASS_NOTE = (
     "(the sanity pass runs evaluate_fn on the first batch of each eval set when fit starts, as Lightning's "
     "sanity check does for validation; its failure stops training before any step; RoundSettings("
-    "sanity_batches=0), evaluator.sanity_batches: 0 in YAML, switches it off)"
+    "sanity_batches=0), evaluator.rounds.sanity_batches: 0 in YAML, switches it off)"
 )
 
 

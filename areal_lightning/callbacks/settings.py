@@ -2,9 +2,8 @@
 and one check per option.
 
 `EvaluationCallback(schedule=..., execution=..., rounds=..., decisions=...)` takes these groups (or
-mappings of their fields); the app's YAML ``evaluator`` block is `EvaluatorSettings`, the four
-groups' fields side by side under the same names (``evaluator.freq_steps``, ``evaluator.cache``),
-plus the two nested sections ``evaluator.adaptive`` and ``evaluator.reward_watch``.
+mappings of their fields); the app's YAML ``evaluator`` block holds the same four groups under the
+same names (``evaluator.schedule.freq_steps``), and so does a LightningCLI file's ``init_args``.
 
 * `Schedule`: when rounds run (the triggers, the adaptive schedule, the eval-time budget);
 * `Execution`: where they run (``sync`` on the training thread, ``async`` in a worker process);
@@ -300,6 +299,13 @@ class Decisions:
             self.integrity = choice("integrity", self.integrity, IntegrityAction)
             if not isinstance(self.alert_from_start, bool):
                 raise ArgumentError("Decisions", "alert_from_start", self.alert_from_start, "True or False")
+            if self.threshold_action is ThresholdAction.STOP and not self.metric_thresholds:
+                raise ArgumentError(
+                    "Decisions",
+                    "threshold_action",
+                    ThresholdAction.STOP.value,
+                    "alert while metric_thresholds is empty (stop acts on a threshold: add one, e.g. {accuracy: 0.7})",
+                )
             self.thresholds()
             self.best()
 
@@ -352,20 +358,3 @@ def resolve_settings(
     validate_together(out[1], out[2])
     check_cacheable(out[2], evaluate_fn)
     return out
-
-
-@dataclass
-class EvaluatorSettings(Decisions, RoundSettings, Execution, Schedule):
-    """Every option of `EvaluationCallback` side by side, as the YAML ``evaluator`` block holds them
-    (fields in the order Schedule, Execution, RoundSettings, Decisions)."""
-
-    def __post_init__(self) -> None:
-        Schedule.__post_init__(self)
-        Execution.__post_init__(self)
-        RoundSettings.__post_init__(self)
-        Decisions.__post_init__(self)
-
-    def groups(self) -> dict[str, Any]:
-        """The four groups, as `EvaluationCallback`'s keyword arguments."""
-        groups = {"schedule": Schedule, "execution": Execution, "rounds": RoundSettings, "decisions": Decisions}
-        return {arg: cls(**{f.name: getattr(self, f.name) for f in fields(cls)}) for arg, cls in groups.items()}

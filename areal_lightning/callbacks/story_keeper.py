@@ -142,8 +142,8 @@ class StoryKeeper:
             self._full = True
             message = (
                 f"{self._file.path} reached its bound of {self.settings.max_file_mib} MiB at step {step}; later "
-                "rounds are not written to it (the story metrics go on); raise evaluator.prompt_story.max_file_mib "
-                "to keep them"
+                "rounds are not written to it (the story metrics go on); raise "
+                "evaluator.decisions.prompt_story.max_file_mib to keep them"
             )
             recorder.event(trainer, "prompt_outcomes", step, message, level=logging.WARNING, path=str(self._file.path))
 

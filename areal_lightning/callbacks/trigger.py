@@ -154,11 +154,8 @@ class HybridTrigger:
                 "HybridTrigger",
                 "",
                 None,
-                "would never evaluate: freq_epochs, freq_steps and freq_secs are all null and eval_before_train and"
-                " eval_at_end are false; set at least one of them",
-                "`HybridTrigger()` would never evaluate anything: freq_epochs, freq_steps and freq_secs are"
-                " all None and eval_before_train and eval_at_end are both False. Set at least one of"
-                " freq_epochs, freq_steps, freq_secs, or set eval_before_train / eval_at_end to True.",
+                "would never evaluate: freq_epochs, freq_steps and freq_secs are all None and eval_before_train and"
+                " eval_at_end are False; set at least one of them",
             )
         self._clock = clock
         self._running_since: float | None = None  # clock value when training (re)started; None = stopped
