@@ -221,6 +221,7 @@ def test_records_say_how_they_were_sampled_and_top_k_one_is_greedy(run: tuple[Pa
         "max_new_tokens": CONFIG["grpo"].get("max_new_tokens", 4),
         "stop": [],
         "seed": 9,
+        "ks": [1, N_SAMPLES],
     }
     assert (greedy["sampling"]["temperature"], free["sampling"]["seed"]) == (0.0, CONFIG["seed"])
     assert top1["metrics"] == greedy["metrics"]  # only the top token: the greedy answer, whatever the seed

@@ -62,5 +62,8 @@ def test_hf_completions_and_metrics_match_on_one_and_two_ranks(tmp_path: Path) -
     assert completions == [(r["index"], r["completion"]) for r in two.table_rows]
     assert one.metrics.keys() == two.metrics.keys()
     for name, value in one.metrics.items():
-        assert math.isclose(value, two.metrics[name], rel_tol=0, abs_tol=1e-12), name
+        # The engine's token scores are float32 logits of batches padded differently here (one batch
+        # of every prompt, batches of 2): their last bits may differ, the text and the counts do not.
+        scores = name.startswith(("completion/logprob", "completion/entropy"))
+        assert math.isclose(value, two.metrics[name], rel_tol=1e-6 if scores else 0, abs_tol=1e-12), name
     assert double[0][0].metrics == double[1][0].metrics

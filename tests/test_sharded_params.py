@@ -11,6 +11,7 @@ process evaluating the same weights without any sharding.
 
 from __future__ import annotations
 
+import math
 import tempfile
 from typing import Any
 
@@ -135,7 +136,8 @@ def test_fully_sharded_rounds_equal_one_unsharded_process(world_size: int) -> No
         assert row["world_size"] == world_size
         assert round_metrics(row["metrics"]).keys() == expected.metrics.keys()
         for name, value in expected.metrics.items():
-            assert row["metrics"][name] == value, (row["dataset"], name)  # bit for bit
+            got = row["metrics"][name]  # NaN (a stderr of one prompt) is null in the history
+            assert got == value or (got is None and math.isnan(value)), (row["dataset"], name)  # bit for bit
 
 
 @pytest.mark.ddp

@@ -31,7 +31,7 @@ BAD_OVERRIDES = [
     (["evaluator.metric_thresholds.rewrd=0.9"], r"metric_thresholds.rewrd names a metric.*Did you mean `reward/.*`"),
     (
         ["eval_sets.easy.n_samples=2", "evaluator.metric_thresholds.pass@4=0.5"],
-        r"metric_thresholds.pass@4 names a metric the evaluation does not log.*pass@1, pass@2",
+        r"metric_thresholds.pass@4 names a metric the evaluation does not log.*pass@1, pass@1/stderr, pass@2,",
     ),
     (["policy.kind=hf"], r"policy.path is required for policy.kind: hf; give the local directory"),
     (["trainer.max_steps"], r"override 'trainer.max_steps' is not of the form key=value"),

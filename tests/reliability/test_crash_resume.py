@@ -44,7 +44,7 @@ SMALL = [
     "logger.wandb.mode=disabled",
     "logger.csv=false",
 ]
-EXPECTED_ROUNDS = [(0, ["before_train"]), (2, ["steps"]), (4, ["steps"]), (6, ["steps"])]
+EXPECTED_ROUNDS = [(0, ["before_train"]), (2, ["steps"]), (4, ["steps"]), (6, ["steps", "end"])]
 
 
 def _env(marks: Path, hang: str = "") -> dict[str, str]:
