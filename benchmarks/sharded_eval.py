@@ -105,12 +105,12 @@ def round_on_rank(rank: int, world_size: int, config: str, ckpt: str) -> dict[st
     import torch
 
     from areal_lightning.app.builders import build_eval_sets, build_module
-    from areal_lightning.app.config import load_config
-    from areal_lightning.app.evaluate import (
+    from areal_lightning.app.checkpoints import (
         STATE_DICT_KEY,
         load_checkpoint,
         load_weights,
     )
+    from areal_lightning.app.config import load_config
     from areal_lightning.eval_round import check_eval_sets_consistent, run_round
     from areal_lightning.rl.rollout_eval import rollout_evaluate
 

@@ -26,7 +26,7 @@ import torch
 import yaml
 
 from areal_lightning.app.cli import main
-from areal_lightning.app.watch_checkpoints import MAX_LOAD_FAILURES, STOP_FILENAME
+from areal_lightning.app.watch_directory import MAX_LOAD_FAILURES, STOP_FILENAME
 from areal_lightning.tracking.history import EvalHistory, eval_rows, event_rows, read_history
 
 # A watch that never stops is a failure, and one noticed quickly (a normal test takes 1-3 s here).

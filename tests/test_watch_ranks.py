@@ -60,7 +60,7 @@ def test_rank_zero_returns_the_failed_status_and_every_other_rank_returns_zero(t
     from areal_lightning.app.builders import build_module
     from areal_lightning.app.config import load_config
     from areal_lightning.app.console import ROUNDS_FAILED
-    from areal_lightning.app.watch_checkpoints import STOP_FILENAME
+    from areal_lightning.app.watch_directory import STOP_FILENAME
 
     config = tmp_path / "cfg.yaml"
     config.write_text(yaml.safe_dump({**CONFIG, "output_dir": str(tmp_path / "run")}))

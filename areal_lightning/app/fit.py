@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from areal_lightning.app.config import (
     CONFIG_FILENAME,
-    RUN_ENV,
     Config,
     ConfigError,
     WandbMode,
@@ -69,7 +68,7 @@ def _is_launching_process() -> bool:
 
 def _decide_run(args: argparse.Namespace, cfg: Config) -> _Run | str:
     """The run to start or continue, or the message of why not (exit 2, nothing written)."""
-    from areal_lightning.app.evaluate import CheckpointError, load_checkpoint
+    from areal_lightning.app.checkpoints import CheckpointError, load_checkpoint
     from areal_lightning.app.runs import (
         RunDirError,
         checkpoint_run,
@@ -119,6 +118,7 @@ def _inherited_run(args: argparse.Namespace) -> _Run | str:
     Lightning started this process. Under torchrun or SLURM it is not there; then the run id and
     directory stay undecided here, which is harmless: rank 0 alone writes files and talks to W&B,
     and Lightning broadcasts rank 0's checkpoint directory."""
+    from areal_lightning.app.runs import RUN_ENV
     from areal_lightning.tracking.history import new_run_id
 
     handed = json.loads(os.environ.get(RUN_ENV, "{}"))
@@ -294,6 +294,7 @@ def _fit_as_run(trainer: Any, module: Any, ckpt: str | None, cfg: Config, stop: 
     inherit it); the exit status: 0, `ROUNDS_FAILED` when a failed round stopped training, or the
     signal's status when `stop` saw one end training."""
     from areal_lightning.app.interrupt import signal_exit_status
+    from areal_lightning.app.runs import RUN_ENV
     from areal_lightning.eval_round import EvalRoundError
     from areal_lightning.tracking.wandb_logger import finish_wandb
 
