@@ -9,22 +9,8 @@ rank agrees on. At most one round is in flight, so the one replica is never writ
 The worker process starts when fit starts (`launch`, from a fork server that has the heavy
 imports done: `worker_launch`), so that it is ready when training starts and sends it the replica.
 
-Why a process and not a thread: measured on this 2-core box, an evaluation thread slowed the
-training steps beside it by about 2x and ran its own rounds 1.5-2x slower (the tiny policy's
-rollouts are Python-bound and hold the GIL), and a thread shares the training's global RNG state
-and torch thread pool. See ``docs/async_evaluation.md``.
-
-Why a Pipe and three messages, not `concurrent.futures.ProcessPoolExecutor` (one spawned worker,
-an initializer that loads the replica): measured side by side in
-``benchmarks/async_worker_protocol.py``, start-up and the cost of a round are the same (seconds
-of imports; about 1 ms), but the executor cannot do four things this evaluator must. It cannot
-stop a running round (`Future.cancel` refuses, and Python 3.11 has no public way to end its
-workers: `terminate_workers` came in 3.14), so after Ctrl-C the round runs to its end and the
-interpreter's exit waits for it (7.5 s against 1.2 s with a 5 s round left). It cannot end an
-idle worker at once (`shutdown(wait=True)`: 2.6 s against 0.05 s). A dead worker is a
-`BrokenProcessPool` without its exit code (so no hint at a missing main guard), and the whole
-executor must be rebuilt. And it does not say when the worker has started, which the thread
-lending waits for (a no-op future can, at the cost of one more round trip).
+Why a process and not a thread, and why a Pipe of its own and not `concurrent.futures`:
+docs/async_evaluation.md (measured in benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -281,7 +267,7 @@ class AsyncEvaluator:
 
         The training's torch threads and the worker's together stay within the training's own
         budget (oversubscribed OpenMP threads wait for each other); between rounds training gets
-        all of them back. Measured in ``benchmarks/async_overhead.py``.
+        all of them back.
         """
         if self._device != "cpu" or self._lent_threads is not None:
             return
