@@ -22,7 +22,8 @@ class ArgumentError(ValueError):
 
     def __init__(self, owner: str, arg: str, value: Any, accepted: str, message: str | None = None) -> None:
         self.owner, self.arg, self.value, self.accepted = owner, arg, value, accepted
-        super().__init__(message or f"`{owner}({arg}=...)` must be {accepted}, got {value!r}")
+        default = f"`{owner}({arg}=...)` must be {accepted}, got {value!r}" if arg else f"`{owner}(...)` {accepted}"
+        super().__init__(message or default)
 
 
 @contextlib.contextmanager
@@ -44,8 +45,6 @@ def owned_by(owner: str) -> Iterator[None]:
         if err.owner == owner:
             raise
         text = str(err)
-        if f"`{err.owner}(" in text:  # the check's own wording, with the user's class in it
-            message: str | None = text.replace(f"`{err.owner}(", f"`{owner}(")
-        else:
-            message = None if err.arg else f"`{owner}(...)` {err.accepted}"
+        # The check's own wording (Lightning's "Possible choices" one included), with the user's class in it.
+        message = text.replace(f"`{err.owner}(", f"`{owner}(") if f"`{err.owner}(" in text else None
         raise ArgumentError(owner, err.arg, err.value, err.accepted, message) from None

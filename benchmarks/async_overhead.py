@@ -45,11 +45,10 @@ from typing import Any
 import lightning as L
 import torch
 
-from areal_lightning.app.builders import build_eval_sets
+from areal_lightning.app.builders import build_eval_sets, build_module
 from areal_lightning.app.config import load_config
 from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
 from areal_lightning.eval_round import run_round
-from areal_lightning.rl.grpo import GRPOModule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from callback_helpers import make_trainer  # the tests' quiet CPU Trainer, reused
@@ -88,7 +87,7 @@ def _fit(kind: str, args: argparse.Namespace, tmp: str) -> float:
     cfg = _config(args)
     torch.set_num_threads(args.threads - args.async_threads if kind == FIXED else args.threads)
     L.seed_everything(SEED, verbose=False)
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     callbacks: list[L.Callback] = []
     if kind != "none":
         callbacks.append(
@@ -128,7 +127,7 @@ def thread_scaling(args: argparse.Namespace, steps: int = 20) -> dict[str, float
     for threads in (args.threads - args.async_threads, args.threads):
         torch.set_num_threads(threads)
         L.seed_everything(SEED, verbose=False)
-        module = GRPOModule.from_config(cfg)
+        module = build_module(cfg)
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
             make_trainer(tmp, [], steps, accelerator=args.accelerator).fit(module)

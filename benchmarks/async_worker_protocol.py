@@ -169,7 +169,7 @@ def _alive(pid: int) -> bool:
 
 
 def _start_ours(module: nn.Module, eval_set: EvalSet) -> AsyncEvaluator:
-    evaluator = AsyncEvaluator(device="cpu", threads=1, max_snapshot_mb=None)
+    evaluator = AsyncEvaluator(device="cpu", threads=1, max_snapshot_mib=None)
     evaluator.start(module, [eval_set], tiny_round, seed=SEED, rank=0, world_size=1, max_table_rows=0)
     return evaluator
 

@@ -155,10 +155,10 @@ def _module(model: str, steps: int, width: int) -> L.LightningModule:
     if model == "mlp":
         return MLP(steps, width)
     # The main job's model and step: GRPO on the arithmetic task with the default TinyPolicy.
+    from areal_lightning.app.builders import build_module
     from areal_lightning.app.config import load_config
-    from areal_lightning.rl.grpo import GRPOModule
 
-    return GRPOModule.from_config(load_config(None, ["eval_sets.unused.size=1", "grpo.warmup_steps=0"]))
+    return build_module(load_config(None, ["eval_sets.unused.size=1", "grpo.warmup_steps=0"]))
 
 
 def run_fit(steps: int, width: int, model: str = "mlp") -> dict[str, dict[str, float]]:

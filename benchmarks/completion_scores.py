@@ -59,7 +59,7 @@ def _llama(vocab: int, hidden: int, rows: int, device: torch.device) -> tuple[ob
     model = LlamaForCausalLM(config).to(device).eval()
 
     class _Tok:  # what HFPolicy reads of its tokenizer during generate
-        eos_id, pad_id, stop_strings = 2, 0, ()
+        eos_id, pad_id, stop = 2, 0, ()
         tokenizer = None
 
     policy = HFPolicy.__new__(HFPolicy)

@@ -29,17 +29,16 @@ _MB = 1024  # ru_maxrss is in KiB on Linux
 def child(size: int, rounds: int) -> dict[str, Any]:
     import torch
 
-    from areal_lightning.app.builders import build_eval_sets
+    from areal_lightning.app.builders import build_eval_sets, build_module
     from areal_lightning.app.config import load_config
     from areal_lightning.eval_round import run_round
     from areal_lightning.eval_round.fingerprint import eval_set_fingerprint
     from areal_lightning.metrics.paired import PairedRounds
-    from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     torch.set_num_threads(1)
     cfg = load_config(None, [f"eval_sets.easy.size={size}", "eval_sets.easy.n_samples=1", "grpo.warmup_steps=0"])
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / _MB
     start = time.perf_counter()
     (easy,) = [s for s in build_eval_sets(cfg, module.task) if s.name == "easy"]

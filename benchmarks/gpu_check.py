@@ -237,7 +237,7 @@ def _vllm_round(module: Any, cfg: Any, device: torch.device, smoke: bool) -> dic
         return {}
     from areal_lightning.app.builders import build_eval_sets
     from areal_lightning.eval_round import run_round
-    from areal_lightning.rl.vllm_policy import VLLMEvaluator, VLLMOptions
+    from areal_lightning.rl.vllm_evaluator import VLLMEvaluator, VLLMOptions
 
     max_len = 256 if smoke else 1024
     evaluator = VLLMEvaluator(VLLMOptions(max_model_len=max_len, extra={"enforce_eager": True}))

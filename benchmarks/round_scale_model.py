@@ -50,10 +50,9 @@ def _count_round(rank: int, world_size: int) -> dict[str, Any]:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    from areal_lightning.app.builders import build_eval_sets
+    from areal_lightning.app.builders import build_eval_sets, build_module
     from areal_lightning.app.config import load_config
     from areal_lightning.eval_round import run_round
-    from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     calls: Counter[str] = Counter()
@@ -74,7 +73,7 @@ def _count_round(rank: int, world_size: int) -> dict[str, Any]:
         None,
         ["eval_sets.easy.size=64", "eval_sets.hard.size=64", "eval_sets.hard.digits=2", "grpo.warmup_steps=0"],
     )
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     sets = build_eval_sets(cfg, module.task)
     for (mod, name), fn in originals.items():
         setattr(mod, name, wrap(name, fn))

@@ -67,11 +67,11 @@ def make_checkpoint(config: Path, root: Path) -> Path:
     completions end at EOS as a trained policy's do (generation stops early when every row ended)."""
     import torch
 
+    from areal_lightning.app.builders import build_module
     from areal_lightning.app.config import load_config
-    from areal_lightning.rl.grpo import GRPOModule
 
     torch.set_num_threads(1)
-    module = GRPOModule.from_config(load_config(config))
+    module = build_module(load_config(config))
     trainer = make_trainer(root, [], 1)
     trainer.fit(module)
     path = root / "bench.ckpt"
@@ -104,20 +104,19 @@ def round_on_rank(rank: int, world_size: int, config: str, ckpt: str) -> dict[st
     """This rank's round, timed: CPU and wall seconds, its `evaluate_fn`, and when that returned."""
     import torch
 
-    from areal_lightning.app.builders import build_eval_sets
-    from areal_lightning.app.config import load_config
-    from areal_lightning.app.evaluate import (
+    from areal_lightning.app.builders import build_eval_sets, build_module
+    from areal_lightning.app.checkpoints import (
         STATE_DICT_KEY,
         load_checkpoint,
         load_weights,
     )
+    from areal_lightning.app.config import load_config
     from areal_lightning.eval_round import check_eval_sets_consistent, run_round
-    from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     torch.set_num_threads(1)
     cfg = load_config(config)
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     load_weights(module, load_checkpoint(ckpt, trust=True)[STATE_DICT_KEY], ckpt)
     eval_sets = build_eval_sets(cfg, module.task)
     check_eval_sets_consistent(eval_sets)  # also lines the ranks up before the clocks start

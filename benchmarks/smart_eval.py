@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from areal_lightning.app.builders import build_eval_sets
+from areal_lightning.app.builders import build_eval_sets, build_module
 from areal_lightning.app.config import load_config
 from areal_lightning.eval_round import SetResult, run_round
 from areal_lightning.eval_round.cache import ResultCache, result_key, weights_digest
@@ -53,7 +53,7 @@ def main() -> None:
     args = parser.parse_args()
 
     cfg = load_config(None, [f"eval_sets.easy.size={args.size}", "eval_sets.easy.n_samples=4"])
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     with tempfile.TemporaryDirectory() as root:
         make_trainer(root, [], args.train_steps).fit(module)
         (full_set,) = build_eval_sets(cfg, module.task)

@@ -27,9 +27,10 @@ import lightning as L, torch
 torch.set_num_threads(int(sys.argv[1]))
 from areal_lightning.app.config import load_config
 from areal_lightning.rl.grpo import GRPOModule
+from areal_lightning.app.builders import build_module
 cfg = load_config(sys.argv[3], ["grpo.warmup_steps=0", "output_dir=/tmp/threads-bench"])
 L.seed_everything(1, verbose=False)
-module = GRPOModule.from_config(cfg)
+module = build_module(cfg)
 trainer = L.Trainer(max_steps=int(sys.argv[2]), accelerator="cpu", logger=False, enable_checkpointing=False,
                     enable_progress_bar=False, enable_model_summary=False)
 start = time.perf_counter()

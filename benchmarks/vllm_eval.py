@@ -83,7 +83,7 @@ def main() -> None:
     from areal_lightning.app.config import load_config
     from areal_lightning.eval_round import run_round
     from areal_lightning.rl.rollout_eval import rollout_evaluate
-    from areal_lightning.rl.vllm_policy import VLLMEvaluator
+    from areal_lightning.rl.vllm_evaluator import VLLMEvaluator
 
     torch.set_num_threads(args.threads)
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
@@ -110,7 +110,7 @@ def main() -> None:
         ],
     )
     module = build_module(cfg)
-    evaluator = module.eval_generate
+    evaluator = module.engine_evaluate_fn
     assert isinstance(evaluator, VLLMEvaluator)
     eval_sets = build_eval_sets(cfg)
     step = 0

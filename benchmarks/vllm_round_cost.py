@@ -47,7 +47,7 @@ def main() -> None:
     from areal_lightning.app.builders import build_eval_sets, build_module
     from areal_lightning.app.config import load_config
     from areal_lightning.eval_round import run_round
-    from areal_lightning.rl.vllm_policy import VLLMEvaluator
+    from areal_lightning.rl.vllm_evaluator import VLLMEvaluator
 
     torch.set_num_threads(args.threads)
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
@@ -74,7 +74,7 @@ def main() -> None:
         ],
     )
     module = build_module(cfg)
-    evaluator = module.eval_generate
+    evaluator = module.engine_evaluate_fn
     assert isinstance(evaluator, VLLMEvaluator)
     engine, eval_sets = evaluator.engine, build_eval_sets(cfg)
     requests: list[tuple[list[list[int]], list[Any]]] = []

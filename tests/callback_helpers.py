@@ -184,7 +184,7 @@ def round_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
 
 _GROUPS = {
     "schedule": ("freq_epochs", "freq_steps", "freq_secs", "eval_before_train", "eval_at_end", "adaptive", "budget"),
-    "execution": ("mode", "on_busy", "async_device", "async_threads", "max_snapshot_mb"),
+    "execution": ("mode", "on_busy", "async_device", "async_threads", "max_snapshot_mib"),
     "rounds": ("precision", "cache", "cache_dir", "max_table_rows", "on_error"),
     "decisions": (
         "metric_thresholds",

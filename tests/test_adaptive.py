@@ -144,7 +144,7 @@ def test_the_schedule_survives_a_resume(tmp_path: Path) -> None:
     )
     first = _callback()
     make_trainer(tmp_path, [first, ckpt], 26).fit(CountingModule(epoch_len=100))
-    saved = first.adaptive.state_dict()
+    saved = first.adaptive_schedule.state_dict()
     resumed = _callback()
     make_trainer(tmp_path, [resumed], 40).fit(
         CountingModule(epoch_len=100), ckpt_path=tmp_path / "checkpoints" / "step26.ckpt"

@@ -57,7 +57,7 @@ def test_nothing_known_when_no_watched_set_has_a_finite_interval() -> None:
 
 
 def test_a_watched_eval_set_ignores_the_others() -> None:
-    s = AdaptiveSchedule("accuracy", min_steps=10, max_steps=80, dataset="hard")
+    s = AdaptiveSchedule("accuracy", min_steps=10, max_steps=80, eval_set="hard")
     assert s.moved({"easy": {"accuracy": MOVED_UP}}) is None
     assert s.moved({"easy": {"accuracy": MOVED_UP}, "hard": {"accuracy": FLAT}}) is False
     assert s.moved({"hard": {"accuracy": MOVED_UP}}) is True
@@ -75,7 +75,7 @@ def test_observe_reports_the_change_it_made() -> None:
 def test_the_description_names_the_bounds_the_metric_and_the_set() -> None:
     assert AdaptiveSchedule("accuracy", 10, 80).describe() == "adaptively every 10-80 steps by accuracy"
     assert (
-        AdaptiveSchedule("reward/mean", 5, 50, dataset="hard").describe()
+        AdaptiveSchedule("reward/mean", 5, 50, eval_set="hard").describe()
         == "adaptively every 5-50 steps by reward/mean on hard"
     )
 

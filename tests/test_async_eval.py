@@ -23,7 +23,7 @@ from callback_helpers import QUIET_WARNINGS, CountingModule, make_trainer, metri
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from procs import run_in_group
 
-from areal_lightning.app.builders import build_eval_sets
+from areal_lightning.app.builders import build_eval_sets, build_module
 from areal_lightning.app.config import ConfigError, load_config
 from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
 from areal_lightning.callbacks.runners import AsyncRunner
@@ -102,7 +102,7 @@ def _grpo_fit(run_dir: Path, mode: str) -> GRPOModule:
         ],
     )
     L.seed_everything(cfg.seed, verbose=False)
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     callback = EvaluationCallback(
         build_eval_sets(cfg, module.task),
         rollouts_and_weights,
@@ -127,7 +127,7 @@ def test_async_and_sync_record_identical_metrics_at_identical_steps(tmp_path: Pa
     assert len({r["metrics"]["param_sum"] for r in sync}) == 4  # the weights changed between rounds
     assert {"reward/mean", "accuracy", "pass@4", "maj@4"} <= set(asyn[0]["metrics"])
     weights_mb = sum(t.numel() * t.element_size() for t in module.state_dict().values()) / 2**20
-    assert {r["snapshot_mb"] for r in asyn} == {weights_mb} and all(r["snapshot_secs"] > 0 for r in asyn)
+    assert {r["snapshot_mib"] for r in asyn} == {weights_mb} and all(r["snapshot_secs"] > 0 for r in asyn)
     # on_busy=wait: a round is collected before the next one starts, the last one at the end of the fit.
     steps = [r["step"] for r in asyn]
     assert all(0 <= r["lag_steps"] <= later - r["step"] for r, later in zip(asyn, [*steps[1:], steps[-1]], strict=True))
@@ -254,13 +254,13 @@ def test_a_snapshot_over_the_memory_bound_is_refused_before_training(tmp_path: P
         {"probe": PROBES},
         probe_weights,
         schedule={"freq_steps": 2},
-        execution={"mode": "async", "max_snapshot_mb": 1e-6},
+        execution={"mode": "async", "max_snapshot_mib": 1e-6},
     )
     module = CountingModule(epoch_len=5)
     with pytest.raises(
         ValueError,
         match=r"async evaluation needs a 0\.0 MiB snapshot of CountingModule's weights, more "
-        r"than max_snapshot_mb=1e-06; raise max_snapshot_mb",
+        r"than max_snapshot_mib=1e-06; raise max_snapshot_mib",
     ):
         make_trainer(tmp_path, [callback], 4).fit(module)
     assert float(module.w.detach()) == 0.0  # not one step trained
@@ -280,8 +280,8 @@ def test_a_lambda_evaluate_fn_is_a_clear_error_in_async_mode(tmp_path: Path) -> 
         ("evaluator.on_busy=later", "evaluator.on_busy must be one of skip, wait; got 'later'"),
         ("evaluator.async_threads=0", "evaluator.async_threads must be a positive integer, got 0"),
         (
-            "evaluator.max_snapshot_mb=-1",
-            "evaluator.max_snapshot_mb must be a positive number of MiB or null, got -1.0",
+            "evaluator.max_snapshot_mib=-1",
+            "evaluator.max_snapshot_mib must be a positive number of MiB or null, got -1.0",
         ),
         (
             "evaluator.async_device=gpu9",
@@ -303,14 +303,15 @@ def test_async_config_builds_an_async_callback(tmp_path: Path) -> None:
         options += ["evaluator.freq_steps=2", "evaluator.async_device=cpu", *overrides]
         return build_callback(load_config(None, options), {"probe": PROBES}, probe_weights)
 
-    make_trainer(tmp_path / "a", [from_config(tmp_path / "a", "evaluator.max_snapshot_mb=16")], 4).fit(CountingModule())
+    callback = from_config(tmp_path / "a", "evaluator.max_snapshot_mib=16")
+    make_trainer(tmp_path / "a", [callback], 4).fit(CountingModule())
     records = read_history(tmp_path / "a")
     # Rounds recorded as async (with their snapshot), none skipped although rounds overlap: on_busy=wait.
     assert [(r["step"], r["mode"]) for r in eval_rows(records)] == [(2, "async"), (4, "async")]
-    assert all(r["snapshot_mb"] > 0 for r in eval_rows(records)) and event_rows(records, "skipped") == []
-    # max_snapshot_mb reaches the evaluator: a bound below the weights' size stops the run before training.
-    with pytest.raises(ValueError, match=r"more than max_snapshot_mb=1e-06; raise max_snapshot_mb"):
-        make_trainer(tmp_path / "b", [from_config(tmp_path / "b", "evaluator.max_snapshot_mb=0.000001")], 4).fit(
+    assert all(r["snapshot_mib"] > 0 for r in eval_rows(records)) and event_rows(records, "skipped") == []
+    # max_snapshot_mib reaches the evaluator: a bound below the weights' size stops the run before training.
+    with pytest.raises(ValueError, match=r"more than max_snapshot_mib=1e-06; raise max_snapshot_mib"):
+        make_trainer(tmp_path / "b", [from_config(tmp_path / "b", "evaluator.max_snapshot_mib=0.000001")], 4).fit(
             CountingModule()
         )
 
@@ -393,9 +394,13 @@ def test_the_worker_evaluates_at_the_eval_precision(tmp_path: Path, precision: A
 
 
 def test_the_result_cache_with_async_is_refused_naming_both() -> None:
-    with pytest.raises(ValueError, match="cache=True does not work with execution mode='async'"):
+    with pytest.raises(
+        ValueError, match=r"`EvaluationCallback\(...\)` cannot use rounds.cache with execution.mode async"
+    ):
         EvaluationCallback({"probe": PROBES}, probe_weights, execution={"mode": "async"}, rounds={"cache": True})
-    with pytest.raises(ConfigError, match="evaluator cannot use cache: true with mode: async"):
+    with pytest.raises(
+        ConfigError, match=r"evaluator cannot use rounds.cache with execution.mode async.*set cache to false"
+    ):
         load_config(None, ["eval_sets.easy.size=4", "evaluator.mode=async", "evaluator.cache=true"])
 
 

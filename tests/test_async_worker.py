@@ -223,7 +223,7 @@ def test_a_worker_round_reports_what_a_sync_round_reports_for_the_same_weights(
     assert 0 <= snapshot.copy_secs <= took  # the copy is part of the submit
     [logged] = [r.getMessage() for r in caplog.records if r.name.endswith("async_evaluator")]
     assert logged == f"async round for step 3 submitted: 0.00 MiB snapshot copied in {snapshot.copy_secs:.4f} s"
-    assert snapshot.mb == evaluator.snapshot_mb == sum(p.numel() * 4 for p in module.parameters()) / MIB
+    assert snapshot.mib == evaluator.snapshot_mib == sum(p.numel() * 4 for p in module.parameters()) / MIB
     module.set(99.0)  # training moves on while the round runs: the worker has its own copy
     returned, local = evaluator.collect([EVAL_SET])
     assert returned == snapshot and evaluator.in_flight is None
@@ -410,18 +410,18 @@ def test_a_snapshot_over_the_bound_is_refused_naming_its_size_before_a_worker_st
     size = sum(p.numel() * 4 for p in module.parameters()) / MIB
     assert size == 1.5
     with pytest.raises(ValueError) as info:
-        AsyncEvaluator(max_snapshot_mb=1.4).start(
+        AsyncEvaluator(max_snapshot_mib=1.4).start(
             module, [EVAL_SET], weighted, seed=0, rank=0, world_size=1, max_table_rows=0
         )
     assert str(info.value) == (
-        "async evaluation needs a 1.5 MiB snapshot of Weights's weights, more than max_snapshot_mb=1.4; raise "
-        "max_snapshot_mb (evaluator.max_snapshot_mb) if the memory is there, or use mode='sync'"
+        "async evaluation needs a 1.5 MiB snapshot of Weights's weights, more than max_snapshot_mib=1.4; raise "
+        "max_snapshot_mib (evaluator.execution.max_snapshot_mib) if the memory is there, or use mode='sync'"
     )
     # At the bound it is accepted: the next check (pickling) is the one that fails here.
     small = Weights()
     at_bound = sum(p.numel() * 4 for p in small.parameters()) / MIB
     with pytest.raises(ValueError, match="must pickle"):
-        AsyncEvaluator(max_snapshot_mb=at_bound).start(
+        AsyncEvaluator(max_snapshot_mib=at_bound).start(
             small, [EVAL_SET], lambda m, b, c: {}, seed=0, rank=0, world_size=1, max_table_rows=0
         )
     assert _workers(others) == [] and torch.get_num_threads() == threads
@@ -429,7 +429,7 @@ def test_a_snapshot_over_the_bound_is_refused_naming_its_size_before_a_worker_st
 
 def test_an_evaluate_fn_that_does_not_pickle_is_refused_naming_the_fix(threads: int) -> None:
     others = _workers()
-    evaluator = AsyncEvaluator(max_snapshot_mb=None)
+    evaluator = AsyncEvaluator(max_snapshot_mib=None)
     with pytest.raises(ValueError) as info:
         evaluator.start(Weights(), [EVAL_SET], lambda m, b, c: {}, seed=0, rank=0, world_size=1, max_table_rows=0)
     message = str(info.value)
@@ -458,7 +458,7 @@ def test_a_module_without_weights_is_evaluated_on_the_cpu(threads: int) -> None:
     evaluator = AsyncEvaluator(threads=1)
     evaluator.start(NoWeights(), [EVAL_SET], weighted, seed=0, rank=0, world_size=1, max_table_rows=0)
     try:
-        assert evaluator.snapshot_mb == 0.0
+        assert evaluator.snapshot_mib == 0.0
         assert torch.get_num_threads() == threads - 1  # a CPU worker: training lends it a thread
     finally:
         evaluator.close(cancel=True)
@@ -474,8 +474,8 @@ def test_a_module_without_weights_is_evaluated_on_the_cpu(threads: int) -> None:
         ),
         ({"threads": 0}, "`EvaluationCallback(async_threads=...)` must be a positive integer, got 0"),
         (
-            {"max_snapshot_mb": 0},
-            "`EvaluationCallback(max_snapshot_mb=...)` must be a positive number of MiB or None, got 0",
+            {"max_snapshot_mib": 0},
+            "`EvaluationCallback(max_snapshot_mib=...)` must be a positive number of MiB or None, got 0",
         ),
     ],
 )

@@ -25,12 +25,11 @@ from callback_helpers import (
 from lightning.pytorch.loggers import CSVLogger
 from torch import Tensor
 
-from areal_lightning.app.builders import build_callback, build_eval_sets
+from areal_lightning.app.builders import build_callback, build_eval_sets, build_module
 from areal_lightning.app.config import load_config
 from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
 from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.metrics import AccuracyMetric, RewardMetric
-from areal_lightning.rl.grpo import GRPOModule
 from areal_lightning.tracking.history import eval_rows, read_history
 
 pytestmark = [pytest.mark.filterwarnings(w) for w in QUIET_WARNINGS]
@@ -66,7 +65,7 @@ EVAL_SET = {"probe": [1, 2, 3]}
             "`Decisions(metric_thresholds.accuracy=...)` must be a finite number, got 'high'",
         ),
         ({"schedule": {"freq_steps": 0}}, "`Schedule(freq_steps=...)` must be a positive integer or None, got 0"),
-        ({"schedule": {"eval_at_end": False}}, "`Schedule()` would never evaluate anything"),
+        ({"schedule": {"eval_at_end": False}}, "`Schedule(...)` would never evaluate: freq_epochs"),
         ({"eval_sets": {}}, "`eval_sets` is empty; give at least one eval set"),
         (
             {"schedule": {"freq_step": 5}},
@@ -231,7 +230,7 @@ def test_grpo_run_with_evaluation_ends_with_the_same_weights_as_without(tmp_path
     for with_eval in (False, True):
         cfg = load_config(None, [*GRPO_OVERRIDES, f"output_dir={tmp_path / str(with_eval)}"])
         L.seed_everything(cfg.seed, verbose=False)
-        module = GRPOModule.from_config(cfg)
+        module = build_module(cfg)
         callbacks = []
         if with_eval:  # the default evaluation: the module's own rollouts, every 2 steps and before training
             callbacks = [
@@ -252,10 +251,9 @@ def test_grpo_run_with_evaluation_ends_with_the_same_weights_as_without(tmp_path
 
 
 def test_from_config_alone_builds_the_main_jobs_eval_sets_and_triggers():
-    from areal_lightning.app.builders import build_eval_sets
+    from areal_lightning.app.builders import build_eval_sets, build_module
     from areal_lightning.app.config import load_config
     from areal_lightning.eval_round.fingerprint import fingerprint
-    from areal_lightning.rl.grpo import GRPOModule
 
     cfg = load_config(
         None,
@@ -268,7 +266,7 @@ def test_from_config_alone_builds_the_main_jobs_eval_sets_and_triggers():
         ],
     )
     callback = build_callback(cfg)
-    expected = build_eval_sets(cfg, GRPOModule.from_config(cfg).task)
+    expected = build_eval_sets(cfg, build_module(cfg).task)
     assert [(s.name, fingerprint(s.name, s.keys), dict(s.options)) for s in callback.eval_sets] == [
         (s.name, fingerprint(s.name, s.keys), dict(s.options)) for s in expected
     ]

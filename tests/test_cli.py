@@ -70,12 +70,13 @@ def test_a_mapping_written_whole_on_the_command_line_replaces_the_yaml_mapping(t
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
-    assert saved["evaluator"]["metric_thresholds"] == {} and saved["evaluator"]["best_metrics"] == {}
+    decisions = saved["evaluator"]["decisions"]  # config.yaml holds the grouped form
+    assert decisions["metric_thresholds"] == {} and decisions["best_metrics"] == {}
     assert list(saved["eval_sets"]) == ["probe"] and saved["eval_sets"]["probe"]["n_samples"] == 2
     records = read_history(tmp_path / "run")
     assert {r["dataset"] for r in records if "event" not in r} == {"probe"}
     assert not any("/best" in name for r in records for name in r.get("metrics", {}))  # best values off
     # A single key still merges into the file's mapping, and a section of fixed keys merges too.
     cfg = load_config(config, ["evaluator.metric_thresholds.accuracy=0.5", "trainer={max_steps: 3}"])
-    assert cfg.evaluator.metric_thresholds == {"accuracy": 0.5, "reward": 0.85}
+    assert cfg.evaluator.decisions.metric_thresholds == {"accuracy": 0.5, "reward": 0.85}
     assert (cfg.trainer.max_steps, cfg.trainer.enable_progress_bar) == (3, False)

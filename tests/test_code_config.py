@@ -68,4 +68,4 @@ def test_mistakes_are_refused_naming_the_key(files: dict[str, Path], extra: list
 
 def test_a_threshold_on_a_code_status_is_accepted(files: dict[str, Path]) -> None:
     cfg = load_config(None, _code(files, "evaluator.metric_thresholds={code/timeout: 5}"))
-    assert dict(cfg.evaluator.metric_thresholds) == {"code/timeout": 5}
+    assert dict(cfg.evaluator.decisions.metric_thresholds) == {"code/timeout": 5}

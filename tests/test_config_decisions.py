@@ -22,7 +22,7 @@ evaluator:
   best_metrics: {accuracy: max, reward/std: min}
   reward_watch:
     eval_set: easy
-    eval_metric: accuracy
+    metric: accuracy
     train_metric: train/reward
     min_train_rise: 0.1
     since: best
@@ -36,7 +36,7 @@ def test_yaml_file_configures_best_metrics_and_the_reward_watch(tmp_path: Path) 
     assert cb.best.directions == {"accuracy": Direction.MAX, "reward/std": Direction.MIN}
     watch = cb.reward_watch
     assert watch is not None
-    assert (watch.eval_set, watch.eval_metric, watch.train_metric, watch.min_train_rise, watch.since) == (
+    assert (watch.eval_set, watch.metric, watch.train_metric, watch.min_train_rise, watch.since) == (
         "easy",
         "accuracy",
         "train/reward",
@@ -59,7 +59,7 @@ def test_defaults_watch_the_headline_metrics_and_no_rewards() -> None:
             "evaluator.best_metrics={acuracy: max}",
             r"evaluator.best_metrics.acuracy names a metric .* Did you mean `accuracy`",
         ),
-        ("evaluator.reward_watch={eval_metric: acc}", r"evaluator.reward_watch.eval_metric names a metric .* accuracy"),
+        ("evaluator.reward_watch={metric: acc}", r"evaluator.reward_watch.metric names a metric .* accuracy"),
         (
             "evaluator.reward_watch={eval_set: nope}",
             r"evaluator.reward_watch.eval_set must name an eval set, got 'nope'; "

@@ -14,8 +14,8 @@ import yaml
 from doc_blocks import ROOT, blocks
 from procs import on_a_terminal, round_lines_glued
 
+from areal_lightning.app.builders import build_module
 from areal_lightning.app.config import load_config
-from areal_lightning.rl.grpo import GRPOModule
 from areal_lightning.tracking.history import eval_rows, read_history
 
 TIMEOUT_S = 300.0
@@ -77,7 +77,7 @@ def test_fit_on_a_terminal_shows_each_epoch_without_minus_two_and_no_third_party
 def test_a_run_shorter_than_its_warm_up_says_so(watch_log: list[logging.LogRecord], tmp_path: Path) -> None:
     import lightning as L
 
-    module = GRPOModule.from_config(load_config(_tiny_config(tmp_path), ["grpo.warmup_steps=8"]))
+    module = build_module(load_config(_tiny_config(tmp_path), ["grpo.warmup_steps=8"]))
     trainer = L.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False)
     trainer.fit(module)
     warned = [r.getMessage() for r in watch_log if r.levelno == logging.WARNING]

@@ -42,12 +42,11 @@ def test_bf16_evaluation_autocasts_the_round_only(tmp_path: Path) -> None:
 
 
 def test_grpo_rollout_evaluation_runs_in_bf16_on_cpu() -> None:
-    from areal_lightning.app.builders import build_eval_sets
-    from areal_lightning.rl.grpo import GRPOModule
+    from areal_lightning.app.builders import build_eval_sets, build_module
     from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     cfg = load_config(None, ["eval_sets.easy.size=16", "policy.d_model=32", "policy.n_layers=1"])
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     # The dtype every Linear of the policy computes in during the round's rollouts.
     seen: set[torch.dtype] = set()
     hooks = [
@@ -74,7 +73,7 @@ def test_grpo_rollout_evaluation_runs_in_bf16_on_cpu() -> None:
 def test_precision_in_yaml_and_errors(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("eval_sets: {easy: {size: 4}}\nevaluator: {precision: 16}\n")
-    assert load_config(path).evaluator.precision is EvalPrecision.FP16
+    assert load_config(path).evaluator.rounds.precision is EvalPrecision.FP16
     with pytest.raises(ConfigError, match=r"evaluator\.precision must be one of 32, bf16, 16; got 'fp8'"):
         load_config(None, ["eval_sets.easy.size=4", "evaluator.precision=fp8"])
     with pytest.raises(ValueError, match=r"precision=...\)` must be one of 32, bf16, 16, got 'half'"):

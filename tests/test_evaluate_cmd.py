@@ -37,13 +37,13 @@ CONFIG = {
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(config file, checkpoint) of a run trained for two steps."""
+    from areal_lightning.app.builders import build_module
     from areal_lightning.app.config import load_config
-    from areal_lightning.rl.grpo import GRPOModule
 
     root = tmp_path_factory.mktemp("evaluate")
     config = root / "cfg.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
-    module = GRPOModule.from_config(load_config(config))
+    module = build_module(load_config(config))
     trainer = make_trainer(root, [], 2)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a width-32 model gains nothing from threads, and a busy box loses a lot

@@ -15,7 +15,8 @@ import torch
 import yaml
 from procs import evaluate_command, run_in_group
 
-from areal_lightning.tasks.math import CORRECT_REWARD, MathTask
+from areal_lightning.tasks.math import MathTask
+from areal_lightning.tasks.math_answers import CORRECT_REWARD
 from areal_lightning.tracking.history import eval_rows, read_history
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

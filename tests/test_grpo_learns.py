@@ -9,10 +9,11 @@ import pytest
 import torch
 from callback_helpers import make_trainer
 
-from areal_lightning.app.builders import build_eval_sets
+from areal_lightning.app.builders import build_eval_sets, build_module
 from areal_lightning.app.config import load_config
 from areal_lightning.eval_round import run_round
 from areal_lightning.rl.grpo import GRPOModule
+from areal_lightning.rl.objective import policy_gradient
 from areal_lightning.rl.rollout_eval import rollout_evaluate
 
 TRAIN_STEPS = 200
@@ -29,7 +30,7 @@ def test_grpo_raises_eval_accuracy_far_beyond_chance(tmp_path):
     # The main job's settings (areal_lightning/app/configs/arithmetic_grpo.yaml), stopped early.
     cfg = load_config(EXAMPLE, [f"trainer.max_steps={TRAIN_STEPS}", f"output_dir={tmp_path}"])
     L.seed_everything(cfg.seed, verbose=False)
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     eval_sets = [s for s in build_eval_sets(cfg, module.task) if s.name == "easy"]
     trainer = make_trainer(tmp_path, [], TRAIN_STEPS)
     before: dict[str, float] = {}
@@ -61,7 +62,7 @@ def test_training_step_logs_the_grpo_statistics(tmp_path):
             "grpo.group_size=4",
         ],
     )
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     trainer = make_trainer(tmp_path, [], 2)
     trainer.fit(module)
     logged = trainer.callback_metrics
@@ -71,7 +72,6 @@ def test_training_step_logs_the_grpo_statistics(tmp_path):
         "train/advantage_std",
         "train/zero_std_frac",
         "train/kl",
-        "train/clip_frac",
         "train/completion/length/mean",
         "train/completion/length/p95",
         "train/completion/entropy",
@@ -79,6 +79,7 @@ def test_training_step_logs_the_grpo_statistics(tmp_path):
         "train/loss",
     ):
         assert name in logged and torch.isfinite(logged[name]), name
+    assert "train/clip_frac" not in logged  # one update per batch: nothing to clip, nothing to log
     assert 0.0 <= float(logged["train/zero_std_frac"]) <= 1.0
     # completions are 2 digits + EOS for one-digit sums, at most max_new_tokens
     assert 1.0 <= float(logged["train/completion/length/mean"]) <= cfg.grpo.max_new_tokens
@@ -102,7 +103,7 @@ def test_kl_to_a_reference_that_differs_is_positive(tmp_path):
             "grpo.group_size=4",
         ],
     )
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     with torch.no_grad():
         for param in module.reference.parameters():
             param.add_(0.5 * torch.randn_like(param))
@@ -113,7 +114,7 @@ def test_kl_to_a_reference_that_differs_is_positive(tmp_path):
 
 def test_warmup_teaches_the_format_but_not_the_answers():
     cfg = load_config(None, ["eval_sets.easy.size=100", "grpo.warmup_steps=150"])
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     from areal_lightning.rl.warmup import format_warmup
 
     format_warmup(module.policy, module.task, steps=cfg.grpo.warmup_steps, lr=cfg.grpo.warmup_lr, seed=cfg.seed)
@@ -124,3 +125,14 @@ def test_warmup_teaches_the_format_but_not_the_answers():
     well_formed = [c for c in completions if len(c) == 2 and c.isdigit()]
     assert len(well_formed) >= 0.9 * len(completions)  # the format is learnt
     assert result.metrics["accuracy"] < 0.15  # the answers are not
+
+
+def test_the_loss_is_the_policy_gradient_of_one_update_per_batch():
+    # The ratio to the sampling policy is 1 in value: the loss is -advantage per token and its
+    # gradient -advantage per log-probability (the clipped objective had the same value and gradient).
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.1, -3.0, -1.5]], requires_grad=True)
+    advantages = torch.tensor([[0.5], [-1.5]])
+    loss = policy_gradient(logp, advantages)
+    loss.sum().backward()
+    assert torch.equal(loss.detach(), -advantages.expand(2, 3))
+    assert logp.grad is not None and torch.equal(logp.grad, -advantages.expand(2, 3))

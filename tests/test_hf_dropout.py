@@ -20,8 +20,8 @@ from torch import nn
 pytest.importorskip("transformers")
 from hf_models import save_tiny_llama, tiny_tokenizer, write_gsm8k
 
+from areal_lightning.app.builders import build_module
 from areal_lightning.app.config import load_config
-from areal_lightning.rl.grpo import GRPOModule
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 EXAMPLE = EXAMPLES / "math" / "gsm8k_grpo.yaml"
@@ -97,7 +97,7 @@ def _train_one_step(tmp_path: Path, model: Path, *overrides: str) -> dict[str, A
             *overrides,
         ],
     )
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     probe = ModesAtTraining()
     L.Trainer(max_steps=1, accelerator="cpu", callbacks=[probe], default_root_dir=tmp_path, logger=False).fit(module)
     return probe.seen[0]

@@ -235,7 +235,7 @@ def test_stop_string_ends_a_completion_with_eos(model_dir):
     row = max(range(len(PROMPTS)), key=lambda r: len(plain.decode_completions(free[r : r + 1])[0]))
     text = plain.decode_completions(free[row : row + 1])[0]
     stop = text[len(text) // 2 : len(text) // 2 + 2]
-    stopping = HFPolicy.from_pretrained(model_dir, stop_strings=[stop])
+    stopping = HFPolicy.from_pretrained(model_dir, stop=[stop])
     out = stopping.generate(
         ids[row : row + 1], mask[row : row + 1], max_new_tokens=MAX_NEW, temperature=0.0, generators=torch.Generator()
     )[0]
@@ -265,6 +265,6 @@ def test_hf_tokenizer_checks_its_options(model_dir):
     tok.chat_template = None
     with pytest.raises(ValueError, match="has no chat template"):
         HFTokenizer(tok, chat=True)
-    with pytest.raises(ValueError, match="takes chat, system_prompt, stop_strings and eos_id from that HFTokenizer"):
+    with pytest.raises(ValueError, match="takes chat, system_prompt, stop and eos_id from that HFTokenizer"):
         HFPolicy(torch.nn.Linear(1, 1), HFTokenizer(tok), chat=True)
     assert cut_after_stop_string("a b. c. d", [". ", "c"]) == "a b. "

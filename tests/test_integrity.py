@@ -14,9 +14,9 @@ import pytest
 import yaml
 from callback_helpers import QUIET_WARNINGS, CountingModule, make_trainer
 
+from areal_lightning.app.builders import build_policy
 from areal_lightning.app.cli import main
 from areal_lightning.app.config import load_config
-from areal_lightning.app.model_builders import build_policy
 from areal_lightning.callbacks import EvaluationCallback
 from areal_lightning.callbacks.integrity_checks import IntegrityError, find_overlap, grade_references, normalize
 from areal_lightning.eval_round import EvalSet

@@ -1,4 +1,6 @@
-"""The plugin stands alone: importing the callback and the metrics loads nothing of the app."""
+"""Dependencies point one way: tasks <- rl <- app, with the plugin below them all. Importing the
+callback and the metrics loads nothing of the app; no module imports a package above its own, not
+even lazily (inside a function) or for type checking."""
 
 from __future__ import annotations
 
@@ -43,14 +45,35 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-def test_no_plugin_module_imports_the_app_not_even_lazily() -> None:
+FORBIDDEN = {
+    **{part: APP for part in PLUGIN},
+    "tasks": ("areal_lightning.rl", "areal_lightning.app"),
+    "rl": ("areal_lightning.app",),
+}
+"""Each package (or module) and the packages it must not import: those above it."""
+
+
+def layer_offenders(package: Path) -> dict[str, list[str]]:
+    """`{module: [imported modules of a package above its own]}`, imports inside functions included."""
     offenders = {}
-    for part in PLUGIN:
-        for path in sorted((PACKAGE / part).rglob("*.py")) if (PACKAGE / part).is_dir() else [PACKAGE / f"{part}.py"]:
-            bad = sorted(m for m in _imports(path) if m.startswith(APP))
+    for part, above in FORBIDDEN.items():
+        root = package / part
+        paths = sorted(root.rglob("*.py")) if root.is_dir() else [package / f"{part}.py"]
+        for path in (p for p in paths if p.is_file()):
+            bad = sorted(m for m in _imports(path) if m.startswith(above))
             if bad:
-                offenders[str(path.relative_to(PACKAGE))] = bad
-    assert offenders == {}
+                offenders[str(path.relative_to(package))] = bad
+    return offenders
+
+
+def test_no_package_imports_one_above_it_not_even_lazily() -> None:
+    assert layer_offenders(PACKAGE) == {}
+
+
+def test_the_layer_check_finds_a_lazy_import_of_the_app_in_rl(tmp_path: Path) -> None:
+    (tmp_path / "rl").mkdir()
+    (tmp_path / "rl" / "module.py").write_text("def build():\n    from areal_lightning.app.config import Config\n")
+    assert layer_offenders(tmp_path) == {"rl/module.py": ["areal_lightning.app.config"]}
 
 
 def test_no_module_imports_a_private_name_from_another_package() -> None:

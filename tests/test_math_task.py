@@ -11,16 +11,8 @@ import pytest
 
 from areal_lightning.metrics.functional import NO_ANSWER
 from areal_lightning.tasks import math as math_task
-from areal_lightning.tasks.math import (
-    CHAT_TEMPLATE,
-    CORRECT_REWARD,
-    WRONG_REWARD,
-    MathSample,
-    MathTask,
-    Verifier,
-    extract_boxed,
-    math_verify_score,
-)
+from areal_lightning.tasks.math import CHAT_TEMPLATE, MathSample, MathTask, Verifier
+from areal_lightning.tasks.math_answers import CORRECT_REWARD, WRONG_REWARD, extract_boxed, math_verify_score
 
 HAS_MATH_VERIFY = importlib.util.find_spec("math_verify") is not None
 GSM8K_ROWS = [

@@ -110,7 +110,7 @@ def test_the_names_the_story_may_add_follow_from_the_base_names() -> None:
     [
         ({"solved_at": 0}, r"^`PromptStorySettings\(solved_at=...\)` must be a number in \(0, 1\], got 0$"),
         ({"metric": ""}, r"^`PromptStorySettings\(metric=...\)` must be a non-empty string, got ''$"),
-        ({"max_file_mb": -1}, r"must be a positive number of MiB or None, got -1$"),
+        ({"max_file_mib": -1}, r"must be a positive number of MiB or None, got -1$"),
     ],
 )
 def test_bad_options_are_named(options: dict[str, object], message: str) -> None:

@@ -107,13 +107,13 @@ def test_the_story_off_adds_nothing_and_writes_no_file(tmp_path: Path) -> None:
 
 
 def test_a_bounded_file_stops_growing_and_says_so(tmp_path: Path) -> None:
-    callback = _callback(prompt_story={"max_file_mb": 600 / 2**20})  # room for two rounds' lines
+    callback = _callback(prompt_story={"max_file_mib": 600 / 2**20})  # room for two rounds' lines
     make_trainer(tmp_path, [callback], max_steps=6).fit(CountingModule(epoch_len=6))
     assert [r["step"] for r in read_prompt_outcomes(tmp_path)] == [0, 2]
     assert (tmp_path / OUTCOMES_FILENAME).stat().st_size <= 600
     records = read_history(tmp_path)
     (event,) = [r for r in records if r.get("event") == "prompt_outcomes"]
-    assert event["step"] == 4 and "reached its bound" in event["message"] and "max_file_mb" in event["message"]
+    assert event["step"] == 4 and "reached its bound" in event["message"] and "max_file_mib" in event["message"]
     assert "accuracy/gained" in eval_rows(records)[-1]["metrics"]  # the story goes on
 
 

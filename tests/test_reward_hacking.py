@@ -82,7 +82,7 @@ def test_bad_arguments_are_refused() -> None:
         RewardWatch("accuracy", min_train_rise=-1)
     with pytest.raises(ArgumentError, match=r"Possible choices are: previous, best"):
         RewardWatch("accuracy", since="worst")
-    with pytest.raises(ArgumentError, match="eval_metric"):
+    with pytest.raises(ArgumentError, match="metric"):
         RewardWatch("")
     with pytest.raises(ArgumentError, match="reward_watch"):
         EvaluationCallback(
@@ -129,7 +129,7 @@ def test_trainer_alerts_on_a_scripted_divergence_and_not_on_noise(
         {"easy": list(range(PROMPTS))},
         _scripted(script),
         schedule={"freq_steps": 2, "eval_at_end": False},
-        decisions={"reward_watch": {"eval_metric": "task_accuracy", "min_train_rise": 0.1}},
+        decisions={"reward_watch": {"metric": "task_accuracy", "min_train_rise": 0.1}},
     )
     with caplog.at_level(logging.WARNING):
         make_trainer(tmp_path, [cb], max_steps=10).fit(RewardRising(epoch_len=10))

@@ -98,7 +98,7 @@ def test_the_description_names_the_reward_the_rise_and_the_metric() -> None:
 def test_a_mapping_or_a_watch_or_nothing_is_accepted_by_the_callback() -> None:
     watch = RewardWatch("accuracy")
     assert as_reward_watch(watch) is watch and as_reward_watch(None) is None
-    built = as_reward_watch({"eval_metric": "accuracy", "tolerance": 0, "since": "best"})
+    built = as_reward_watch({"metric": "accuracy", "tolerance": 0, "since": "best"})
     assert built is not None and (built.tolerance, built.since.value, built.min_train_rise) == (0.0, "best", 0.05)
     with pytest.raises(ArgumentError) as info:
         as_reward_watch("accuracy")  # type: ignore[arg-type]
@@ -111,8 +111,8 @@ def test_a_mapping_or_a_watch_or_nothing_is_accepted_by_the_callback() -> None:
     ("kwargs", "message"),
     [
         (
-            {"eval_metric": ""},
-            "`RewardWatch(eval_metric=...)` must be a metric name such as accuracy or train/reward, got ''",
+            {"metric": ""},
+            "`RewardWatch(metric=...)` must be a metric name such as accuracy or train/reward, got ''",
         ),
         (
             {"train_metric": None},
@@ -134,7 +134,7 @@ def test_a_mapping_or_a_watch_or_nothing_is_accepted_by_the_callback() -> None:
 )
 def test_each_bad_argument_has_its_whole_message(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ArgumentError) as info:
-        RewardWatch(**{"eval_metric": "accuracy", **kwargs})
+        RewardWatch(**{"metric": "accuracy", **kwargs})
     assert str(info.value) == message
 
 

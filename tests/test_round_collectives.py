@@ -65,9 +65,8 @@ def _default_rounds(rank: int, world_size: int) -> list[dict[str, Any]]:
     """Two rounds of the default evaluation over two eval sets: every rank dealt batches of both,
     then the hard set in one batch (rank 1 idle there; it has the metrics all the same: the default
     evaluation creates them before its batch loop)."""
-    from areal_lightning.app.builders import build_eval_sets
+    from areal_lightning.app.builders import build_eval_sets, build_module
     from areal_lightning.app.config import load_config
-    from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     out = []
@@ -84,7 +83,7 @@ def _default_rounds(rank: int, world_size: int) -> list[dict[str, Any]]:
                 "grpo.warmup_steps=0",
             ],
         )
-        module = GRPOModule.from_config(cfg)
+        module = build_module(cfg)
         sets = build_eval_sets(cfg, module.task)
         with counted() as (called, ran):
             results = run_round(module, sets, rollout_evaluate, seed=1, global_step=0, epoch=0)

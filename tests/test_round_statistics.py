@@ -46,14 +46,13 @@ def _first_digit_task() -> Any:
 
 
 def _round(rank: int, world_size: int) -> dict[str, dict[str, float]]:
-    from areal_lightning.app.builders import build_eval_sets
+    from areal_lightning.app.builders import build_eval_sets, build_module
     from areal_lightning.app.config import load_config
     from areal_lightning.eval_round import run_round
-    from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     cfg = load_config(None, OVERRIDES)
-    module = GRPOModule.from_config(cfg)  # the same seeded weights on every rank
+    module = build_module(cfg)  # the same seeded weights on every rank
     module.task = _first_digit_task()
     results = run_round(
         module, build_eval_sets(cfg, module.task), rollout_evaluate, seed=cfg.seed, global_step=0, epoch=0
@@ -153,14 +152,13 @@ def test_training_statistics_are_the_steps_over_every_rank() -> None:
 
 
 def test_token_scores_can_be_switched_off_per_eval_set() -> None:
-    from areal_lightning.app.builders import build_eval_sets
+    from areal_lightning.app.builders import build_eval_sets, build_module
     from areal_lightning.app.config import load_config
     from areal_lightning.eval_round import run_round
-    from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     cfg = load_config(None, ["eval_sets.easy.size=4", "eval_sets.hard.size=4", "eval_sets.hard.token_scores=false"])
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     easy, hard = run_round(module, build_eval_sets(cfg, module.task), rollout_evaluate, seed=0, global_step=0, epoch=0)
     assert math.isfinite(easy.metrics["completion/entropy"]) and math.isfinite(easy.metrics["completion/logprob"])
     assert math.isnan(hard.metrics["completion/entropy"]) and math.isnan(hard.metrics["completion/logprob"])

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from areal_lightning.app.config import RUN_ENV, load_config
+from areal_lightning.app.config import load_config
 from areal_lightning.app.runs import (
+    RUN_ENV,
     CheckpointRun,
     RunDirError,
     checkpoint_run,

@@ -94,9 +94,8 @@ def test_truncate_logits_keeps_the_smallest_set_reaching_top_p():
 
 
 def test_every_round_result_says_how_it_was_sampled():
-    from areal_lightning.app.builders import build_eval_sets
+    from areal_lightning.app.builders import build_eval_sets, build_module
     from areal_lightning.eval_round import run_round
-    from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     cfg = load_config(
@@ -113,7 +112,7 @@ def test_every_round_result_says_how_it_was_sampled():
             "grpo.max_new_tokens=3",
         ],
     )
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     results = run_round(
         module, build_eval_sets(cfg, module.task), rollout_evaluate, seed=cfg.seed, global_step=0, epoch=0
     )

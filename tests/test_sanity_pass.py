@@ -113,7 +113,7 @@ def test_a_monitor_one_level_too_shallow_is_refused_before_step_one_naming_the_m
         ({"decisions": {"best_metrics": {"accuracy": "max"}}}, r"`Decisions\(best_metrics=...\)`"),
         ({"schedule": {"freq_steps": 3, "adaptive": {"metric": "acc"}}}, r"`Schedule\(adaptive=...\)`"),
         (
-            {"decisions": {"reward_watch": {"eval_metric": "acc", "eval_set": "other"}}},
+            {"decisions": {"reward_watch": {"metric": "acc", "eval_set": "other"}}},
             r"`Decisions\(reward_watch=...\)`",
         ),
     ],

@@ -21,7 +21,7 @@ from areal_lightning.errors import ArgumentError
     [
         (lambda: Schedule(freq_steps=0), "`Schedule(freq_steps=...)` must be a positive integer or None, got 0"),
         (lambda: Schedule(freq_secs=-1.0), "`Schedule(freq_secs=...)` must be a positive finite number of seconds"),
-        (lambda: Schedule(eval_at_end=False), "`Schedule()` would never evaluate anything"),
+        (lambda: Schedule(eval_at_end=False), "`Schedule(...)` would never evaluate: freq_epochs"),
         (
             lambda: Schedule(budget=1.5),
             "`Schedule(budget=...)` must be a share of wall time in (0, 1] or None, got 1.5",

@@ -97,12 +97,11 @@ def test_uneven_batch_counts_complete_with_exact_totals() -> None:
 
 
 def _odd_set_round(rank: int, world_size: int) -> list[Any]:
-    from areal_lightning.app.builders import build_eval_sets
-    from areal_lightning.rl.grpo import GRPOModule
+    from areal_lightning.app.builders import build_eval_sets, build_module
     from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     cfg = load_config(None, ODD_SET_OVERRIDES)
-    module = GRPOModule.from_config(cfg)  # seeded: the same random weights on every rank
+    module = build_module(cfg)  # seeded: the same random weights on every rank
     eval_sets = build_eval_sets(cfg, module.task)
     check_eval_sets_consistent(eval_sets)
     return run_round(

@@ -22,7 +22,7 @@ from ddp_utils import run_ddp
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy, SingleDeviceStrategy
 from typing_extensions import override
 
-from areal_lightning.app.builders import build_eval_sets
+from areal_lightning.app.builders import build_eval_sets, build_module
 from areal_lightning.app.config import Config, load_config
 from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
 from areal_lightning.callbacks.parallelism import UnsupportedStrategyError, forwards_in_lockstep, refuse_for_async
@@ -84,7 +84,7 @@ def _config() -> Config:
 
 
 def _warmed_module(cfg: Config, cls: type[GRPOModule] = GRPOModule) -> GRPOModule:
-    module = cls.from_config(cfg)
+    module = build_module(cfg, cls)
     format_warmup(module.policy, module.task, steps=cfg.grpo.warmup_steps, lr=cfg.grpo.warmup_lr, seed=cfg.seed)
     module.warmed_up = True
     return module

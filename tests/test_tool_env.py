@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from areal_lightning.app.config import GRPOConfig, load_config
+from areal_lightning.app.config import load_config
 from areal_lightning.eval_round import EvalSet, SamplingParams, run_round
 from areal_lightning.rl.environments import EpisodeView
 from areal_lightning.rl.episode_settings import EnvName, EpisodeSettings
 from areal_lightning.rl.episode_training import episode_batch
 from areal_lightning.rl.episodes import Episode
 from areal_lightning.rl.grpo import GRPOModule
+from areal_lightning.rl.grpo_config import GRPOConfig
 from areal_lightning.rl.make_environment import make_environment
 from areal_lightning.rl.policy import TinyPolicy
 from areal_lightning.rl.tool_env import FencedPython, PythonToolEnvironment

@@ -411,8 +411,8 @@ def test_rejects_a_clock_that_is_not_callable() -> None:
 
 def test_a_trigger_that_would_never_evaluate_is_a_configuration_error() -> None:
     message = (
-        r"would never evaluate anything: freq_epochs, freq_steps and freq_secs are all None"
-        r" and eval_before_train and eval_at_end are both False"
+        r"would never evaluate: freq_epochs, freq_steps and freq_secs are all None"
+        r" and eval_before_train and eval_at_end are False"
     )
     with pytest.raises(ValueError, match=message):
         HybridTrigger(eval_at_end=False)

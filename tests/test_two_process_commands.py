@@ -47,7 +47,7 @@ CONFIG = {
         "metric_thresholds": {"accuracy": 0.01, "reward": 0.01},
         "threshold_action": "alert",
         "best_metrics": {"accuracy": "max"},
-        "reward_watch": {"eval_metric": "accuracy", "min_train_rise": 0.01},
+        "reward_watch": {"metric": "accuracy", "min_train_rise": 0.01},
         "max_table_rows": 4,
     },
     "logger": {"csv": True, "wandb": {"mode": "offline"}},

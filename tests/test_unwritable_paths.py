@@ -69,10 +69,10 @@ def test_fit_refuses_a_wandb_save_dir_it_cannot_create(workdir: Path, capsys: py
 @pytest.fixture
 def ckpt(workdir: Path) -> Path:
     """A checkpoint of the config's (untrained) model, as `evaluate` reads one."""
+    from areal_lightning.app.builders import build_module
     from areal_lightning.app.config import load_config
-    from areal_lightning.rl.grpo import GRPOModule
 
-    module = GRPOModule.from_config(load_config(workdir / "cfg.yaml"))
+    module = build_module(load_config(workdir / "cfg.yaml"))
     path = workdir / "w.ckpt"
     torch.save({"state_dict": module.state_dict(), "global_step": 3, "epoch": 0}, path)
     return path

@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 from hf_models import save_tiny_llama, write_gsm8k
 
 from areal_lightning.app.builders import build_module
-from areal_lightning.rl.vllm_policy import VLLMEvaluator
+from areal_lightning.rl.vllm_evaluator import VLLMEvaluator
 
 
 def _hf(tmp: Path) -> list[str]:
@@ -52,10 +52,10 @@ def test_a_bad_vllm_setting_names_its_key(override: str, match: str) -> None:
 def test_the_module_gets_an_evaluator_whose_pickled_copy_builds_its_own_engine(tmp_path: Path) -> None:
     cfg = load_config(None, [*_hf(tmp_path), "policy.eval_engine=vllm", "policy.vllm.max_model_len=128"])
     module = build_module(cfg)
-    evaluator = module.eval_generate
+    evaluator = module.engine_evaluate_fn
     assert isinstance(evaluator, VLLMEvaluator) and evaluator.engine.options.max_model_len == 128
     evaluator.engine._llm, evaluator.engine.weights_step = object(), 7  # as after a round
     copy = pickle.loads(pickle.dumps(module))
-    assert copy.eval_generate.engine.llm is None and copy.eval_generate.engine.weights_step is None
-    assert copy.eval_generate.engine.options == evaluator.engine.options
-    assert build_module(load_config(None, _hf(tmp_path))).eval_generate is None
+    assert copy.engine_evaluate_fn.engine.llm is None and copy.engine_evaluate_fn.engine.weights_step is None
+    assert copy.engine_evaluate_fn.engine.options == evaluator.engine.options
+    assert build_module(load_config(None, _hf(tmp_path))).engine_evaluate_fn is None

@@ -21,7 +21,7 @@ from ddp_utils import run_ddp
 from hf_models import save_tiny_llama, write_gsm8k
 from vllm_helpers import HIDDEN, require_vllm
 
-from areal_lightning.rl.vllm_policy import WEIGHTS_STEP_KEY, VLLMEngine
+from areal_lightning.rl.vllm_evaluator import WEIGHTS_STEP_KEY, VLLMEngine
 from areal_lightning.tracking.history import eval_rows, event_rows, read_history
 
 require_vllm()
@@ -68,7 +68,7 @@ def _round(rank: int, world_size: int, overrides: list[str]) -> list[Any]:
             module, build_eval_sets(cfg), module_evaluate, seed=cfg.seed, global_step=0, epoch=0, max_table_rows=PROMPTS
         )
     finally:
-        module.eval_generate.close()
+        module.engine_evaluate_fn.close()
 
 
 @pytest.mark.ddp
@@ -131,7 +131,7 @@ def _fit(tmp: Path, rounds: bool, *extra: str, steps: int = 2) -> tuple[Any, _Rn
 @pytest.mark.slow
 def test_the_trainers_rng_state_is_the_same_with_and_without_a_round(tmp_path: Path) -> None:
     module, with_rounds, cfg = _fit(tmp_path / "rounds", rounds=True)
-    module.eval_generate.close()
+    module.engine_evaluate_fn.close()
     records = eval_rows(read_history(cfg.output_dir))
     assert [r["step"] for r in records] == [1, 2] and all(r["metrics"][WEIGHTS_STEP_KEY] for r in records)
     _, without, _ = _fit(tmp_path / "none", rounds=False)
@@ -156,7 +156,7 @@ def test_an_engine_killed_mid_round_gives_an_error_record_and_the_next_round_suc
 
     monkeypatch.setattr(VLLMEngine, "generate", kill_then_generate)
     module, _, cfg = _fit(tmp_path, True, "policy.vllm.in_process=false", steps=3)
-    engine = module.eval_generate.engine
+    engine = module.engine_evaluate_fn.engine
     try:
         errors = event_rows(read_history(cfg.output_dir), "error")
         records = eval_rows(read_history(cfg.output_dir))
@@ -175,4 +175,4 @@ def test_async_rounds_build_their_engine_in_the_worker_and_record_the_snapshots_
     # was fed each snapshot); the training process never built an engine of its own.
     assert [r["step"] for r in records] == [1, 2]
     assert [r["metrics"][WEIGHTS_STEP_KEY] for r in records] == [1.0, 2.0]
-    assert module.eval_generate.engine.llm is None and module.eval_generate.engine.builds == 0
+    assert module.engine_evaluate_fn.engine.llm is None and module.engine_evaluate_fn.engine.builds == 0

@@ -18,7 +18,7 @@ import pytest
 import torch
 import yaml
 
-from areal_lightning.app.watch_checkpoints import STOP_FILENAME, next_checkpoint
+from areal_lightning.app.watch_directory import STOP_FILENAME, next_checkpoint
 from areal_lightning.tracking.history import eval_rows, event_rows, read_history
 
 DEADLINE_S = 400  # the whole scenario, on a busy 2-core box

@@ -14,16 +14,15 @@ import pytest
 import torch
 
 from areal_lightning.app.config import load_config
-from areal_lightning.app.watch_checkpoints import (
+from areal_lightning.app.watch_checkpoints import _Watch, wandb_run_id
+from areal_lightning.app.watch_directory import (
     MAX_LOAD_FAILURES,
     STOP_FILENAME,
     Decision,
     DirectoryState,
     StopRequest,
-    _Watch,
     done_steps,
     read_step,
-    wandb_run_id,
 )
 from areal_lightning.tracking.history import EvalHistory, event_rows, read_history
 from areal_lightning.tracking.records import eval_record, event_record

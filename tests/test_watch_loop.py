@@ -26,7 +26,7 @@ import torch
 import yaml
 
 from areal_lightning.app.cli import main
-from areal_lightning.app.watch_checkpoints import MAX_LOAD_FAILURES, STOP_FILENAME
+from areal_lightning.app.watch_directory import MAX_LOAD_FAILURES, STOP_FILENAME
 from areal_lightning.tracking.history import EvalHistory, eval_rows, event_rows, read_history
 
 # A watch that never stops is a failure, and one noticed quickly (a normal test takes 1-3 s here).
@@ -46,12 +46,12 @@ IDLE = "0.4"
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    from areal_lightning.app.builders import build_module
     from areal_lightning.app.config import load_config
-    from areal_lightning.rl.grpo import GRPOModule
 
     config = tmp_path_factory.mktemp("weights") / "cfg.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
-    return GRPOModule.from_config(load_config(config)).state_dict()
+    return build_module(load_config(config)).state_dict()
 
 
 def _config(tmp_path: Path, **changes: Any) -> Path:
@@ -311,11 +311,11 @@ def test_a_checkpoint_rewritten_since_its_step_was_read_is_not_evaluated_as_that
     """last.ckpt rewritten between the poll and the load: every rank sees another step and skips it."""
     from lightning.fabric import Fabric
 
+    from areal_lightning.app.builders import build_module
     from areal_lightning.app.config import load_config
     from areal_lightning.app.watch_checkpoints import _load_on_every_rank
-    from areal_lightning.rl.grpo import GRPOModule
 
-    module = GRPOModule.from_config(load_config(_config(tmp_path)))
+    module = build_module(load_config(_config(tmp_path)))
     fabric = Fabric(accelerator="cpu", devices=1)
     last = _save(tmp_path / "ckpts", "last.ckpt", 4, weights)
     assert _load_on_every_rank(fabric, module, str(last), 4, False) == (None, "run-a")

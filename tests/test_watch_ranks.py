@@ -57,14 +57,14 @@ def _watch_until_the_sentinel(rank: int, world_size: int, config: str, ckpts: st
 
 @pytest.mark.ddp
 def test_rank_zero_returns_the_failed_status_and_every_other_rank_returns_zero(tmp_path: Path) -> None:
+    from areal_lightning.app.builders import build_module
     from areal_lightning.app.config import load_config
     from areal_lightning.app.console import ROUNDS_FAILED
-    from areal_lightning.app.watch_checkpoints import STOP_FILENAME
-    from areal_lightning.rl.grpo import GRPOModule
+    from areal_lightning.app.watch_directory import STOP_FILENAME
 
     config = tmp_path / "cfg.yaml"
     config.write_text(yaml.safe_dump({**CONFIG, "output_dir": str(tmp_path / "run")}))
-    weights = GRPOModule.from_config(load_config(config)).state_dict()
+    weights = build_module(load_config(config)).state_dict()
     ckpts = tmp_path / "ckpts"
     ckpts.mkdir()
     for step in (FAILING_STEP, FAILING_STEP + 2):

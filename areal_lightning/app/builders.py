@@ -1,10 +1,12 @@
-"""Config -> runtime objects: the eval sets, the callback, the loggers and the Trainer of a run.
+"""Config -> runtime objects: the task, the policy and the module; the eval sets, the callback, the
+loggers and the Trainer of a run.
 
 The plugin's classes take plain arguments; this is the one place that reads a `Config` for them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,8 +15,7 @@ from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 from typing_extensions import override
 
-from areal_lightning.app.config import Config, TaskName, lightning_precision, to_dict
-from areal_lightning.app.model_builders import build_policy, build_task  # noqa: F401 - re-exported: one place for builders
+from areal_lightning.app.config import Config, EvalEngine, PolicyKind, TaskName, lightning_precision, to_dict
 from areal_lightning.app.runs import CHECKPOINT_DIRNAME, CSV_DIRNAME, RunIdentity
 from areal_lightning.eval_round import EvalSet, EvaluateFn
 from areal_lightning.eval_round.subsample import subsample
@@ -27,7 +28,9 @@ if TYPE_CHECKING:  # Lightning and W&B load only when a builder that needs them 
 
     from areal_lightning.callbacks import EvaluationCallback
     from areal_lightning.rl.grpo import GRPOModule
+    from areal_lightning.rl.policy import Policy
     from areal_lightning.rl.protocols import RLTask
+    from areal_lightning.rl.vllm_evaluator import VLLMEvaluator
     from areal_lightning.tracking.wandb_logger import SafeWandbLogger
 
 
@@ -37,8 +40,92 @@ DEFAULT_DIGITS = 1
 """Operand digits of an arithmetic eval set whose `digits` is null."""
 
 
-def build_module(cfg: Config) -> GRPOModule:
-    """`GRPOModule` of the config's task, policy and ``grpo`` section (`GRPOModule.from_config`).
+def build_task(cfg: Config) -> RLTask:
+    """The training task of the config's ``task`` section: `ArithmeticTask`, `MathTask` or `CodeTask`.
+
+    Example:
+        >>> from areal_lightning.app.config import load_config
+        >>> type(build_task(load_config(None, ["eval_sets.easy.size=5"]))).__name__
+        'ArithmeticTask'
+    """
+    t = cfg.task
+    if t.name is TaskName.CODE:
+        from areal_lightning.scoring import SandboxLimits
+        from areal_lightning.tasks.code import CodeTask
+
+        assert t.path is not None  # the config requires it
+        limits = SandboxLimits(wall_s=t.sandbox_wall_s, cpu_s=max(1, math.ceil(t.sandbox_wall_s)))
+        return CodeTask(
+            t.path,
+            prompt_style=t.prompt_style,
+            prompt_template=t.prompt_template,
+            workers=t.sandbox_workers,
+            limits=limits,
+        )
+    if t.name is TaskName.MATH:
+        from areal_lightning.tasks.math import MathTask
+
+        assert t.path is not None  # the config requires it
+        return MathTask(
+            t.path,
+            question_field=t.question_field,
+            answer_field=t.answer_field,
+            answer_format=t.answer_format,
+            prompt_style=t.prompt_style,
+            prompt_template=t.prompt_template,
+            verifier=t.verifier,
+        )
+    from areal_lightning.tasks.arithmetic import ArithmeticTask
+
+    return ArithmeticTask(train_digits=t.train_digits, train_size=t.train_size, seed=cfg.seed)
+
+
+def build_policy(cfg: Config, task: RLTask) -> Policy:
+    """The policy of the config's ``policy`` section: a fresh `TinyPolicy` over the arithmetic
+    task's tokenizer, or the `HFPolicy` saved at ``policy.path`` (chat prompts when the task's
+    ``prompt_style`` is chat). Seed torch first for reproducible tiny weights."""
+    p = cfg.policy
+    if p.kind is PolicyKind.HF:
+        from areal_lightning.rl.hf_policy import HFPolicy
+        from areal_lightning.tasks.math import PromptStyle
+
+        assert p.path is not None  # the config requires it
+        chat = cfg.task.name.reads_files and cfg.task.prompt_style is PromptStyle.CHAT
+        return HFPolicy.from_pretrained(
+            p.path,
+            dtype=p.dtype.value,
+            attn_implementation=p.attn_implementation,
+            chat=chat,
+            chat_template=p.chat_template,
+            system_prompt=p.system_prompt,
+            stop=list(p.stop),
+            disable_dropout=p.disable_dropout,
+        )
+    from areal_lightning.rl.policy import TinyPolicy
+
+    tok = task.tokenizer  # type: ignore[attr-defined]  # the config pairs the tiny policy with arithmetic
+    return TinyPolicy(tok.vocab_size, p.d_model, p.n_layers, p.n_heads, p.max_len, pad_id=tok.pad_id, eos_id=tok.eos_id)
+
+
+def build_engine_evaluate_fn(cfg: Config) -> VLLMEvaluator | None:
+    """The evaluation's generation engine of ``policy.eval_engine``: a `VLLMEvaluator` for ``vllm``,
+    None (the policy's own `generate`) for ``policy``. The engine itself starts on the first round.
+
+    Example:
+        >>> from areal_lightning.app.config import load_config
+        >>> build_engine_evaluate_fn(load_config(None, ["eval_sets.easy.size=5"])) is None
+        True
+    """
+    if cfg.policy.eval_engine is not EvalEngine.VLLM:
+        return None
+    from areal_lightning.rl.vllm_evaluator import VLLMEvaluator
+
+    return VLLMEvaluator(cfg.policy.vllm.build())
+
+
+def build_module(cfg: Config, module_class: type[GRPOModule] | None = None) -> GRPOModule:
+    """The `GRPOModule` (or a subclass, `module_class`) of the config's task, policy, ``grpo`` and
+    ``episodes`` sections; ``seed`` seeds the tiny policy's initial weights, the warm-up and the rollouts.
 
     Example:
         >>> from areal_lightning.app.config import load_config
@@ -46,9 +133,21 @@ def build_module(cfg: Config) -> GRPOModule:
         >>> type(module.policy).__name__, type(module.task).__name__
         ('TinyPolicy', 'ArithmeticTask')
     """
+    import torch
+
     from areal_lightning.rl.grpo import GRPOModule
 
-    return GRPOModule.from_config(cfg)
+    torch.manual_seed(cfg.seed)  # the policy's initial weights
+    task = build_task(cfg)
+    cls = module_class or GRPOModule
+    return cls(
+        build_policy(cfg, task),
+        task,
+        cfg.grpo,
+        seed=cfg.seed,
+        engine_evaluate_fn=build_engine_evaluate_fn(cfg),
+        episodes=cfg.episodes,
+    )
 
 
 TOKEN_SCORES = "token_scores"
@@ -140,9 +239,10 @@ def build_callback(
 
     if eval_sets is None:
         eval_sets = build_eval_sets(cfg)
-    options: dict[str, Any] = dict(cfg.evaluator.groups(), output_dir=cfg.output_dir, seed=cfg.seed, run_id=cfg.run_id)
-    options.update(overrides)
-    return EvaluationCallback(eval_sets, evaluate_fn, **options)
+    ev = cfg.evaluator
+    groups = {"schedule": ev.schedule, "execution": ev.execution, "rounds": ev.rounds, "decisions": ev.decisions}
+    run = {"output_dir": cfg.output_dir, "seed": cfg.seed, "run_id": cfg.run_id}
+    return EvaluationCallback(eval_sets, evaluate_fn, **{**groups, **run, **overrides})
 
 
 def build_wandb_logger(

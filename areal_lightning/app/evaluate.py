@@ -16,10 +16,17 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from areal_lightning.app.checkpoints import (
+    STATE_DICT_KEY,
+    CheckpointError,
+    checkpoint_epoch,
+    load_checkpoint,
+    load_weights,
+)
 from areal_lightning.app.config import Config, ConfigError, lightning_precision, load_config
 from areal_lightning.app.console import fail, quiet_lightning, report_rounds
 
@@ -32,17 +39,8 @@ if TYPE_CHECKING:  # heavy imports stay out of `areal-lightning --help` and `plo
 
 EVALUATE_TRIGGER = "evaluate"
 """The `trigger` of the command's eval-history records (training rounds say steps, epochs ...)."""
-STATE_DICT_KEY = "state_dict"
-"""Where a Lightning checkpoint keeps the module's weights."""
-# Keys shown when a file is not a checkpoint, and characters per line of torch's key-mismatch report.
-MAX_KEYS_SHOWN = 5
-MAX_PROBLEM_CHARS = 240
 METRIC_DECIMALS = 4
 SECS_DECIMALS = 2
-
-
-class CheckpointError(ValueError):
-    """The ``--ckpt`` file is missing, unreadable, not a Lightning checkpoint, or of another model."""
 
 
 def add_evaluate_arguments(parser: argparse.ArgumentParser) -> argparse._MutuallyExclusiveGroup:
@@ -81,104 +79,6 @@ def missing_config_message(target: str, watch: bool) -> str:
             f"areal-lightning evaluate -c {config} {flag}"
         )
     return f"evaluate needs the config of the run (-c): fit saves it as <output_dir>/{CONFIG_FILENAME}"
-
-
-def _first_words(err: Exception) -> str:
-    """The gist of a `torch.load` failure: its first line."""
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
-
-
-def _unsafe_globals(path: Path) -> list[str]:
-    """The classes and functions a checkpoint pickles that `weights_only=True` refuses; [] when
-    the file is not a torch zip archive (the loader's own error then says what is wrong)."""
-    from torch.serialization import get_unsafe_globals_in_checkpoint
-
-    try:
-        return list(get_unsafe_globals_in_checkpoint(path))
-    except Exception:  # noqa: BLE001 - not a zip checkpoint: torch.load's message is the better one
-        return []
-
-
-def load_checkpoint(path: str | Path, *, trust: bool = False) -> dict[str, Any]:
-    """Reads a Lightning checkpoint onto the CPU.
-
-    Args:
-        path: a file written by ``Trainer.save_checkpoint`` or ``ModelCheckpoint``.
-        trust: unpickle arbitrary objects (``weights_only=False``); the default loader accepts
-            tensors and plain Python containers only, which is all our checkpoints hold.
-
-    Raises:
-        CheckpointError: the file does not exist, cannot be read by ``torch.load``, or is not a
-            Lightning checkpoint (no ``state_dict`` / ``global_step`` entry).
-
-    Example:
-        >>> load_checkpoint("missing.ckpt")
-        Traceback (most recent call last):
-        ...
-        areal_lightning.app.evaluate.CheckpointError: --ckpt 'missing.ckpt' does not exist; ...
-    """
-    import torch
-
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(
-            f"--ckpt {str(path)!r} does not exist; pass a Lightning checkpoint file, "
-            "e.g. <output_dir>/checkpoints/last.ckpt"
-        )
-    refused = [] if trust else _unsafe_globals(path)
-    if refused:
-        raise CheckpointError(
-            f"--ckpt {str(path)!r} holds objects the safe loader refuses ({', '.join(refused)}); "
-            "pass --trust-checkpoint if you trust this file"
-        )
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=not trust)
-    except Exception as err:  # noqa: BLE001 - any unreadable file gets the same one-line answer
-        raise CheckpointError(
-            f"--ckpt {str(path)!r} is not a Lightning checkpoint: torch.load failed ({_first_words(err)})"
-        ) from None
-    if not isinstance(ckpt, Mapping) or not isinstance(ckpt.get(STATE_DICT_KEY), Mapping) or "global_step" not in ckpt:
-        found = sorted(map(str, ckpt))[:MAX_KEYS_SHOWN] if isinstance(ckpt, Mapping) else type(ckpt).__name__
-        raise CheckpointError(
-            f"--ckpt {str(path)!r} is not a Lightning checkpoint: expected a dict with "
-            f"'{STATE_DICT_KEY}' and 'global_step' entries, found {found}"
-        )
-    return dict(ckpt)
-
-
-def checkpoint_epoch(ckpt: Mapping[str, Any]) -> int:
-    """The epoch of the step whose weights `ckpt` holds, as training recorded them (Lightning's own
-    ``epoch`` is one more at the end of training); Lightning's for a checkpoint of another trainer.
-
-    Example:
-        >>> checkpoint_epoch({"epoch": 8, "weights_epoch": 7}), checkpoint_epoch({"epoch": 3})
-        (7, 3)
-    """
-    from areal_lightning.callbacks.training_position import WEIGHTS_EPOCH_KEY
-
-    return int(ckpt.get(WEIGHTS_EPOCH_KEY, ckpt.get("epoch", 0)))
-
-
-def load_weights(module: GRPOModule, state_dict: Mapping[str, Any], ckpt_path: str | Path) -> None:
-    """Loads the checkpoint's weights into the module built from the config, strictly.
-
-    Raises:
-        CheckpointError: naming the missing keys, the unexpected keys and the shape mismatches
-            (torch's own report, shortened), when the checkpoint holds another model.
-    """
-    try:
-        module.load_state_dict(state_dict, strict=True)
-    except RuntimeError as err:
-        # torch lists every key; the first lines name the kinds of problem, which is what a person needs.
-        lines = [line.strip() for line in str(err).splitlines()[1:] if line.strip()]
-        shown = "; ".join(
-            line if len(line) <= MAX_PROBLEM_CHARS else line[:MAX_PROBLEM_CHARS] + " ..." for line in lines
-        )
-        raise CheckpointError(
-            f"--ckpt {str(ckpt_path)!r} does not match the model of the config: {shown}; "
-            "use the config the checkpoint was trained with (policy and grpo.kl_coef)"
-        ) from None
 
 
 def _cell(value: float, whole: bool) -> str:
@@ -226,7 +126,7 @@ def format_table(results: Sequence[SetResult]) -> str:
     )
 
 
-def _build_fabric(cfg: Config) -> Fabric:
+def build_fabric(cfg: Config) -> Fabric:
     from lightning.fabric import Fabric
 
     t = cfg.trainer
@@ -257,7 +157,7 @@ def _evaluate_on_rank(
     fabric: Fabric, cfg: Config, module: GRPOModule, step: int, epoch: int
 ) -> tuple[list[SetResult], set[str]]:
     """Every rank: check the eval sets agree, answer what the result cache holds (with
-    ``evaluator.cache``), run the round on the unwrapped module for the rest; returns every set's
+    ``evaluator.rounds.cache``), run the round on the unwrapped module for the rest; returns every set's
     result in the config's order and the names of the sets the cache answered."""
     from areal_lightning.eval_round import run_round
     from areal_lightning.eval_round.progress import terminal_progress
@@ -276,7 +176,7 @@ def _evaluate_on_rank(
             progress=terminal_progress() if show_progress else None,
         )
     fabric.barrier()  # every rank reaches this (run_round returns or raises on all ranks alike)
-    cache_dir = cfg.evaluator.cache_path(Path(cfg.output_dir))
+    cache_dir = cfg.evaluator.rounds.cache_path(Path(cfg.output_dir))
     if cache_dir is not None:
         from areal_lightning.eval_round.cache import ResultCache
 
@@ -298,10 +198,10 @@ def default_evaluate_fn(module: GRPOModule) -> EvaluateFn:
 def _cache_lookup(
     fabric: Fabric, cfg: Config, module: GRPOModule, eval_sets: list[EvalSet]
 ) -> tuple[dict[str, SetResult], dict[str, str]]:
-    """The sets the result cache answers, and rank 0's keys; nothing with ``evaluator.cache`` off."""
+    """The sets the result cache answers, and rank 0's keys; nothing with ``evaluator.rounds.cache`` off."""
     from areal_lightning.eval_round.cache import cached_results
 
-    cache_dir = cfg.evaluator.cache_path(Path(cfg.output_dir))
+    cache_dir = cfg.evaluator.rounds.cache_path(Path(cfg.output_dir))
     if cache_dir is None:
         return {}, {}
     return cached_results(
@@ -379,7 +279,7 @@ def _record(
             source="standalone",
         )
         if r.dataset in cached:
-            record["cached"] = True  # answered from the result cache (evaluator.cache)
+            record["cached"] = True  # answered from the result cache (evaluator.rounds.cache)
         records.append(record)
     history.append_many(records)
     return history.path
@@ -405,12 +305,12 @@ def evaluate_main(args: argparse.Namespace) -> int:
     import torch
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+    from areal_lightning.app.builders import build_module
     from areal_lightning.app.runs import RUN_ID_KEY
     from areal_lightning.eval_round import EvalRoundError, EvalSetMismatchError
-    from areal_lightning.rl.grpo import GRPOModule
 
     try:
-        module = GRPOModule.from_config(cfg)
+        module = build_module(cfg)
         load_weights(module, ckpt[STATE_DICT_KEY], args.ckpt)
         step, epoch = int(ckpt["global_step"]), checkpoint_epoch(ckpt)  # the weights' place in training
         run_id = ckpt.get(RUN_ID_KEY)  # None for a checkpoint written before run ids
@@ -418,7 +318,7 @@ def evaluate_main(args: argparse.Namespace) -> int:
     except CheckpointError as err:
         return fail(str(err))
     try:
-        fabric = _build_fabric(cfg)
+        fabric = build_fabric(cfg)
     except (MisconfigurationException, ValueError, RuntimeError) as err:
         return fail(
             f"trainer settings (accelerator={cfg.trainer.accelerator!r}, devices={cfg.trainer.devices}, "

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from areal_lightning.app.config import (
     CONFIG_FILENAME,
-    RUN_ENV,
     Config,
     ConfigError,
     WandbMode,
@@ -24,6 +23,7 @@ from areal_lightning.app.config import (
     save_config,
     to_yaml,
 )
+from areal_lightning.app.config_keys import flat
 from areal_lightning.app.console import ROUNDS_FAILED, USAGE_ERROR, fail, log, quiet_lightning, report_rounds
 from areal_lightning.tracking.writable import option_problem
 
@@ -36,6 +36,10 @@ class _Run:
     cfg: Config
     resumed_from_step: int | None = None
     wandb_step: int | None = None  # the checkpoint's W&B rewind point
+
+
+MODE_KEY = "evaluator.execution.mode"
+"""The key of the evaluation mode, which the async worker's early start peeks at."""
 
 
 def add_fit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,7 +68,7 @@ def _is_launching_process() -> bool:
 
 def _decide_run(args: argparse.Namespace, cfg: Config) -> _Run | str:
     """The run to start or continue, or the message of why not (exit 2, nothing written)."""
-    from areal_lightning.app.evaluate import CheckpointError, load_checkpoint
+    from areal_lightning.app.checkpoints import CheckpointError, load_checkpoint
     from areal_lightning.app.runs import (
         RunDirError,
         checkpoint_run,
@@ -114,6 +118,7 @@ def _inherited_run(args: argparse.Namespace) -> _Run | str:
     Lightning started this process. Under torchrun or SLURM it is not there; then the run id and
     directory stay undecided here, which is harmless: rank 0 alone writes files and talks to W&B,
     and Lightning broadcasts rank 0's checkpoint directory."""
+    from areal_lightning.app.runs import RUN_ENV
     from areal_lightning.tracking.history import new_run_id
 
     handed = json.loads(os.environ.get(RUN_ENV, "{}"))
@@ -177,7 +182,8 @@ def _prestart_async_worker(args: argparse.Namespace) -> None:
     try:
         layers = [OmegaConf.load(args.config)] if args.config else []
         raw = OmegaConf.merge(*layers, OmegaConf.from_dotlist(list(args.overrides)))
-        mode, policy = OmegaConf.select(raw, "evaluator.mode"), OmegaConf.select(raw, "policy.kind")
+        modes = [OmegaConf.select(raw, key) for key in (MODE_KEY, flat(MODE_KEY))]  # grouped or flat
+        mode, policy = next((m for m in modes if m is not None), None), OmegaConf.select(raw, "policy.kind")
     except Exception:  # noqa: BLE001 - load_config names what is wrong
         return
     if str(mode).lower() == "async":
@@ -212,16 +218,15 @@ def fit_main(args: argparse.Namespace) -> int:
         return fail(problem)
     import lightning as L
 
-    from areal_lightning.app.builders import build_callback, build_trainer
+    from areal_lightning.app.builders import build_callback, build_module, build_trainer
     from areal_lightning.app.interrupt import StopOnSignal
     from areal_lightning.app.runs import CHECKPOINT_DIRNAME, LAST_CHECKPOINT, last_logged_eval_step, latest_csv_version
-    from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.tracking.wandb_logger import finish_wandb
 
     assert cfg.run_id is not None
     resumed = run.resumed_from_step is not None
     L.seed_everything(cfg.seed, verbose=False)
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     module.warmed_up = args.ckpt is not None  # the checkpoint holds warmed-up weights: no second warm-up
     stop = StopOnSignal(Path(cfg.output_dir) / CHECKPOINT_DIRNAME / LAST_CHECKPOINT)
     trainer = build_trainer(
@@ -241,7 +246,7 @@ def fit_main(args: argparse.Namespace) -> int:
 
     try:
         status = _fit_as_run(trainer, module, args.ckpt, cfg, stop)
-    except IntegrityError as err:  # evaluator.integrity: fail, before the first step; recorded as events
+    except IntegrityError as err:  # evaluator.decisions.integrity: fail, before the first step; recorded as events
         return fail(str(err)) if trainer.is_global_zero else USAGE_ERROR
     finish_wandb(trainer.loggers, exit_code=status)  # Lightning leaves the W&B run open
     if not trainer.is_global_zero:
@@ -289,6 +294,7 @@ def _fit_as_run(trainer: Any, module: Any, ckpt: str | None, cfg: Config, stop: 
     inherit it); the exit status: 0, `ROUNDS_FAILED` when a failed round stopped training, or the
     signal's status when `stop` saw one end training."""
     from areal_lightning.app.interrupt import signal_exit_status
+    from areal_lightning.app.runs import RUN_ENV
     from areal_lightning.eval_round import EvalRoundError
     from areal_lightning.tracking.wandb_logger import finish_wandb
 

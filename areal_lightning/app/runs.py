@@ -20,8 +20,12 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from areal_lightning.app.config import CONFIG_FILENAME, RUN_ENV, Config
+from areal_lightning.app.config import CONFIG_FILENAME, Config
 from areal_lightning.tracking.history import HISTORY_FILENAME, eval_rows, read_history, split_runs
+
+RUN_ENV = "AREAL_LIGHTNING_RUN"
+"""How the process a user started hands its run decision (run id, trial name) to the processes
+Lightning starts for the other devices: they run the same command again and inherit its environment."""
 
 RUN_ID_KEY = "run_id"
 """Where a checkpoint and ``config.yaml`` keep the run's id."""

@@ -1,28 +1,10 @@
 """`areal-lightning evaluate -c CONFIG --watch CHECKPOINT_DIR`: evaluate each new checkpoint as it appears.
 
-Training writes checkpoints (``fit`` with ``trainer.checkpoint_every_n_steps``); the watcher runs
-elsewhere (other devices, other nodes, any number of processes, launched as `evaluate` is) and
-evaluates each checkpoint once, oldest first by global step, with the same round as training
-(`eval_round.run_round`). Each evaluation appends one record per eval set to the run's eval
-history (``trigger: ["watch"]``, the checkpoint's ``step`` and ``epoch``, its file as
-``checkpoint``) and, when the config logs to W&B, one row to the run's W&B run on its eval axis.
-
-What it evaluated is read back from the eval history: a restarted watcher skips every step
-that has a ``watch`` record (or a ``watch`` error event), so no checkpoint is evaluated twice and
-none is skipped. A file is read only once its size and modification time are the same at two
-polls in a row, and one that fails to load is retried at later polls (`MAX_LOAD_FAILURES`,
-then reported as an error event): Lightning writes checkpoints through fsspec's transaction
-(a temporary file moved into place, atomic on one file system, a copy across file systems), so
-a partial file can be visible.
-
-It stops, after finishing the checkpoint at hand, when
-- the sentinel file ``<CHECKPOINT_DIR>/STOP_WATCH`` exists and every checkpoint present is evaluated;
-- ``--idle-timeout SECS`` passed without a new checkpoint and nothing is left to evaluate;
-- Ctrl-C (SIGINT) or SIGTERM arrives (a second Ctrl-C interrupts at once).
-
-With several processes, rank 0 alone looks at the directory and the clock and broadcasts each
-decision (evaluate this file, wait, stop): ranks deciding alone would evaluate different files
-or leave one another waiting in a collective.
+Each checkpoint is evaluated once, oldest step first, with the same round as training, and recorded
+in the run's eval history (``trigger: ["watch"]``) and W&B run; a restarted watcher skips what the
+history holds. Rank 0 alone looks at the directory and the clock (`watch_directory`) and broadcasts
+each decision (evaluate this file, wait, stop), so that no rank waits in a collective alone.
+When it stops, and how partial files are avoided: docs/evaluate_watch.md.
 """
 
 from __future__ import annotations
@@ -30,15 +12,24 @@ from __future__ import annotations
 import argparse
 import logging
 import re
-import signal
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from areal_lightning.app.config import Config
+from areal_lightning.app.watch_directory import (
+    DEFAULT_POLL_SECS,
+    MAX_LOAD_FAILURES,
+    STOP_FILENAME,
+    WATCH_TRIGGER,
+    Decision,
+    DirectoryState,
+    StopRequest,
+    done_steps,
+    next_checkpoint,
+    read_step,
+)
 
 if TYPE_CHECKING:
     from lightning.fabric import Fabric
@@ -48,130 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("areal_lightning")
 
-WATCH_TRIGGER = "watch"
-"""The `trigger` of the watcher's history records; also how a restarted watcher knows what it did."""
-STOP_FILENAME = "STOP_WATCH"
-"""Create ``<CHECKPOINT_DIR>/STOP_WATCH`` to stop the watcher once every checkpoint present is evaluated."""
-CHECKPOINT_SUFFIX = ".ckpt"
-DEFAULT_POLL_SECS = 2.0
-MAX_LOAD_FAILURES = 5
-"""Polls at which a stable checkpoint may fail to load before it is reported and left alone."""
-RUN_ID_KEY = "run_id"
-"""Where a checkpoint (and config.yaml) keeps the run's id, which is its W&B run id."""
 _WANDB_RUN_DIR = re.compile(r"^(?:offline-)?run-\d{8}_\d{6}-(?P<id>[A-Za-z0-9]+)$")
-
-
-# ---------------------------------------------------------------------------- what there is to do
-
-
-@dataclass
-class DirectoryState:
-    """Rank 0's view of the checkpoint directory across polls (a pure bookkeeping object).
-
-    A file is *stable* once its (size, mtime) is the same at two polls in a row; its step is
-    read once per stable signature.
-    """
-
-    seen: dict[Path, tuple[int, int]] = field(default_factory=dict)
-    steps: dict[Path, tuple[tuple[int, int], int, int]] = field(default_factory=dict)  # sig, step, epoch
-    load_failures: dict[Path, int] = field(default_factory=dict)
-    given_up: set[Path] = field(default_factory=set)
-
-    def poll(self, directory: Path) -> tuple[list[Path], list[Path]]:
-        """(stable, unstable) checkpoint files of `directory` now."""
-        stable: list[Path] = []
-        unstable: list[Path] = []
-        now: dict[Path, tuple[int, int]] = {}
-        for path in sorted(directory.glob(f"*{CHECKPOINT_SUFFIX}")):
-            try:
-                st = path.stat()
-            except FileNotFoundError:  # replaced between glob and stat (last.ckpt)
-                continue
-            now[path] = (st.st_size, st.st_mtime_ns)
-            (stable if self.seen.get(path) == now[path] and st.st_size > 0 else unstable).append(path)
-        self.seen = now
-        return stable, unstable
-
-
-def read_step(path: Path, trust: bool = False) -> tuple[int, int] | None:
-    """(global_step, epoch) of a checkpoint, read lazily (mmap); None when it does not load yet.
-
-    Only plain values are unpickled unless `trust` (``--trust-checkpoint``), as when the weights load.
-    """
-    import torch
-
-    from areal_lightning.app.evaluate import checkpoint_epoch
-
-    try:
-        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=not trust)
-        return int(ckpt["global_step"]), checkpoint_epoch(ckpt)
-    except Exception:  # noqa: BLE001 - partial, foreign or unreadable: retried at a later poll
-        return None
-
-
-def done_steps(history_file: Path) -> set[int]:
-    """Steps the watcher already evaluated (or gave up on), from its records in the eval history."""
-    from areal_lightning.tracking.history import read_history
-
-    if not history_file.is_file():
-        return set()
-    return {
-        int(r["step"])
-        for r in read_history(history_file)
-        if WATCH_TRIGGER in r.get("trigger", ()) or r.get("source") == WATCH_TRIGGER
-    }
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What every rank does next: ``eval`` (the file, its step and epoch), ``wait`` or ``stop``."""
-
-    action: str
-    path: str | None = None
-    step: int = -1
-    epoch: int = 0
-    reason: str = ""
-
-
-def next_checkpoint(steps: Mapping[Path, tuple[int, int]], done: set[int]) -> tuple[Path, int, int] | None:
-    """The oldest not yet evaluated checkpoint: lowest step; for one step, ``step<N>.ckpt`` before ``last.ckpt``.
-
-    Example:
-        >>> next_checkpoint({Path("last.ckpt"): (8, 0), Path("step4.ckpt"): (4, 0), Path("step8.ckpt"): (8, 0)}, {4})
-        (PosixPath('step8.ckpt'), 8, 0)
-    """
-    todo = sorted(
-        (step, path.name == "last.ckpt", path.name, path, epoch)
-        for path, (step, epoch) in steps.items()
-        if step not in done
-    )
-    return (todo[0][3], todo[0][0], todo[0][4]) if todo else None
-
-
-# ---------------------------------------------------------------------------- signals
-
-
-class StopRequest:
-    """Ctrl-C and SIGTERM set a flag (the checkpoint at hand is finished first); a second Ctrl-C interrupts."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested = True
-        log.info("stop requested (%s): finishing the checkpoint at hand", signal.Signals(signum).name)
-
-    def __enter__(self) -> StopRequest:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 # ---------------------------------------------------------------------------- W&B (rank 0)
@@ -190,6 +58,8 @@ def wandb_run_id(ckpt_run_id: str | None, run_dir: Path) -> str | None:
     config = run_dir / "config.yaml"
     if config.is_file():
         import yaml
+
+        from areal_lightning.app.runs import RUN_ID_KEY
 
         found = (yaml.safe_load(config.read_text()) or {}).get(RUN_ID_KEY)
         if found:
@@ -297,7 +167,8 @@ def _load_on_every_rank(
     fabric: Fabric, module: GRPOModule, path: str, step: int, trust: bool
 ) -> tuple[str | None, str | None]:
     """Every rank loads the weights; all agree whether it worked: (the first rank's error or None, the run id)."""
-    from areal_lightning.app.evaluate import STATE_DICT_KEY, CheckpointError, load_checkpoint, load_weights
+    from areal_lightning.app.checkpoints import STATE_DICT_KEY, CheckpointError, load_checkpoint, load_weights
+    from areal_lightning.app.runs import RUN_ID_KEY
     from areal_lightning.eval_round.ranks import all_gather_object
 
     error, run_id = None, None
@@ -316,13 +187,13 @@ def _load_on_every_rank(
 
 
 def _watch_on_rank(fabric: Fabric, watch: _Watch) -> int:
+    from areal_lightning.app.builders import build_module
     from areal_lightning.app.console import report_rounds
     from areal_lightning.app.evaluate import prepare_on_rank
-    from areal_lightning.rl.grpo import GRPOModule
     from areal_lightning.tracking.history import EvalHistory
     from areal_lightning.tracking.wandb_logger import finish_wandb
 
-    module, eval_sets = prepare_on_rank(fabric, watch.cfg, GRPOModule.from_config(watch.cfg))
+    module, eval_sets = prepare_on_rank(fabric, watch.cfg, build_module(watch.cfg))
 
     loggers: list[Logger] | None = None  # built at the first round, under the checkpoint's run id
     history = EvalHistory(watch.history_file)
@@ -477,7 +348,7 @@ def watch_main(args: argparse.Namespace) -> int:
     failed, 2 for bad input)."""
     from areal_lightning.app.config import ConfigError, WandbMode, load_config
     from areal_lightning.app.console import fail, quiet_lightning
-    from areal_lightning.app.evaluate import _build_fabric, history_problem
+    from areal_lightning.app.evaluate import build_fabric, history_problem
     from areal_lightning.tracking.history import HISTORY_FILENAME
     from areal_lightning.tracking.writable import option_problem
 
@@ -505,7 +376,7 @@ def watch_main(args: argparse.Namespace) -> int:
         return fail(problem)
     history_file = Path(args.history) if args.history else Path(cfg.output_dir) / HISTORY_FILENAME
     watch = _Watch(cfg, directory, history_file, args.poll_secs, args.idle_timeout, args.trust_checkpoint)
-    fabric = _build_fabric(cfg)
+    fabric = build_fabric(cfg)
     try:
         # Fabric.launch passes its *args after the Fabric; its annotation says Callable[[Fabric], Any].
         return int(fabric.launch(_watch_on_rank, watch))  # type: ignore[arg-type]

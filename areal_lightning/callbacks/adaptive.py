@@ -60,7 +60,7 @@ class AdaptiveSchedule:
         metric: the watched metric, e.g. ``accuracy``.
         min_steps: the shortest interval between rounds.
         max_steps: the longest interval.
-        dataset: the watched eval set; None: the metric moved if it moved on any eval set.
+        eval_set: the watched eval set; None: the metric moved if it moved on any eval set.
         factor: how much the interval shrinks or grows per round, > 1.
         start_steps: the first interval; None: `min_steps` (early training moves fastest).
 
@@ -82,13 +82,13 @@ class AdaptiveSchedule:
         min_steps: int,
         max_steps: int,
         *,
-        dataset: str | None = None,
+        eval_set: str | None = None,
         factor: float = DEFAULT_FACTOR,
         start_steps: int | None = None,
     ) -> None:
         if not isinstance(metric, str) or not metric:
             raise ArgumentError("AdaptiveSchedule", "metric", metric, "a metric name such as accuracy")
-        self.metric, self.dataset = metric, dataset
+        self.metric, self.eval_set = metric, eval_set
         self.min_steps = _positive_int("min_steps", min_steps)
         self.max_steps = _positive_int("max_steps", max_steps)
         if min_steps > max_steps:
@@ -117,7 +117,7 @@ class AdaptiveSchedule:
         self.last_step = 0  # rounds count from the start of training
 
     def describe(self) -> str:
-        where = f" on {self.dataset}" if self.dataset else ""
+        where = f" on {self.eval_set}" if self.eval_set else ""
         return f"adaptively every {self.min_steps}-{self.max_steps} steps by {self.metric}{where}"
 
     def due(self, step: int) -> bool:
@@ -130,7 +130,7 @@ class AdaptiveSchedule:
         found = [
             bounds
             for name, per_metric in intervals.items()
-            if self.dataset in (None, name)
+            if self.eval_set in (None, name)
             for metric, bounds in per_metric.items()
             if metric == self.metric and not (math.isnan(bounds[0]) or math.isnan(bounds[1]))
         ]

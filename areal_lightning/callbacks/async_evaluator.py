@@ -9,22 +9,8 @@ rank agrees on. At most one round is in flight, so the one replica is never writ
 The worker process starts when fit starts (`launch`, from a fork server that has the heavy
 imports done: `worker_launch`), so that it is ready when training starts and sends it the replica.
 
-Why a process and not a thread: measured on this 2-core box, an evaluation thread slowed the
-training steps beside it by about 2x and ran its own rounds 1.5-2x slower (the tiny policy's
-rollouts are Python-bound and hold the GIL), and a thread shares the training's global RNG state
-and torch thread pool. See ``docs/async_evaluation.md``.
-
-Why a Pipe and three messages, not `concurrent.futures.ProcessPoolExecutor` (one spawned worker,
-an initializer that loads the replica): measured side by side in
-``benchmarks/async_worker_protocol.py``, start-up and the cost of a round are the same (seconds
-of imports; about 1 ms), but the executor cannot do four things this evaluator must. It cannot
-stop a running round (`Future.cancel` refuses, and Python 3.11 has no public way to end its
-workers: `terminate_workers` came in 3.14), so after Ctrl-C the round runs to its end and the
-interpreter's exit waits for it (7.5 s against 1.2 s with a 5 s round left). It cannot end an
-idle worker at once (`shutdown(wait=True)`: 2.6 s against 0.05 s). A dead worker is a
-`BrokenProcessPool` without its exit code (so no hint at a missing main guard), and the whole
-executor must be rebuilt. And it does not say when the worker has started, which the thread
-lending waits for (a no-op future can, at the cost of one more round trip).
+Why a process and not a thread, and why a Pipe of its own and not `concurrent.futures`:
+docs/async_evaluation.md (measured in benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -46,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from areal_lightning.callbacks.choices import DEFAULT_ASYNC_THREADS, DEFAULT_MAX_SNAPSHOT_MB, check_async_options
+from areal_lightning.callbacks.choices import DEFAULT_ASYNC_THREADS, DEFAULT_MAX_SNAPSHOT_MIB, check_async_options
 from areal_lightning.callbacks.worker_launch import WorkerLaunch, prestart
 from areal_lightning.eval_round import EvalBatch, EvalSet, EvaluateFn, LocalSetResult, evaluate_local, local_batches
 from areal_lightning.eval_round.precision import EvalPrecision, eval_precision
@@ -54,7 +40,7 @@ from areal_lightning.eval_round.round import resolved_seed
 
 log = logging.getLogger(__name__)
 
-_MB = 2**20
+_MIB = 2**20
 _POLL_SECS = 0.05  # how often a waiting training thread checks that the worker is still alive
 _STOP_SECS = 10.0  # how long a closing worker may take to finish before it is terminated
 
@@ -66,7 +52,7 @@ class Snapshot:
     step: int
     epoch: int
     causes: list[str]
-    mb: float
+    mib: float
     copy_secs: float
     submitted: float = 0.0
     """When the round was handed to the worker (`time.monotonic`, the same clock in every process here)."""
@@ -158,13 +144,13 @@ class AsyncEvaluator:
     Args:
         device: where the worker evaluates; None: the training device (cpu on a CPU run).
         threads: torch intra-op threads of the worker process.
-        max_snapshot_mb: refuse to start when the replica would take more MiB; None: no bound.
+        max_snapshot_mib: refuse to start when the replica would take more MiB; None: no bound.
 
     Raises:
         ArgumentError: for an unsupported argument value.
 
     Example:
-        >>> AsyncEvaluator(device="cpu", threads=1, max_snapshot_mb=64.0).in_flight is None
+        >>> AsyncEvaluator(device="cpu", threads=1, max_snapshot_mib=64.0).in_flight is None
         True
     """
 
@@ -172,10 +158,10 @@ class AsyncEvaluator:
         self,
         device: str | None = None,
         threads: int = DEFAULT_ASYNC_THREADS,
-        max_snapshot_mb: float | None = DEFAULT_MAX_SNAPSHOT_MB,
+        max_snapshot_mib: float | None = DEFAULT_MAX_SNAPSHOT_MIB,
     ) -> None:
-        check_async_options(device, threads, max_snapshot_mb)
-        self.device, self.threads, self.max_snapshot_mb = device, threads, max_snapshot_mb
+        check_async_options(device, threads, max_snapshot_mib)
+        self.device, self.threads, self.max_snapshot_mib = device, threads, max_snapshot_mib
         self.in_flight: Snapshot | None = None
         self._replica: nn.Module | None = None
         self._payload: tuple[Any, ...] = ()
@@ -184,7 +170,7 @@ class AsyncEvaluator:
         self._done: _Done | None = None
         self._lent_threads: int | None = None  # training's torch threads before the worker took some
         self._starting = False  # the worker has its payload and has not said it started
-        self.snapshot_mb = 0.0
+        self.snapshot_mib = 0.0
         self.start_secs: float | None = None
         """How long after its submission the worker began the last collected round (it was
         starting, or loading the replica); None when it never began it."""
@@ -214,16 +200,16 @@ class AsyncEvaluator:
         """Builds the shared replica, checks its size and starts the worker.
 
         Raises:
-            ValueError: the snapshot exceeds `max_snapshot_mb`, or something the worker needs does
+            ValueError: the snapshot exceeds `max_snapshot_mib`, or something the worker needs does
                 not pickle (a lambda `evaluate_fn`, a module holding an open file, ...).
         """
         state = module.state_dict()
-        self.snapshot_mb = sum(t.numel() * t.element_size() for t in state.values()) / _MB
-        if self.max_snapshot_mb is not None and self.snapshot_mb > self.max_snapshot_mb:
+        self.snapshot_mib = sum(t.numel() * t.element_size() for t in state.values()) / _MIB
+        if self.max_snapshot_mib is not None and self.snapshot_mib > self.max_snapshot_mib:
             raise ValueError(
-                f"async evaluation needs a {self.snapshot_mb:.1f} MiB snapshot of {type(module).__name__}'s weights, "
-                f"more than max_snapshot_mb={self.max_snapshot_mb:g}; raise max_snapshot_mb "
-                "(evaluator.max_snapshot_mb) "
+                f"async evaluation needs a {self.snapshot_mib:.1f} MiB snapshot of {type(module).__name__}'s weights, "
+                f"more than max_snapshot_mib={self.max_snapshot_mib:g}; raise max_snapshot_mib "
+                "(evaluator.execution.max_snapshot_mib) "
                 "if the memory is there, or use mode='sync'"
             )
         device = self.device or str(next(iter(state.values())).device if state else "cpu")
@@ -281,7 +267,7 @@ class AsyncEvaluator:
 
         The training's torch threads and the worker's together stay within the training's own
         budget (oversubscribed OpenMP threads wait for each other); between rounds training gets
-        all of them back. Measured in ``benchmarks/async_overhead.py``.
+        all of them back.
         """
         if self._device != "cpu" or self._lent_threads is not None:
             return
@@ -312,12 +298,12 @@ class AsyncEvaluator:
                 target[name].copy_(tensor)
         copy_secs = time.perf_counter() - start
         self.in_flight = Snapshot(
-            step, epoch, [str(c) for c in causes], self.snapshot_mb, copy_secs, submitted=time.monotonic()
+            step, epoch, [str(c) for c in causes], self.snapshot_mib, copy_secs, submitted=time.monotonic()
         )
         assert self._worker is not None
         self._worker.send_bytes(bytes(ForkingPickler.dumps(_Job(step, epoch))))
         log.debug(
-            "async round for step %d submitted: %.2f MiB snapshot copied in %.4f s", step, self.snapshot_mb, copy_secs
+            "async round for step %d submitted: %.2f MiB snapshot copied in %.4f s", step, self.snapshot_mib, copy_secs
         )
         return self.in_flight
 

@@ -84,33 +84,31 @@ def choice(arg: str, value: Any, enum: type[E], owner: str = "EvaluationCallback
         ) from None
 
 
-DEFAULT_MAX_SNAPSHOT_MB = 4096.0
+DEFAULT_MAX_SNAPSHOT_MIB = 4096.0
 """Default bound of the memory the async weight snapshot (the replica) may take, in MiB."""
 DEFAULT_ASYNC_THREADS = 1
 """Default torch intra-op threads of the async worker process."""
 _DEVICE = re.compile(r"(cpu|cuda|mps|xpu)(:\d+)?")
 
 
-def check_async_options(device: Any, threads: Any, max_snapshot_mb: Any) -> None:
+def check_async_options(device: Any, threads: Any, max_snapshot_mib: Any) -> None:
     """The async arguments of `EvaluationCallback`, checked at construction (the config reuses it).
 
     Raises:
         ArgumentError: naming the argument, its value and what is accepted.
     """
-    if device is not None and not isinstance(device, str):
-        raise ArgumentError("EvaluationCallback", "async_device", device, "a device string (cpu, cuda:1) or None")
-    if device is not None and not _DEVICE.fullmatch(device):
+    if device is not None and not (isinstance(device, str) and _DEVICE.fullmatch(device)):
         raise ArgumentError("EvaluationCallback", "async_device", device, "a device string (cpu, cuda:1) or None")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ArgumentError("EvaluationCallback", "async_threads", threads, "a positive integer")
-    if max_snapshot_mb is not None and (
-        isinstance(max_snapshot_mb, bool)
-        or not isinstance(max_snapshot_mb, (int, float))
-        or not max_snapshot_mb > 0
-        or max_snapshot_mb == float("inf")
+    if max_snapshot_mib is not None and (
+        isinstance(max_snapshot_mib, bool)
+        or not isinstance(max_snapshot_mib, (int, float))
+        or not max_snapshot_mib > 0
+        or max_snapshot_mib == float("inf")
     ):
         raise ArgumentError(
-            "EvaluationCallback", "max_snapshot_mb", max_snapshot_mb, "a positive number of MiB or None"
+            "EvaluationCallback", "max_snapshot_mib", max_snapshot_mib, "a positive number of MiB or None"
         )
 
 
@@ -125,8 +123,6 @@ def check_cache_mode(mode: EvalMode, cache: bool) -> None:
             "EvaluationCallback",
             "",
             cache,
-            "cannot use cache: true with mode: async (the result cache answers sync rounds only; the async "
-            "worker evaluates every snapshot); set cache: false or mode: sync",
-            "`EvaluationCallback`: rounds cache=True does not work with execution mode='async': the result cache "
-            "answers sync rounds only, and the async worker evaluates every snapshot; pass cache=False or mode='sync'",
+            "cannot use rounds.cache with execution.mode async: the result cache answers sync rounds only (the "
+            "async worker evaluates every snapshot); set cache to False or mode to sync",
         )

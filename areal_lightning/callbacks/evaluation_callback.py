@@ -105,7 +105,7 @@ class EvaluationCallback(Callback):
         self.trigger = self.schedule.trigger(clock)
         self.runner: Runner = make_runner(self.execution, clock)
         self.follow_ups: list[FollowUp] = build_follow_ups(self.schedule, self.decisions, clock, self.eval_sets)
-        self.adaptive = self.schedule.adaptive and self._follow_up(AdaptiveInterval).schedule
+        self.adaptive_schedule = self.schedule.adaptive and self._follow_up(AdaptiveInterval).schedule
         self.best = self._follow_up(BestMetrics).best
         self.reward_watch = self.decisions.reward_watch and self._follow_up(RewardHackingWatch).watch
         self.recorder = EvalRecorder(run_id, self.execution.mode.value, verbose=self.rounds.verbose)

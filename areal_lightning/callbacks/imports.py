@@ -14,10 +14,8 @@ ACCEPTED = "a callable or a dotted path 'package.module.name' (or 'package.modul
 def import_object(path: str, owner: str, arg: str) -> Any:
     """The object `path` names, e.g. ``my_project.evals.evaluate`` or ``my_project.evals:evaluate``.
 
-    Not `pkgutil.resolve_name`: given ``pkg.mod.fn`` (no colon) it imports ever longer prefixes
-    and takes any ImportError as the end of the modules, so a module whose own import fails (a
-    missing dependency) is reported as ``module 'pkg' has no attribute 'mod'`` (measured on
-    Python 3.11). Here the failing import is reported as what it is.
+    A module whose own import fails (a missing dependency) is reported as that failure, not as a
+    missing attribute (as `pkgutil.resolve_name` would).
 
     Args:
         path: the module's import path, then ``.`` or ``:``, then the attribute (nested attributes

@@ -1,11 +1,10 @@
 """`LightningCLI`: Lightning's own, with a refused callback argument reported in one line.
 
-A YAML file's ``init_args`` are checked when jsonargparse builds the callbacks. When our
-constructor refuses one (``EvaluationCallback(evaluate_fn='my_project.evals.evaluat')``: a wrong
-dotted path), jsonargparse tries every other type of ``trainer.callbacks`` and raises its own
-report of all of them, with two tracebacks: about 80 lines, our sentence somewhere inside. This
-subclass reports that sentence the way a command-line error is reported, ``usage`` and one
-``error:`` line (exit status 2), before training starts. Needs ``jsonargparse[signatures]``.
+When one of our constructors refuses an ``init_args`` value (a wrong dotted path for
+``evaluate_fn``), jsonargparse tries every other type of ``trainer.callbacks`` and reports all of
+them with two tracebacks, our sentence somewhere inside. This subclass reports that sentence as a
+command-line error: ``usage`` and one ``error:`` line, exit status 2, before training starts.
+Needs ``jsonargparse[signatures]``.
 
 Example:
     ``python train.py fit -c config.yaml`` with ``train.py``::

@@ -1,18 +1,10 @@
 """Eval metrics as Lightning's own decision inputs: ``trainer.callback_metrics``.
 
-`ModelCheckpoint(monitor=...)` and `EarlyStopping(monitor=...)` read ``trainer.callback_metrics``.
 A round's metrics are written there under their logged names (``eval/<set>/<metric>``), on every
-rank (the reduced values are the same everywhere, so every rank's `EarlyStopping` sees the same
-number and none finds its monitor missing), as float tensors, as ``self.log`` would leave them.
-
-A round is to eval metrics what a validation is to ``val/`` metrics, and the two Lightning
-callbacks are built around validation. So, for a monitor on an ``eval/`` metric:
-
-* `EarlyStopping` checks right after each round (its own epoch-end and validation-end checks are
-  switched off): patience counts rounds, whether rounds are step-, epoch- or time-based, and
-  ``strict=True`` never meets a missing value, whatever the callbacks' order;
-* `ModelCheckpoint` keeps its own schedule; until the first round its monitor holds NaN, which it
-  scores as the worst value (instead of refusing to save after a validation loop has run).
+rank, as float tensors, as ``self.log`` would leave them, so that `ModelCheckpoint(monitor=...)` and
+`EarlyStopping(monitor=...)` read them. An `EarlyStopping` on an ``eval/`` metric checks right after
+each round (patience counts rounds); a `ModelCheckpoint` keeps its own schedule and scores a save
+before the first round as the worst (NaN). docs/decisions.md says what the user sees.
 """
 
 from __future__ import annotations
@@ -65,6 +57,14 @@ def adopt_eval_monitors(trainer: L.Trainer) -> list[EarlyStopping]:
     """The `EarlyStopping` callbacks that monitor an ``eval/`` metric; their checks run after each
     round (`check_after_round`) and their own epoch-end and validation-end hooks do nothing. Call it
     from `setup`.
+
+    Why the two hooks are shadowed on the instance: Lightning's `EarlyStopping`
+    (``lightning/pytorch/callbacks/early_stopping.py``) runs `_run_early_stopping_check` only from
+    `on_train_epoch_end` or `on_validation_end`, chosen by ``check_on_train_epoch_end``, and has no
+    entry point for another event. Left to run, those hooks would count patience in epochs or
+    validations instead of rounds, re-read a stale round, and before the first round meet a missing
+    monitor (``strict=True`` raises) or a NaN placeholder (``check_finite`` stops training). A
+    subclass would leave the user's own ``EarlyStopping(monitor="eval/...")`` unadopted.
 
     Example:
         >>> es = EarlyStopping(monitor="eval/easy/accuracy", mode="max")

@@ -32,7 +32,7 @@ GAINED, LOST, BUCKET, GAP = "gained", "lost", "bucket", "gap"
 HARD, MEDIUM, EASY = "hard", "medium", "easy"
 FIRST_ROUND_BUCKETS = (HARD, MEDIUM, EASY)
 """The difficulty buckets from the first round: no sample right, some right, every sample right."""
-DEFAULT_MAX_FILE_MB = 64.0
+DEFAULT_MAX_FILE_MIB = 64.0
 OWNER = "PromptStorySettings"
 _PASS_AT = re.compile(r"pass@(\d+)")
 
@@ -47,7 +47,7 @@ class StoryBuckets(str, Enum):
 
 @dataclass
 class PromptStorySettings:
-    """Each prompt's outcome across rounds (the YAML ``evaluator.prompt_story`` block; null: off)."""
+    """Each prompt's outcome across rounds (the YAML ``evaluator.decisions.prompt_story`` block; null: off)."""
 
     metric: str = "accuracy"
     """The per-prompt outcome the story follows (as evaluate_fn records it; the default evaluation
@@ -59,7 +59,7 @@ class PromptStorySettings:
     """With buckets: stratum, the sample attribute or key that names its bucket (the math task's level, ...)."""
     solved_at: float = 0.5
     """A prompt counts as solved in a round when its outcome is at least this (gained: unsolved before, solved now)."""
-    max_file_mb: Optional[float] = DEFAULT_MAX_FILE_MB
+    max_file_mib: Optional[float] = DEFAULT_MAX_FILE_MIB
     """Bound of <output_dir>/prompt_outcomes.jsonl in MiB: rounds past it are not written (an event
     says so); null: none."""
 
@@ -81,9 +81,9 @@ class PromptStorySettings:
         solved = self.solved_at
         if isinstance(solved, bool) or not isinstance(solved, (int, float)) or not 0 < solved <= 1:
             raise ArgumentError(OWNER, "solved_at", solved, "a number in (0, 1]")
-        mb = self.max_file_mb
-        if mb is not None and (isinstance(mb, bool) or not isinstance(mb, (int, float)) or not 0 < mb < math.inf):
-            raise ArgumentError(OWNER, "max_file_mb", mb, "a positive number of MiB or None")
+        mib = self.max_file_mib
+        if mib is not None and (isinstance(mib, bool) or not isinstance(mib, (int, float)) or not 0 < mib < math.inf):
+            raise ArgumentError(OWNER, "max_file_mib", mib, "a positive number of MiB or None")
 
 
 def gap_names(base_names: Iterable[str]) -> list[str]:

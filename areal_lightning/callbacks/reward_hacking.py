@@ -109,7 +109,7 @@ class RewardWatch:
     """Watches the gap between a training reward and an eval task metric, round after round.
 
     Args:
-        eval_metric: the eval metric, higher is better (``accuracy``, or a metric only the
+        metric: the eval metric, higher is better (``accuracy``, or a metric only the
             `evaluate_fn` computes, independent of the training reward).
         train_metric: the name of the training reward in ``trainer.callback_metrics``.
         eval_set: the watched eval set; None: every eval set, each on its own.
@@ -131,7 +131,7 @@ class RewardWatch:
 
     def __init__(
         self,
-        eval_metric: str,
+        metric: str,
         train_metric: str = DEFAULT_TRAIN_METRIC,
         *,
         eval_set: str | None = None,
@@ -139,12 +139,12 @@ class RewardWatch:
         tolerance: float | None = None,
         since: WatchReference | str = WatchReference.PREVIOUS,
     ) -> None:
-        for name, value in (("eval_metric", eval_metric), ("train_metric", train_metric)):
+        for name, value in (("metric", metric), ("train_metric", train_metric)):
             if not isinstance(value, str) or not value:
                 raise ArgumentError("RewardWatch", name, value, "a metric name such as accuracy or train/reward")
         if eval_set is not None and (not isinstance(eval_set, str) or not eval_set):
             raise ArgumentError("RewardWatch", "eval_set", eval_set, "an eval set name or None")
-        self.eval_metric, self.train_metric, self.eval_set = eval_metric, train_metric, eval_set
+        self.metric, self.train_metric, self.eval_set = metric, train_metric, eval_set
         self.min_train_rise = float(_number("min_train_rise", min_train_rise) or 0.0)
         self.tolerance = _number("tolerance", tolerance, allow_none=True)
         self.since = choice("since", since, WatchReference, owner="RewardWatch")
@@ -153,7 +153,7 @@ class RewardWatch:
         self._alerting: dict[str, bool] = {}
 
     def describe(self) -> str:
-        where = f"eval/{self.eval_set}/{self.eval_metric}" if self.eval_set else f"eval/*/{self.eval_metric}"
+        where = f"eval/{self.eval_set}/{self.metric}" if self.eval_set else f"eval/*/{self.metric}"
         return (
             f"alert when {self.train_metric} rises by >= {self.min_train_rise:g} while {where} falls beyond its noise"
         )
@@ -170,14 +170,14 @@ class RewardWatch:
         train = math.nan if train_value is None else float(train_value)
         alerts = []
         for dataset, values in metrics.items():
-            if self.eval_set not in (None, dataset) or self.eval_metric not in values:
+            if self.eval_set not in (None, dataset) or self.metric not in values:
                 continue
-            value = float(values[self.eval_metric])
+            value = float(values[self.metric])
             refs = self._refs.setdefault(dataset, {})
             ref = refs.get(self.since.value)
             if ref is not None:
                 suffix = "delta" if self.since is WatchReference.PREVIOUS else "delta_best"
-                ci_high = values.get(f"{self.eval_metric}/{suffix}_ci_high")
+                ci_high = values.get(f"{self.metric}/{suffix}_ci_high")
                 ci = None if ci_high is None or math.isnan(float(ci_high)) else float(ci_high)
                 diverging = reward_hacking(
                     train - ref[1], value - ref[2], ci, min_train_rise=self.min_train_rise, tolerance=self.tolerance
@@ -186,7 +186,7 @@ class RewardWatch:
                     alerts.append(
                         HackingAlert(
                             dataset,
-                            self.eval_metric,
+                            self.metric,
                             self.train_metric,
                             int(step),
                             int(ref[0]),
@@ -229,7 +229,7 @@ def as_reward_watch(value: RewardWatch | Mapping[str, Any] | None) -> RewardWatc
         ArgumentError: for anything else, or the mapping's own bad values.
 
     Example:
-        >>> as_reward_watch({"eval_metric": "accuracy", "min_train_rise": 0.1}).describe()
+        >>> as_reward_watch({"metric": "accuracy", "min_train_rise": 0.1}).describe()
         'alert when train/reward rises by >= 0.1 while eval/*/accuracy falls beyond its noise'
     """
     if value is None or isinstance(value, RewardWatch):

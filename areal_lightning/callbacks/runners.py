@@ -22,7 +22,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from areal_lightning.callbacks.async_evaluator import AsyncEvaluator, module_evaluate
 from areal_lightning.callbacks.choices import EvalMode, OnBusy
 from areal_lightning.callbacks.parallelism import refuse_for_async
-from areal_lightning.callbacks.progress import trainer_progress
+from areal_lightning.callbacks.progress_bar import trainer_progress
 from areal_lightning.callbacks.trigger import Cause
 from areal_lightning.eval_round import EvalRoundError, EvalSet, EvaluateFn, SetResult, reduce_round, run_round
 from areal_lightning.eval_round.cache import ResultCache, cached_results
@@ -297,7 +297,7 @@ class AsyncRunner:
         log.info(
             "async evaluation of step %d started: %.2f MiB snapshot copied in %.4f s",
             step,
-            snapshot.mb,
+            snapshot.mib,
             snapshot.copy_secs,
         )
         return done
@@ -332,7 +332,7 @@ class AsyncRunner:
             results, error = err.results, err
         fields: Mapping[str, Any] = {
             "lag_steps": trainer.global_step - snapshot.step,
-            "snapshot_mb": snapshot.mb,
+            "snapshot_mib": snapshot.mib,
             "snapshot_secs": snapshot.copy_secs,
             "start_secs": self.evaluator.start_secs,
         }
@@ -347,6 +347,6 @@ class AsyncRunner:
 def make_runner(execution: Execution, clock: Callable[[], float] = time.monotonic) -> Runner:
     """The runner of `execution.mode`: the one place that looks at the mode."""
     if execution.mode is EvalMode.ASYNC:
-        evaluator = AsyncEvaluator(execution.async_device, execution.async_threads, execution.max_snapshot_mb)
+        evaluator = AsyncEvaluator(execution.async_device, execution.async_threads, execution.max_snapshot_mib)
         return AsyncRunner(evaluator, execution.on_busy, clock)
     return SyncRunner(clock)

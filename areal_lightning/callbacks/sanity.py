@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 SANITY_PASS_NOTE = (
     "(the sanity pass runs evaluate_fn on the first batch of each eval set when fit starts, as Lightning's "
     "sanity check does for validation; its failure stops training before any step; RoundSettings("
-    "sanity_batches=0), evaluator.sanity_batches: 0 in YAML, switches it off)"
+    "sanity_batches=0), evaluator.rounds.sanity_batches: 0 in YAML, switches it off)"
 )
 
 
@@ -78,10 +78,10 @@ def named_in_settings(schedule: Schedule, decisions: Decisions) -> list[NamedMet
     named = [NamedMetric("`Decisions(metric_thresholds=...)`", n, mean_too=True) for n in decisions.metric_thresholds]
     named += [NamedMetric("`Decisions(best_metrics=...)`", n) for n in decisions.best_metrics or {}]
     if schedule.adaptive is not None:
-        named.append(NamedMetric("`Schedule(adaptive=...)`", schedule.adaptive.metric, schedule.adaptive.dataset))
+        named.append(NamedMetric("`Schedule(adaptive=...)`", schedule.adaptive.metric, schedule.adaptive.eval_set))
     if decisions.reward_watch is not None:
         watch = decisions.reward_watch
-        named.append(NamedMetric("`Decisions(reward_watch=...)`", watch.eval_metric, watch.eval_set))
+        named.append(NamedMetric("`Decisions(reward_watch=...)`", watch.metric, watch.eval_set))
     return named
 
 
@@ -163,7 +163,7 @@ def check_set_names(schedule: Schedule, decisions: Decisions, eval_sets: Sequenc
         ArgumentError: naming the setting, the name and the eval sets.
     """
     named = [
-        ("Schedule", "adaptive.dataset", schedule.adaptive.dataset if schedule.adaptive else None),
+        ("Schedule", "adaptive.eval_set", schedule.adaptive.eval_set if schedule.adaptive else None),
         ("Decisions", "reward_watch.eval_set", decisions.reward_watch.eval_set if decisions.reward_watch else None),
     ]
     for owner, arg, name in named:

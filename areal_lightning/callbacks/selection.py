@@ -2,12 +2,10 @@
 paired change over the current best is significant. Pure decisions (the t quantile and the paired
 interval of `metrics.paired` load on first use, so that a config loads without torch).
 
-On a small eval set the highest point estimate among many rounds is often a lucky draw: the
-winner's curse. ``lcb`` ranks rounds by a bound that is lower where the per-prompt outcomes
-spread more; ``paired`` keeps the current best until a round beats it by more than the noise of
-the paired difference (the same prompts, the same seeds), so a best once taken is hard to displace
-by luck. benchmarks/RESULTS.md ("Selection that knows its noise") measures how often each ends on
-a checkpoint truly worse than the best.
+``lcb`` ranks rounds by a bound that is lower where the per-prompt outcomes spread more;
+``paired`` keeps the current best until a round beats it by more than the noise of the paired
+difference. Why (the winner's curse on small eval sets) and how often each rule picks a worse
+checkpoint: docs/decisions.md and benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 and one check per option.
 
 `EvaluationCallback(schedule=..., execution=..., rounds=..., decisions=...)` takes these groups (or
-mappings of their fields); the app's YAML ``evaluator`` block is `EvaluatorSettings`, the four
-groups' fields side by side under the same names (``evaluator.freq_steps``, ``evaluator.cache``),
-plus the two nested sections ``evaluator.adaptive`` and ``evaluator.reward_watch``.
+mappings of their fields); the app's YAML ``evaluator`` block holds the same four groups under the
+same names (``evaluator.schedule.freq_steps``), and so does a LightningCLI file's ``init_args``.
 
 * `Schedule`: when rounds run (the triggers, the adaptive schedule, the eval-time budget);
 * `Execution`: where they run (``sync`` on the training thread, ``async`` in a worker process);
@@ -28,7 +27,7 @@ from areal_lightning.callbacks.best import DEFAULT_BEST_METRICS, BestValues
 from areal_lightning.callbacks.budget import EvalBudget
 from areal_lightning.callbacks.choices import (
     DEFAULT_ASYNC_THREADS,
-    DEFAULT_MAX_SNAPSHOT_MB,
+    DEFAULT_MAX_SNAPSHOT_MIB,
     DEFAULT_TABLE_ROWS,
     Direction,
     ErrorPolicy,
@@ -89,7 +88,7 @@ class AdaptiveSettings:
     """Shortest interval between adaptive rounds."""
     max_steps: int = 200
     """Longest interval between adaptive rounds."""
-    dataset: Optional[str] = None
+    eval_set: Optional[str] = None
     """The watched eval set; null: any eval set."""
     factor: float = DEFAULT_FACTOR
     """How much the interval shrinks or grows after a round, > 1."""
@@ -106,7 +105,7 @@ class AdaptiveSettings:
             self.metric,
             self.min_steps,
             self.max_steps,
-            dataset=self.dataset,
+            eval_set=self.eval_set,
             factor=self.factor,
             start_steps=self.start_steps,
         )
@@ -117,7 +116,7 @@ class RewardWatchSettings:
     """The reward-hacking watch: alert when the training reward rises while an eval metric falls
     beyond its noise (docs/decisions.md)."""
 
-    eval_metric: str = "accuracy"
+    metric: str = "accuracy"
     """The watched eval metric (higher is better), as the evaluation logs it."""
     train_metric: str = DEFAULT_TRAIN_METRIC
     """The training reward's name in Lightning's callback_metrics (GRPOModule logs train/reward)."""
@@ -138,7 +137,7 @@ class RewardWatchSettings:
     def build(self) -> RewardWatch:
         """The watch (its constructor checks these values)."""
         return RewardWatch(
-            self.eval_metric,
+            self.metric,
             self.train_metric,
             eval_set=self.eval_set,
             min_train_rise=self.min_train_rise,
@@ -201,7 +200,7 @@ class Execution:
     """async: where the worker evaluates (cpu, cuda:1); null: the training device."""
     async_threads: int = DEFAULT_ASYNC_THREADS
     """async: torch threads of the worker process."""
-    max_snapshot_mb: Optional[float] = DEFAULT_MAX_SNAPSHOT_MB
+    max_snapshot_mib: Optional[float] = DEFAULT_MAX_SNAPSHOT_MIB
     """async: the most MiB the weight snapshot may take (the run stops before training if it would
     not fit); null: no bound."""
 
@@ -209,7 +208,7 @@ class Execution:
         with owned_by("Execution"):
             self.mode = choice("mode", self.mode, EvalMode)
             self.on_busy = choice("on_busy", self.on_busy, OnBusy)
-            check_async_options(self.async_device, self.async_threads, self.max_snapshot_mb)
+            check_async_options(self.async_device, self.async_threads, self.max_snapshot_mib)
 
 
 @dataclass
@@ -276,7 +275,7 @@ class Decisions:
     """Metrics whose best value and step are kept (across a resume) and logged as eval/<set>/<metric>/best,
     e.g. {accuracy: max}; null: accuracy and reward/mean (max); {}: none."""
     reward_watch: Optional[RewardWatchSettings] = None
-    """The reward-hacking watch, e.g. {eval_metric: accuracy, min_train_rise: 0.1}; null: off."""
+    """The reward-hacking watch, e.g. {metric: accuracy, min_train_rise: 0.1}; null: off."""
     best_rule: SelectionRule = SelectionRule.POINT
     """When a round becomes the best of a best_metrics metric: point (a better value), lcb (a better lower
     confidence bound across prompts) or paired (a paired change over the current best that excludes 0)."""
@@ -300,6 +299,13 @@ class Decisions:
             self.integrity = choice("integrity", self.integrity, IntegrityAction)
             if not isinstance(self.alert_from_start, bool):
                 raise ArgumentError("Decisions", "alert_from_start", self.alert_from_start, "True or False")
+            if self.threshold_action is ThresholdAction.STOP and not self.metric_thresholds:
+                raise ArgumentError(
+                    "Decisions",
+                    "threshold_action",
+                    ThresholdAction.STOP.value,
+                    "alert while metric_thresholds is empty (stop acts on a threshold: add one, e.g. {accuracy: 0.7})",
+                )
             self.thresholds()
             self.best()
 
@@ -352,20 +358,3 @@ def resolve_settings(
     validate_together(out[1], out[2])
     check_cacheable(out[2], evaluate_fn)
     return out
-
-
-@dataclass
-class EvaluatorSettings(Decisions, RoundSettings, Execution, Schedule):
-    """Every option of `EvaluationCallback` side by side, as the YAML ``evaluator`` block holds them
-    (fields in the order Schedule, Execution, RoundSettings, Decisions)."""
-
-    def __post_init__(self) -> None:
-        Schedule.__post_init__(self)
-        Execution.__post_init__(self)
-        RoundSettings.__post_init__(self)
-        Decisions.__post_init__(self)
-
-    def groups(self) -> dict[str, Any]:
-        """The four groups, as `EvaluationCallback`'s keyword arguments."""
-        groups = {"schedule": Schedule, "execution": Execution, "rounds": RoundSettings, "decisions": Decisions}
-        return {arg: cls(**{f.name: getattr(self, f.name) for f in fields(cls)}) for arg, cls in groups.items()}

@@ -84,11 +84,11 @@ class StoryKeeper:
     def start(self, trainer: L.Trainer, eval_sets: Sequence[EvalSet], recorder: EvalRecorder) -> None:
         self._strata = self._strata_of(eval_sets)
         if recorder.history is not None:  # rank 0, unless fast_dev_run
-            mb = self.settings.max_file_mb
+            mib = self.settings.max_file_mib
             self._file = PromptOutcomesFile(
                 recorder.history.path.parent / OUTCOMES_FILENAME,
                 recorder.history.once_per_step,
-                None if mb is None else int(mb * MIB),
+                None if mib is None else int(mib * MIB),
             )
             if self._resumed:
                 self._file.resume(trainer.global_step, recorder.run_id)
@@ -141,8 +141,9 @@ class StoryKeeper:
         if not self._file.append(rows):
             self._full = True
             message = (
-                f"{self._file.path} reached its bound of {self.settings.max_file_mb} MiB at step {step}; later rounds "
-                "are not written to it (the story metrics go on); raise evaluator.prompt_story.max_file_mb to keep them"
+                f"{self._file.path} reached its bound of {self.settings.max_file_mib} MiB at step {step}; later "
+                "rounds are not written to it (the story metrics go on); raise "
+                "evaluator.decisions.prompt_story.max_file_mib to keep them"
             )
             recorder.event(trainer, "prompt_outcomes", step, message, level=logging.WARNING, path=str(self._file.path))
 

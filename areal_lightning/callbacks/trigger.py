@@ -1,33 +1,9 @@
-"""When to evaluate: ``HybridTrigger``, the pure scheduler behind ``EvaluationCallback``.
+"""When to evaluate: `HybridTrigger`, the pure scheduler behind `EvaluationCallback`.
 
-Pure Python on purpose (no Lightning, no torch): every decision can be driven and tested with a
-fake clock, and the callback stays a thin layer of hooks around it.
-
-Rules, as a user sees them:
-
-* It evaluates when ANY configured trigger fires, and reports every cause that fired, in the
-  fixed order ``steps``, ``epochs``, ``secs``. A step is never evaluated twice.
-* ``freq_steps=N`` evaluates after global steps N, 2N, 3N, ...; ``freq_epochs=N`` at the end of
-  every N-th epoch; ``freq_secs=S`` once S seconds of *training* time have passed since the end
-  of the last evaluation of any cause (evaluation time and the downtime between a kill and a
-  resume do not count).
-* Resume: ``state_dict()`` carries the last evaluated step, the number of epochs completed at
-  that evaluation and the training seconds since it. After a resume no step is evaluated twice,
-  and the time trigger goes on counting from where the killed run stopped.
-* An evaluation that fell due while no trigger was watching (the checkpoint came from a run with
-  another configuration, or was saved before the evaluation was recorded) is *made up* at the
-  next decision point, reported under its own cause: last evaluated step 5, ``freq_steps=5``,
-  resumed at step 12 evaluates after step 13 with ``["steps"]``, then at 15, 20, ... . We chose
-  a late evaluation over a silent gap in the curve; an evaluation at or after the due point of
-  any cause covers it (so a due step 10 is not made up once step 11 was evaluated).
-* ``eval_before_train`` evaluates once per training history, before the first step: a resumed
-  run (``state_dict`` says training had started) does not evaluate again before training.
-
-A due cause stays due until the callback calls ``mark_evaluated``: the trigger never assumes an
-evaluation happened.
-
-Distributed training: the time trigger reads each process's own clock, so ranks can disagree by
-a few milliseconds. The caller must take one rank's decision (broadcast it) before acting on it.
+Pure Python (no Lightning, no torch), driven by the callback's hooks and tested with a fake clock.
+Its rules as a user sees them (any trigger fires a round; training time only; a round that fell
+due unwatched is made up; resume state) are in docs/triggers.md. The time trigger reads this
+process's clock: the caller broadcasts one rank's decision before acting on it.
 """
 
 from __future__ import annotations
@@ -154,11 +130,8 @@ class HybridTrigger:
                 "HybridTrigger",
                 "",
                 None,
-                "would never evaluate: freq_epochs, freq_steps and freq_secs are all null and eval_before_train and"
-                " eval_at_end are false; set at least one of them",
-                "`HybridTrigger()` would never evaluate anything: freq_epochs, freq_steps and freq_secs are"
-                " all None and eval_before_train and eval_at_end are both False. Set at least one of"
-                " freq_epochs, freq_steps, freq_secs, or set eval_before_train / eval_at_end to True.",
+                "would never evaluate: freq_epochs, freq_steps and freq_secs are all None and eval_before_train and"
+                " eval_at_end are False; set at least one of them",
             )
         self._clock = clock
         self._running_since: float | None = None  # clock value when training (re)started; None = stopped

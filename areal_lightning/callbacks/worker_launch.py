@@ -1,21 +1,13 @@
 """Starting the async evaluation worker so that it is ready when the first round falls due.
 
-A worker needs torch, Lightning and torchmetrics imported before it can load a replica: seconds of
-one core. A worker spawned from scratch when training starts was still importing when the first
-rounds fell due, and they waited, or were skipped. So the worker is forked from
-multiprocessing's fork server, which has those imports done (`prestart`: the ``areal-lightning
-fit`` command calls it as soon as it has read an async config, so the server imports beside the
-command's own start-up), and it is started when fit starts (`WorkerLaunch`, from the callback's
-``setup``), its replica sent when training starts.
-
-The fork server answers a request only once its own imports are done, so the worker is started
-from a thread of its own: neither training nor the first round's submission waits for it, and
-messages sent meanwhile are queued and sent, in order, once the worker runs.
-
-Where the platform has no fork server (Windows), the worker is spawned, and imports on its own.
-The fork server is multiprocessing's, one per process: other users of ``forkserver`` (a
-`SafeScorer`, a DataLoader with ``multiprocessing_context="forkserver"``) fork from it too, with
-these modules loaded, and a server some other code started first is used as it is.
+The worker is forked from multiprocessing's fork server, which has torch, Lightning and torchmetrics
+imported (`prestart`: ``areal-lightning fit`` calls it as soon as it has read an async config), and
+started when fit starts (`WorkerLaunch`, from the callback's ``setup``), from a thread of its own:
+neither training nor the first round's submission waits for it; messages sent meanwhile are queued
+and sent in order once the worker runs. Without a fork server (Windows) the worker is spawned. The
+fork server is one per process: other users of ``forkserver`` fork from it too, and one some other
+code started first is used as it is. Why: docs/async_evaluation.md ("Ready when the first round
+falls due").
 """
 
 from __future__ import annotations

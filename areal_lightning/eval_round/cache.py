@@ -52,8 +52,7 @@ def _is_sharded(module: nn.Module) -> bool:
 def weights_digest(module: nn.Module) -> str:
     """A digest of every tensor of the module's state dict (names, dtypes, shapes, bytes).
 
-    Hashes all the weights (about 1 GB/s on one core): meant for the models evaluated here, and
-    not for sharded parameters (each rank would hash its own shard).
+    Hashes all the weights on every call; not for sharded parameters (each rank would hash its own shard).
 
     Example:
         >>> a, b = nn.Linear(2, 2), nn.Linear(2, 2)

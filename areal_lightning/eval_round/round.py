@@ -1,21 +1,12 @@
 """The evaluation round: data, inference, compute, record, as one function.
 
 `run_round(module, eval_sets, evaluate_fn, ...)` is what every caller shares: the callback's
-rounds, the standalone `evaluate` command and anything else that evaluates. It depends only on
-the module replica, the eval sets (cut into a global list of batches that does not depend on the
-number of devices) and the run seed (from which each sample's own seed derives). Under
-`torch.distributed` each rank evaluates its deal of the batches, and every rank runs the same
-collectives in the same order: one object gather of every set's reports and metric states (one
-more only when a rank lacks a metric another created).
-
-With `lockstep=True` (sharded parameters: every forward all-gathers them) a rank dealt fewer
-batches than the busiest rank also evaluates padding batches, in a second `evaluate_fn` call on a
-throwaway context, so that every rank runs the same number of forwards before the gather.
-
+rounds, the `evaluate` command and anything else that evaluates. Under `torch.distributed` each
+rank evaluates its deal of the batches and every rank runs the same collectives in the same order.
 A round has two halves: `evaluate_local` (this rank's deal, no collective) and `reduce_round` (the
-collectives, in `reduction`: one gather for every set of the round). `run_round` runs both; an
-asynchronous worker runs the first half beside training and the training thread runs the second
-at a step every rank agrees on.
+collectives, in `reduction`); an asynchronous worker runs the first beside training. With
+`lockstep=True` (sharded parameters) a rank dealt fewer batches also evaluates padding batches, so
+that every rank runs the same number of forwards. docs/architecture.md walks through a round.
 """
 
 from __future__ import annotations

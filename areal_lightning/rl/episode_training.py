@@ -27,6 +27,7 @@ from areal_lightning.eval_round.sharding import sample_seed
 from areal_lightning.metrics.functional import group_advantages
 from areal_lightning.rl.episode_completions import step_episode_completion_stats
 from areal_lightning.rl.episodes import Episode, run_episodes
+from areal_lightning.rl.objective import k3_kl, policy_gradient
 
 TRAIN_EPISODE_STREAM = "train-episodes"
 """Names the training episodes' seeds, apart from single-turn rollouts and every eval set."""
@@ -64,14 +65,6 @@ def episode_batch(episodes: Sequence[Episode], tokenizer: Any, device: Any) -> d
     }
 
 
-def clipped_objective(logp: Tensor, advantages: Tensor, clip_eps: float) -> tuple[Tensor, Tensor]:
-    """Per-token clipped policy-gradient loss of one update per rollout (the ratio is 1 in value and
-    carries the gradient), and whether each token was clipped."""
-    ratio = (logp - logp.detach()).exp()
-    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps)
-    return -torch.min(ratio * advantages, clipped * advantages), (ratio - clipped).abs() > 0
-
-
 def roll_out(module: Any, batch: Mapping[str, Any], samples: Mapping[int, Any]) -> list[Episode]:
     """`group_size` episodes of each prompt of a training batch (by its samples' indices)."""
     hp, settings = module.grpo, module.episodes
@@ -100,15 +93,14 @@ def episode_loss(module: Any, episodes: Sequence[Episode], rewards: Tensor) -> t
     logp, entropy = module.policy.completion_logprobs(
         b["prompt_ids"], b["prompt_mask"], b["action_ids"], temperature=hp.temperature
     )
-    per_token, was_clipped = clipped_objective(logp, advantages.reshape(-1, 1), hp.clip_eps)
+    per_token = policy_gradient(logp, advantages.reshape(-1, 1))
     kl = torch.zeros_like(per_token)
     if module.reference is not None:
         with torch.no_grad():
             ref_logp, _ = module.reference.completion_logprobs(
                 b["prompt_ids"], b["prompt_mask"], b["action_ids"], temperature=hp.temperature
             )
-        log_ratio = ref_logp - logp
-        kl = log_ratio.exp() - log_ratio - 1  # k3 estimator: unbiased, non-negative
+        kl = k3_kl(ref_logp, logp)
         per_token = per_token + hp.kl_coef * kl
     mine = b["loss_mask"].float()  # the policy's own tokens: observations and padding carry no loss
     n_tokens = mine.sum().clamp(min=1)
@@ -124,7 +116,6 @@ def episode_loss(module: Any, episodes: Sequence[Episode], rewards: Tensor) -> t
     )
     return loss, {
         "train/kl": token_mean(kl),
-        "train/clip_frac": token_mean(was_clipped.float()),
         "train/loss": loss.detach(),
         **logged,
     }
@@ -139,7 +130,7 @@ def _episode_stats(episodes: Sequence[Episode], max_turns: int) -> dict[str, Ten
 
 
 def episode_training_step(module: Any, batch: Mapping[str, Any], samples: Mapping[int, Any]) -> Tensor:
-    """`GRPOModule.training_step` with episodes: roll out, score, one clipped policy-gradient loss.
+    """`GRPOModule.training_step` with episodes: roll out, score, one policy-gradient loss.
 
     Args:
         module: a `GRPOModule` built with ``episodes=EpisodeSettings(...)``.

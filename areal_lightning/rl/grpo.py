@@ -14,7 +14,6 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from areal_lightning.app.config import Config, GRPOConfig
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round.sharding import sample_seed
 from areal_lightning.metrics import AdvantageMetric, RewardMetric
@@ -26,7 +25,9 @@ from areal_lightning.rl.episode_eval import episode_evaluate
 from areal_lightning.rl.episode_settings import EpisodeSettings
 from areal_lightning.rl.episode_training import episode_training_step
 from areal_lightning.rl.generation import Generation, generate_scored
+from areal_lightning.rl.grpo_config import GRPOConfig
 from areal_lightning.rl.make_environment import episode_parts, episode_values
+from areal_lightning.rl.objective import k3_kl, policy_gradient
 from areal_lightning.rl.policy import Policy, TinyPolicy, completion_mask
 from areal_lightning.rl.protocols import PromptTokenizer, RLTask, seeded_generators
 from areal_lightning.rl.rollout_eval import rollout_evaluate, score_texts
@@ -50,29 +51,33 @@ def collate_prompts(samples: Sequence[Any], tokenizer: PromptTokenizer) -> dict[
 
 
 class GRPOModule(L.LightningModule):
-    """Samples `group_size` completions per prompt, scores them, and optimises the clipped
-    policy-gradient objective with group-relative advantages.
+    """Samples `group_size` completions per prompt, scores them, and optimises the policy-gradient
+    objective with group-relative advantages (one update per batch of rollouts).
 
     Args:
         policy: a `Policy` (`TinyPolicy`, `HFPolicy`).
         task: an `RLTask` (`ArithmeticTask`, `MathTask`): training prompts, reward, answer ids.
-        grpo: the GRPO settings (group size, lr, clip_eps, kl_coef, ...).
+        grpo: the GRPO settings (group size, lr, kl_coef, ...).
         seed: seeds warm-up and rollouts; each step's rollouts use their own derived seed, so
             evaluating in between does not change what training samples.
         tokenizer: encodes prompts and decodes completions; None: the policy's `tokenizer`
             (an `HFPolicy`'s), else the task's (the arithmetic task's).
+        engine_evaluate_fn: the `evaluate_fn` of an inference engine of its own (`VLLMEvaluator`),
+            which `evaluate` hands rounds to; None: `rollout_evaluate` with the policy's `generate`.
         episodes: multi-turn episodes (`EpisodeSettings`) for training and the default evaluation;
             None: one prompt, one completion (docs/multi_turn.md).
         environment: the episodes' `Environment`; None: the one `episodes.env` names, on `task`.
 
     Raises:
-        ValueError: when no tokenizer is given and neither the policy nor the task has one.
+        ValueError: when no tokenizer is given and neither the policy nor the task has one;
+            `ArgumentError` (a ValueError) for an impossible `grpo` value.
 
     Example:
-        >>> from areal_lightning.app.config import load_config
-        >>> module = GRPOModule.from_config(load_config(None, ["eval_sets.easy.size=8"]))
-        >>> type(module.policy).__name__
-        'TinyPolicy'
+        >>> task = ArithmeticTask()
+        >>> tok = task.tokenizer
+        >>> policy = TinyPolicy(tok.vocab_size, 32, 1, 2, 16, pad_id=tok.pad_id, eos_id=tok.eos_id)
+        >>> GRPOModule(policy, task, GRPOConfig(group_size=4)).grpo.group_size
+        4
     """
 
     def __init__(
@@ -82,7 +87,7 @@ class GRPOModule(L.LightningModule):
         grpo: GRPOConfig | None = None,
         seed: int = 0,
         tokenizer: PromptTokenizer | None = None,
-        eval_generate: Callable[[Any, Sequence[Any], Any], dict[str, Any]] | None = None,
+        engine_evaluate_fn: Callable[[Any, Sequence[Any], Any], dict[str, Any]] | None = None,
         episodes: EpisodeSettings | None = None,
         environment: Environment | None = None,
     ) -> None:
@@ -101,6 +106,7 @@ class GRPOModule(L.LightningModule):
             )
         self.tokenizer: PromptTokenizer = tokenizer
         self.grpo = grpo or GRPOConfig()
+        self.grpo.validate()
         self.seed = seed
         # Plain values only: checkpoints must load with torch.load(weights_only=True).
         grpo_values = {k: v.value if isinstance(v, Enum) else v for k, v in asdict(self.grpo).items()}
@@ -109,8 +115,7 @@ class GRPOModule(L.LightningModule):
         # The frozen policy of the KL penalty: a registered submodule, so a resume restores it.
         self.reference = copy.deepcopy(policy).requires_grad_(False) if self.grpo.kl_coef > 0 else None
         self.warmed_up = False
-        # The evaluation's own generation engine (`VLLMEvaluator`), an `evaluate_fn`; None: `rollout_evaluate`.
-        self.eval_generate = eval_generate
+        self.engine_evaluate_fn = engine_evaluate_fn
         self.train_reward = RewardMetric()
         self.train_advantage = AdvantageMetric(scale=self.grpo.scale_advantages, std=self.grpo.advantage_std)
         # By their logged names; registered as submodules too (ModuleDict keys take no "/"), so they
@@ -124,23 +129,6 @@ class GRPOModule(L.LightningModule):
         self.train_completions = {name: make() for name, make in completions.items()}
         self._train_completion_modules = torch.nn.ModuleDict(
             {name.replace("/", "_"): metric for name, metric in self.train_completions.items()}
-        )
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> GRPOModule:
-        """The module of the config's task, policy and ``grpo`` section; ``seed`` seeds the tiny
-        policy's initial weights, the warm-up and the rollouts."""
-        from areal_lightning.app.model_builders import build_eval_generate, build_policy, build_task
-
-        torch.manual_seed(cfg.seed)  # the policy's initial weights
-        task = build_task(cfg)
-        return cls(
-            build_policy(cfg, task),
-            task,
-            cfg.grpo,
-            seed=cfg.seed,
-            eval_generate=build_eval_generate(cfg),
-            episodes=cfg.episodes,
         )
 
     @property
@@ -211,13 +199,13 @@ class GRPOModule(L.LightningModule):
 
     def evaluate(self, batches: Sequence[Any], ctx: Any) -> dict[str, Any]:
         """The default `evaluate_fn` of `EvaluationCallback`: rollouts, reward, accuracy, pass@k, maj@k
-        (generated by `eval_generate` when the module has one); with `episodes`, `episode_evaluate`.
+        (generated by `engine_evaluate_fn` when the module has one); with `episodes`, `episode_evaluate`.
         The sanity pass (``ctx.sanity``) generates with the policy itself: an engine is built where
         rounds run (an async worker), and at the first round in sync mode, not for one batch."""
         if self.episodes is not None:
             return episode_evaluate(self, batches, ctx)
-        if self.eval_generate is not None and not getattr(ctx, "sanity", False):
-            return self.eval_generate(self, batches, ctx)
+        if self.engine_evaluate_fn is not None and not getattr(ctx, "sanity", False):
+            return self.engine_evaluate_fn(self, batches, ctx)
         return rollout_evaluate(self, batches, ctx)
 
     # What the integrity checks at the start of fit read (`callbacks.integrity_checks.IntegritySource`).
@@ -263,20 +251,13 @@ class GRPOModule(L.LightningModule):
         advantages = group_advantages(grouped, scale=hp.scale_advantages, std=hp.advantage_std).reshape(-1, 1)
 
         logp, entropy = self.policy.completion_logprobs(ids, mask, completions, temperature=hp.temperature)
-        # One update per rollout: the weights that sampled are the weights being updated, so the
-        # sampling policy's log-probs equal `logp` without its graph (a second forward would
-        # recompute the same numbers). The ratio is 1 in value and carries the policy gradient.
-        old_logp = logp.detach()
         tokens = completion_mask(completions, self.policy.eos_id).float()
-        ratio = (logp - old_logp).exp()
-        clipped = ratio.clamp(1 - hp.clip_eps, 1 + hp.clip_eps)
-        per_token = -torch.min(ratio * advantages, clipped * advantages)
+        per_token = policy_gradient(logp, advantages)
         kl = torch.zeros_like(per_token)
         if self.reference is not None:
             with torch.no_grad():
                 ref_logp, _ = self.reference.completion_logprobs(ids, mask, completions, temperature=hp.temperature)
-            log_ratio = ref_logp - logp
-            kl = log_ratio.exp() - log_ratio - 1  # k3 estimator: unbiased, non-negative
+            kl = k3_kl(ref_logp, logp)
             per_token = per_token + hp.kl_coef * kl
         n_tokens = tokens.sum().clamp(min=1)
         loss = (per_token * tokens).sum() / n_tokens  # token-mean over the whole batch
@@ -293,7 +274,6 @@ class GRPOModule(L.LightningModule):
                 "train/advantage_abs_mean": adv_stats["abs_mean"],
                 "train/zero_std_frac": adv_stats["zero_std_frac"],
                 "train/kl": token_mean(kl.detach()),
-                "train/clip_frac": token_mean(((ratio - clipped).abs() > 0).float().detach()),
                 "train/loss": loss.detach(),
             },
             batch_size=len(texts),

@@ -47,7 +47,7 @@ class HFPolicy(nn.Module):
     positions counted from each row's first real token, one sampling step per token for the
     whole batch. A row's completion depends on its own generator only (see `race_noise`), so it
     is the same alone, in any batch and on any rank. Completions are ``[B, max_new_tokens]``:
-    tokens, EOS, then `pad_id`. A row that produces one of `stop_strings` stops there and gets an
+    tokens, EOS, then `pad_id`. A row that produces one of the `stop` strings stops there and gets an
     EOS in the next slot (if there is one); that EOS was not sampled, and GRPO trains on it like
     on any other completion token.
 
@@ -60,7 +60,7 @@ class HFPolicy(nn.Module):
     Args:
         model: a `transformers` causal LM (`AutoModelForCausalLM`).
         tokenizer: an `HFTokenizer`, or a `transformers` tokenizer that is wrapped in one
-            (`chat`, `system_prompt`, `stop_strings` and `eos_id` then configure the wrapper).
+            (`chat`, `system_prompt`, `stop` and `eos_id` then configure the wrapper).
 
     Raises:
         ValueError: for a wrapper option given together with an `HFTokenizer` (it has its own).
@@ -84,21 +84,19 @@ class HFPolicy(nn.Module):
         *,
         chat: bool = False,
         system_prompt: str | None = None,
-        stop_strings: Sequence[str] = (),
+        stop: Sequence[str] = (),
         eos_id: int | None = None,
         disable_dropout: bool = True,
     ) -> None:
         super().__init__()
         if isinstance(tokenizer, HFTokenizer):
-            if chat or system_prompt is not None or stop_strings or eos_id is not None:
+            if chat or system_prompt is not None or stop or eos_id is not None:
                 raise ValueError(
-                    "`HFPolicy(tokenizer=HFTokenizer(...))` takes chat, system_prompt, stop_strings and "
+                    "`HFPolicy(tokenizer=HFTokenizer(...))` takes chat, system_prompt, stop and "
                     "eos_id from that HFTokenizer; pass them to it, not to HFPolicy"
                 )
         else:
-            tokenizer = HFTokenizer(
-                tokenizer, chat=chat, system_prompt=system_prompt, stop_strings=stop_strings, eos_id=eos_id
-            )
+            tokenizer = HFTokenizer(tokenizer, chat=chat, system_prompt=system_prompt, stop=stop, eos_id=eos_id)
         self.model = model
         self.tokenizer = tokenizer
         self.eos_id, self.pad_id = tokenizer.eos_id, tokenizer.pad_id
@@ -123,7 +121,7 @@ class HFPolicy(nn.Module):
         chat: bool = False,
         chat_template: str | None = None,
         system_prompt: str | None = None,
-        stop_strings: Sequence[str] = (),
+        stop: Sequence[str] = (),
         eos_id: int | None = None,
         disable_dropout: bool = True,
         **model_kwargs: Any,
@@ -136,7 +134,7 @@ class HFPolicy(nn.Module):
             attn_implementation: e.g. "sdpa", "eager", "flash_attention_2"; None lets transformers choose.
             device: where to put the model; None leaves it on the CPU.
             tokenizer_path: a directory holding the tokenizer, when it is not `path`.
-            chat, system_prompt, stop_strings, eos_id: see `HFTokenizer`.
+            chat, system_prompt, stop, eos_id: see `HFTokenizer`.
             disable_dropout: every dropout probability of the model set to 0 (see the class).
             chat_template: a Jinja chat template replacing the tokenizer's own (or giving one to a
                 tokenizer that has none).
@@ -171,7 +169,7 @@ class HFPolicy(nn.Module):
             tokenizer,
             chat=chat,
             system_prompt=system_prompt,
-            stop_strings=stop_strings,
+            stop=stop,
             eos_id=eos_id,
             disable_dropout=disable_dropout,
         )
@@ -269,7 +267,7 @@ class HFPolicy(nn.Module):
         out = torch.full((b, max_new_tokens), self.pad_id, dtype=torch.long, device=device)
         done = torch.zeros(b, dtype=torch.bool, device=device)
         stopped = torch.zeros(b, dtype=torch.bool, device=device)
-        stop_strings = (*self.tokenizer.stop_strings, *stop)
+        stop_strings = (*self.tokenizer.stop, *stop)
         stop_window = STOP_WINDOW_TOKENS_PER_CHAR * max((len(s) for s in stop_strings), default=0)
         recorder = ScoreRecorder(b, max_new_tokens, device, scores)
         for t in range(max_new_tokens):

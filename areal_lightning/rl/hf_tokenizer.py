@@ -21,7 +21,7 @@ class HFTokenizer:
         chat: wrap each prompt as one user message and render it with the tokenizer's chat
             template, ending with the assistant's generation prompt.
         system_prompt: a system message placed before the user message when `chat` is True.
-        stop_strings: `decode` cuts the text right after the first of these it finds (generation
+        stop: `decode` cuts the text right after the first of these it finds (generation
             stops there too, see `HFPolicy`).
         eos_id: the id that ends a completion; by default the tokenizer's EOS.
 
@@ -42,7 +42,7 @@ class HFTokenizer:
         *,
         chat: bool = False,
         system_prompt: str | None = None,
-        stop_strings: Sequence[str] = (),
+        stop: Sequence[str] = (),
         eos_id: int | None = None,
     ) -> None:
         eos_id = tokenizer.eos_token_id if eos_id is None else eos_id
@@ -54,12 +54,12 @@ class HFTokenizer:
             )
         if system_prompt is not None and not chat:
             raise ValueError("`HFTokenizer(system_prompt=...)` needs chat=True: plain prompts have no system message")
-        if any(not s for s in stop_strings):
-            raise ValueError(f"`HFTokenizer(stop_strings=...)` must be non-empty strings, got {list(stop_strings)!r}")
+        if any(not s for s in stop):
+            raise ValueError(f"`HFTokenizer(stop=...)` must be non-empty strings, got {list(stop)!r}")
         self.tokenizer = tokenizer
         self.chat = chat
         self.system_prompt = system_prompt
-        self.stop_strings = tuple(stop_strings)
+        self.stop = tuple(stop)
         self.eos_id = int(eos_id)
         # Without a pad token, pad with EOS: a completion's tokens end at its first EOS either way.
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id)
@@ -104,7 +104,7 @@ class HFTokenizer:
         if self.eos_id in ids:
             ids = ids[: ids.index(self.eos_id)]
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        return cut_after_stop_string(text, self.stop_strings)
+        return cut_after_stop_string(text, self.stop)
 
     def pad_left(self, sequences: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
         """Left-pads to a [B, T] id tensor and its bool mask (True on real tokens)."""

@@ -43,7 +43,7 @@ class _EnginePolicy:
     def __init__(self, engine: Any, policy: Any, stop: Sequence[str]) -> None:
         self.engine, self.policy = engine, policy
         self.eos_id, self.pad_id = policy.eos_id, policy.pad_id
-        self.stop = [*policy.tokenizer.stop_strings, *stop]
+        self.stop = [*policy.tokenizer.stop, *stop]
 
     def generate(
         self,

@@ -18,8 +18,8 @@ class VLLMOptions:
 
     Args:
         in_process: run the engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the
-            ``uni`` executor): starts in ~2 s on a CPU; False runs it in a process of its own (~15 s),
-            which a crash cannot take down with the trainer.
+            ``uni`` executor), the fastest to start; False runs it in a process of its own, slower to
+            start, which a crash cannot take down with the trainer.
         max_model_len: longest prompt plus completion, in tokens; None: the model's
             ``max_position_embeddings``.
         kv_cache_gib: CPU only: KV-cache memory in whole GiB (``VLLM_CPU_KVCACHE_SPACE``).

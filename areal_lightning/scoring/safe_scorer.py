@@ -127,7 +127,7 @@ class SafeScorer:
             limit that is not a positive integer.
 
     Example:
-        >>> from areal_lightning.tasks.math import numeric_equal  # doctest: +SKIP
+        >>> from areal_lightning.tasks.math_answers import numeric_equal  # doctest: +SKIP
         >>> with SafeScorer(numeric_equal, timeout_s=2.0) as scorer:  # doctest: +SKIP
         ...     [s.reward for s in scorer.score_many(["#### 5", "#### 6"], ["5", "5"])]
         [1.0, 0.0]

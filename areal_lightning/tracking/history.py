@@ -1,33 +1,11 @@
 """The eval history: one JSON object per eval set per round, appended to ``eval_history.jsonl``.
 
-The file format is public and documented field by field in ``docs/eval_history.md``; plots,
-tests and users' scripts read it. A round record looks like::
-
-    {"step": 120, "epoch": 1, "time": 1764460800.5, "trigger": ["steps"], "dataset": "easy",
-     "metrics": {"accuracy": 0.81, "reward/mean": 0.81, "pass@4": 0.93},
-     "num_samples": 200, "num_prompts": 50, "eval_secs": 1.9, "mode": "sync", "world_size": 2,
-     "run_id": "k3j9x2a1", "source": "training"}
-
-Alerts, errors and resumptions get their own records, told apart by an ``"event"`` key::
-
-    {"event": "alert", "step": 120, "time": 1764460801.0, "dataset": "easy", "run_id": "k3j9x2a1",
-     "message": "accuracy 0.81 >= threshold 0.7", "metric": "accuracy", "value": 0.81}
-
-Every record names its run (``run_id``); `split_runs` tells the runs of a file apart, including
-files written before run ids existed.
-
-JSON has no NaN or infinity, so a non-finite number is written as ``null``; a reader gets
-``None`` back where the writer had NaN (``float("nan")``, ``torch.nan``, ``np.nan``).
-
-The writer only ever appends: the file is opened in append mode for each write, the line is
-flushed and ``fsync``'d before ``append`` returns, so a crash loses at most the line being
-written and a reader (another process, a plot) sees every finished round at once.
-
-After a crash, a resumed run appends to the same file: its writer starts on a fresh line after a
-torn one and, given `once_per_step` (the training callback's triggers), it does not append a
-second round record for an (eval set, step) the file already holds (a run killed between writing
-a round and saving its checkpoint evaluates that step again).
-A reader skips a torn line (a JSON object cut short) wherever it is, with a warning.
+The format is public, documented field by field in docs/eval_history.md. Every record names its
+run (``run_id``; `split_runs` tells runs apart); events (alerts, errors, resumptions) carry an
+``"event"`` key; a non-finite number is written as ``null``. The writer only appends, flushing and
+``fsync``-ing each line, so a crash loses at most the line being written; a resumed writer starts on
+a fresh line after a torn one and, given `once_per_step`, does not record a round twice for one
+(eval set, step). A reader skips a torn line, with a warning.
 """
 
 from __future__ import annotations

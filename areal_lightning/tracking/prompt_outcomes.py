@@ -131,7 +131,7 @@ def read_prompt_outcomes(path_or_run_dir: str | Path, run_id: str | None = None)
     if not path.is_file():
         raise FileNotFoundError(
             f"no per-prompt outcomes at {str(path)!r}; pass a {OUTCOMES_FILENAME} file or a run directory "
-            "(the run's output_dir) that holds one (written when evaluator.prompt_story is on)"
+            "(the run's output_dir) that holds one (written when evaluator.decisions.prompt_story is on)"
         )
     records = read_history(path)
     runs: dict[Any, list[dict[str, Any]]] = {}

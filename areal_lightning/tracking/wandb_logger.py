@@ -1,38 +1,11 @@
 """The Weights & Biases logger that never stops training, the eval axis keys, resuming a run, finishing.
 
 `SafeWandbLogger` is Lightning's `WandbLogger` whose every call into wandb goes through
-`call_wandb`: the first exception (no network, a bad key, an unusable ``save_dir``, a full disk)
-is reported once with ``logging.warning`` and W&B is left alone for the rest of the run, so
-training and the eval history file go on untouched. The functions below take any `WandbLogger`
-(a user's plain one in ``trainer.loggers`` is guarded the same way).
-
-Eval rounds (logged by `wandb_rounds`) go in one ``run.log`` row holding ``eval/<set>/<metric>``, ``eval/step`` (the
-evaluated global step, the x axis of every eval chart), the same value as
-``trainer/global_step`` and a ``wandb.Table`` of sample generations per eval set.
-
-* No ``run.log(..., step=...)``: W&B drops a row whose ``step`` is below the run's ``_step``,
-  which is exactly what an asynchronous round for an earlier step is.
-* A ``define_metric`` per eval key, not only the ``eval/*`` glob: Lightning defines the glob
-  ``*`` too, and wandb-core picks between matching globs at random; an exact definition wins.
-* ``trainer/global_step`` in the row: a key that falls to ``*`` (a table's sub-keys) would
-  otherwise get the *latest* training step inserted by ``step_sync``.
-
-A run continues after ``fit --ckpt`` under the same ``id``. The checkpoint holds the ``_step`` of
-the last row the run had logged when it was saved (`last_logged_step`);
-`SafeWandbLogger(rewind_to=N)` continues the run with W&B's rewind (``resume_from="<id>?_step=N"``),
-so the rows a dead session logged after its checkpoint are dropped and the resumed session logs
-those steps once, afresh. Offline, the resumed session's file carries the rewind point (its run
-record's ``branch_point``) and W&B applies it when the files are synced. Where W&B refuses the
-rewind (a server without it), the logger falls back to ``resume="allow"`` and skips eval rounds of
-steps up to `logged_eval_through`, which the earlier session already logged.
-
-wandb quirks worked around here (wandb 0.31, Lightning 2.6):
-
-* ``wandb.init(dir=...)`` with a directory it cannot create silently writes to the system temp
-  dir instead; we create and check ``save_dir`` first so that becomes a reported failure.
-* Lightning sets ``WANDB_MODE=dryrun`` for an offline logger and never undoes it; we restore it.
-* Lightning passes ``anonymous=None``, which wandb 0.31 answers with a deprecation warning.
-* Lightning never calls ``run.finish()``; `finish_wandb` does, guarded.
+`call_wandb`: the first exception is reported once and W&B is left alone for the rest of the run.
+The functions below take any `WandbLogger`. A resumed run continues its W&B run rewound to the
+checkpoint's row (`rewind_to`), or appends without the eval rounds it already holds
+(`logged_eval_through`). Why the rows look as they do, and the wandb quirks handled here:
+docs/wandb.md; resuming: docs/runs.md.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from areal_lightning.rl.grpo import GRPOModule
 from areal_lightning.rl.policy import completion_mask
 from areal_lightning.rl.protocols import seeded_generators
 from areal_lightning.rl.rollout_eval import sampling_of
-from areal_lightning.tasks.math import final_answer
+from areal_lightning.tasks.math_answers import final_answer
 
 CONFIG = Path(__file__).with_name("gsm8k_grpo.yaml")
 

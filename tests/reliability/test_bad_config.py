@@ -39,7 +39,7 @@ BAD_OVERRIDES = [
         ["eval_sets=[a,b]"],
         r"`eval_sets` \(from the command line\) must be a mapping of keys to values, got \['a', 'b'\]",
     ),
-    (["evaluator.threshold_action=stop"], r"threshold_action=stop needs evaluator.metric_thresholds"),
+    (["evaluator.threshold_action=stop"], r"evaluator.threshold_action must be alert while metric_thresholds is empty"),
     (["seed=-1"], r"seed must be a non-negative integer, got -1"),
     (["policy.max_len=8"], r"policy.max_len must be at least 9 for task.train_digits=1 and grpo.max_new_tokens=4"),
 ]

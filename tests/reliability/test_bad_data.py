@@ -20,11 +20,13 @@ import torch
 from callback_helpers import QUIET_WARNINGS, CountingModule, make_trainer, quiet
 from ddp_utils import run_ddp
 
-from areal_lightning.app.config import ConfigError, GRPOConfig, load_config
+from areal_lightning.app.builders import build_module
+from areal_lightning.app.config import ConfigError, load_config
 from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
 from areal_lightning.eval_round import EvalRoundError, EvalSet, run_round
 from areal_lightning.metrics import RewardMetric
 from areal_lightning.rl.grpo import GRPOModule
+from areal_lightning.rl.grpo_config import GRPOConfig
 from areal_lightning.rl.policy import TinyPolicy
 from areal_lightning.rl.rollout_eval import NON_FINITE_KEY
 from areal_lightning.tasks.arithmetic import ArithmeticTask, Sample
@@ -219,7 +221,7 @@ def test_a_reward_function_that_raises_fails_the_round_naming_the_function_and_t
     )
     from areal_lightning.app.builders import build_callback
 
-    module = GRPOModule.from_config(cfg)
+    module = build_module(cfg)
     module.task = _RaisingRewardTask(seed=cfg.seed)  # training uses one-digit operands: only the round raises
     _always_seven(module)  # numbers only: the arithmetic task hands a completion to its reward only then
     trainer = make_trainer(tmp_path, [build_callback(cfg)], max_steps=2)

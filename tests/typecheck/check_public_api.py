@@ -94,7 +94,7 @@ def use_the_metrics() -> tuple[Tensor, Tensor]:
 
 def use_the_rest(tmp: Path) -> str:
     cfg = load_config(None, ["eval_sets.easy.size=4"])
-    trigger = HybridTrigger(freq_steps=cfg.evaluator.freq_steps)
+    trigger = HybridTrigger(freq_steps=cfg.evaluator.schedule.freq_steps)
     history = EvalHistory(tmp / "eval_history.jsonl")
     records = read_history(tmp)
     assert_type(records, list[dict[str, Any]])

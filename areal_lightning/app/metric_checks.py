@@ -1,0 +1,71 @@
+"""The metric names a config gives (thresholds, best metrics, the reward watch), checked against
+what the default evaluation logs, before any round.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+from areal_lightning.app.config_errors import ConfigError
+from areal_lightning.app.episode_checks import logged_episode_metrics
+from areal_lightning.app.sections.eval_sets import EvalSetConfig
+from areal_lightning.app.sections.task import TaskName
+from areal_lightning.callbacks.settings import Decisions
+from areal_lightning.rl.episode_settings import EpisodeSettings
+
+
+def check_metric_names(
+    ev: Decisions, eval_sets: Mapping[str, EvalSetConfig], task: TaskName, episodes: EpisodeSettings | None
+) -> None:
+    """Refuses a threshold, best metric or reward-watch metric the default evaluation does not log
+    with these eval sets, task and episodes (naming the closest one), and a reward watch on an eval
+    set that is not defined."""
+    if not (ev.metric_thresholds or ev.best_metrics or ev.reward_watch):
+        return  # nothing names a metric: the metric classes (torch) need not load
+    from areal_lightning.callbacks.prompt_story import StoryBuckets, story_metric_names
+    from areal_lightning.rl.rollout_eval import (
+        metric_names,  # torch and torchmetrics: only when needed
+    )
+
+    labels = _task_labels(task)
+    base = {m for es in eval_sets.values() for m in _metric_names(episodes, es, metric_names, labels)}
+    story = ev.prompt_story
+    # Stratum buckets are named by the data's strata, unknown here: the sanity pass checks those.
+    by_stratum = story is not None and story.buckets is StoryBuckets.STRATUM
+    logged = sorted(base | set(story_metric_names(base, story)))
+    named = [(f"evaluator.decisions.metric_thresholds.{name}", name, True) for name in ev.metric_thresholds]
+    named += [(f"evaluator.decisions.best_metrics.{name}", name, False) for name in ev.best_metrics or {}]
+    if ev.reward_watch is not None:
+        named.append(("evaluator.decisions.reward_watch.metric", ev.reward_watch.metric, False))
+        if ev.reward_watch.eval_set is not None and ev.reward_watch.eval_set not in eval_sets:
+            raise ConfigError(
+                f"evaluator.decisions.reward_watch.eval_set must name an eval set, got "
+                f"{ev.reward_watch.eval_set!r}; defined: {', '.join(eval_sets)}"
+            )
+    for key, name, mean_too in named:
+        if by_stratum and story is not None and name.startswith(f"{story.metric}/bucket/"):
+            continue
+        if name not in logged and not (mean_too and f"{name}/mean" in logged):
+            close = difflib.get_close_matches(name, logged, n=1)
+            hint = f" Did you mean `{close[0]}`?" if close else ""
+            raise ConfigError(
+                f"{key} names a metric the evaluation does not log.{hint} Accepted "
+                f"(with the eval sets' n_samples): {', '.join(logged)}"
+            )
+
+
+def _metric_names(episodes: EpisodeSettings | None, es: EvalSetConfig, single_turn: Any, labels: Any) -> list[str]:
+    if episodes is None:
+        return list(single_turn(es.n_samples, labels, es.ks))
+    return logged_episode_metrics(episodes, es.n_samples)
+
+
+def _task_labels(task: TaskName) -> tuple[Any, ...]:
+    """The `ScoreLabels` a task's scores carry (counted per round), for the metric-name check."""
+    if task is not TaskName.CODE:
+        return ()
+    from areal_lightning.tasks.code import CODE_LABELS
+
+    return (CODE_LABELS,)

@@ -1,0 +1,127 @@
+"""`Config`: a whole run, one section per concern, and the checks that span sections."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from areal_lightning.app.config_errors import ConfigError, at_least, owned_by_key
+from areal_lightning.app.episode_checks import episode_config_problem
+from areal_lightning.app.file_checks import has_chat_template
+from areal_lightning.app.lightning_names import check_lightning_names
+from areal_lightning.app.metric_checks import check_metric_names
+from areal_lightning.app.sections.eval_sets import EvalSetConfig
+from areal_lightning.app.sections.evaluator import EvaluatorConfig
+from areal_lightning.app.sections.logger import LoggerConfig
+from areal_lightning.app.sections.policy import PolicyConfig, PolicyKind
+from areal_lightning.app.sections.task import TaskConfig, TaskName
+from areal_lightning.app.sections.trainer import TrainerConfig
+from areal_lightning.rl.episode_settings import EpisodeSettings
+from areal_lightning.rl.grpo_config import GRPOConfig
+from areal_lightning.tasks.math import PromptStyle
+
+
+@dataclass
+class Config:
+    """A whole run: experiment identity, then one section per concern."""
+
+    experiment_name: str = "arith-grpo"
+    """Name of the experiment; part of output_dir."""
+    trial_name: str = "trial0"
+    """Name of this trial of the experiment; part of output_dir."""
+    seed: int = 1
+    """Seeds the model, the data and every evaluation sample."""
+    output_dir: str = "runs/${experiment_name}/${trial_name}"
+    """Where the run writes config.yaml, eval_history.jsonl, checkpoints and logs."""
+    run_id: Optional[str] = None
+    """The run's identity, decided by `fit` (a new id for a new run, the checkpoint's when resuming)
+    and written here in config.yaml; a value given on input is replaced."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    episodes: Optional[EpisodeSettings] = None
+    """Multi-turn episodes for training and evaluation, e.g. {max_turns: 4}; null: one prompt, one completion."""
+    eval_sets: dict[str, EvalSetConfig] = field(default_factory=dict)
+    evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+    def __post_init__(self) -> None:
+        at_least("seed", self.seed, 0)
+        for section in ("trainer", "policy", "task"):
+            getattr(self, section).check(section)
+        with owned_by_key("grpo"):
+            self.grpo.validate()
+        self.evaluator.check("evaluator")
+        if not self.eval_sets:
+            raise ConfigError("eval_sets is empty; define at least one, e.g. eval_sets: {easy: {digits: 1, size: 200}}")
+        for name, eval_set in self.eval_sets.items():
+            eval_set.check(f"eval_sets.{name}", self.task.name)
+        self._check_kinds_agree()
+        if self.episodes is not None:
+            with owned_by_key("episodes"):
+                self.episodes.validate()
+            problem = episode_config_problem(self)
+            if problem:
+                raise ConfigError(problem)
+        self._check_sequence_lengths()
+        check_metric_names(self.evaluator.decisions, self.eval_sets, self.task.name, self.episodes)
+        check_lightning_names(self.trainer, "trainer")  # last: it imports Lightning
+
+    def _check_sequence_lengths(self) -> None:
+        """The longest prompt plus its completion must fit policy.max_len, or every round would fail."""
+        from areal_lightning.tasks.arithmetic import ArithmeticTask, operand_range
+
+        if self.policy.kind is not PolicyKind.TINY or self.task.name is not TaskName.ARITHMETIC:
+            return  # a loaded model's context length is the model's own
+
+        tokenizer = ArithmeticTask().tokenizer
+        uses = [("task.train_digits", self.task.train_digits, "grpo.max_new_tokens", self.grpo.max_new_tokens)]
+        for name, es in self.eval_sets.items():
+            key = f"eval_sets.{name}.max_new_tokens" if es.max_new_tokens is not None else "grpo.max_new_tokens"
+            digits = es.digits or 1  # an arithmetic set's default digits
+            uses.append((f"eval_sets.{name}.digits", digits, key, es.max_new_tokens or self.grpo.max_new_tokens))
+        for digits_key, digits, tokens_key, new_tokens in uses:
+            high = operand_range(digits)[1]
+            needed = len(tokenizer.encode(f"{high}+{high}=")) + new_tokens
+            if needed > self.policy.max_len:
+                raise ConfigError(
+                    f"policy.max_len must be at least {needed} for {digits_key}={digits} and {tokens_key}={new_tokens} "
+                    f"(longest prompt plus completion, in tokens), got {self.policy.max_len}"
+                )
+
+    def _check_kinds_agree(self) -> None:
+        if self.task.name.reads_files and self.policy.kind is PolicyKind.TINY:
+            raise ConfigError(
+                f"task.name: {self.task.name.value} needs policy.kind: hf (the tiny policy's tokenizer knows only "
+                "digits, '+' and '='); set policy.kind: hf and policy.path"
+            )
+        chat = self.task.name.reads_files and self.task.prompt_style is PromptStyle.CHAT
+        for key in ("chat_template", "system_prompt"):
+            if not chat and getattr(self.policy, key) is not None:
+                raise ConfigError(
+                    f"policy.{key} is used only with chat prompts (task.name: math or code, "
+                    "task.prompt_style: chat); remove it or set task.prompt_style: chat"
+                )
+        if (
+            chat
+            and self.policy.path is not None
+            and self.policy.chat_template is None
+            and not has_chat_template(Path(self.policy.path).expanduser())
+        ):
+            raise ConfigError(
+                f"task.prompt_style: chat needs a chat template, and the tokenizer in policy.path "
+                f"{self.policy.path!r} has none; set policy.chat_template or task.prompt_style: plain"
+            )
+        # Every eval set is scored by the task's reward: exact match for arithmetic, a math verifier for math.
+        wanted_file_sets = self.task.name.reads_files
+        for name, eval_set in self.eval_sets.items():
+            if eval_set.is_file_set != wanted_file_sets:
+                given = (
+                    f"path {eval_set.path!r} (a file set)" if eval_set.is_file_set else "no path (an arithmetic set)"
+                )
+                needed = "a path to a file of problems" if wanted_file_sets else "digits and size, no path"
+                raise ConfigError(
+                    f"eval_sets.{name} has {given}, but task.name is {self.task.name.value}; give it {needed}"
+                )

@@ -1,0 +1,145 @@
+"""The ``policy`` section: the language model being trained, and the vLLM engine that may evaluate it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+from areal_lightning.app.config_errors import ConfigError, at_least, owned_by_key
+
+
+class PolicyKind(str, Enum):
+    """``tiny``: a small transformer built from the config; ``hf``: a local `transformers` causal LM."""
+
+    TINY = "tiny"
+    HF = "hf"
+
+
+class EvalEngine(str, Enum):
+    """What the evaluation generates with: ``policy``: the policy's own `generate`; ``vllm``: a vLLM
+    engine fed the trained weights in place (``hf`` policies; docs/vllm.md)."""
+
+    POLICY = "policy"
+    VLLM = "vllm"
+
+
+class ModelDtype(str, Enum):
+    """Weight dtype of an ``hf`` policy; ``auto`` keeps the checkpoint's."""
+
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    AUTO = "auto"
+
+
+@dataclass
+class VLLMConfig:
+    """The vLLM engine of ``policy.eval_engine: vllm`` (`VLLMOptions`; docs/vllm.md)."""
+
+    in_process: bool = True
+    """Run the engine in the training process (starts in seconds); false: in a process of its own."""
+    max_model_len: Optional[int] = None
+    """Longest prompt plus completion, in tokens; null: the model's max_position_embeddings."""
+    kv_cache_gib: int = 1
+    """CPU: the KV cache's memory in whole GiB."""
+    gpu_memory_utilization: float = 0.3
+    """CUDA: the share of the GPU's memory the engine may take (the trainer keeps the rest)."""
+    max_num_seqs: int = 256
+    """Sequences the engine decodes at once."""
+    max_num_batched_tokens: Optional[int] = None
+    """Tokens per engine step; at least the longest prompt; null: max(8192, max_model_len)."""
+
+    def check(self, path: str) -> None:
+        with owned_by_key(path):
+            self.build()
+
+    def build(self) -> Any:
+        """The `VLLMOptions` of this section."""
+        from areal_lightning.rl.vllm_options import VLLMOptions
+
+        return VLLMOptions(
+            in_process=self.in_process,
+            max_model_len=self.max_model_len,
+            kv_cache_gib=self.kv_cache_gib,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+        )
+
+
+@dataclass
+class PolicyConfig:
+    """The language model being trained."""
+
+    kind: PolicyKind = PolicyKind.TINY
+    """tiny: a small transformer built from this config; hf: the `transformers` causal LM saved at `path`."""
+    path: Optional[str] = None
+    """hf: local directory of the model and its tokenizer (`save_pretrained`); never downloaded."""
+    dtype: ModelDtype = ModelDtype.FLOAT32
+    """hf: weight dtype (float32, bfloat16, float16, auto)."""
+    attn_implementation: Optional[str] = None
+    """hf: transformers' attention kernel (eager, sdpa, flash_attention_2); null: its default."""
+    chat_template: Optional[str] = None
+    """hf: a Jinja chat template replacing the tokenizer's own (for task.prompt_style: chat); null: the tokenizer's."""
+    system_prompt: Optional[str] = None
+    """hf: a system message before each chat prompt (task.prompt_style: chat only)."""
+    stop: list[str] = field(default_factory=list)
+    """hf: a completion ends after the first of these strings, in training and evaluation (e.g.
+    "\\nQuestion:" for base models); it stays in the text, while an eval set's `stop` is cut off."""
+    disable_dropout: bool = True
+    """hf: set every dropout probability of the model to 0 (as RL trainers do, e.g. TRL's
+    disable_dropout), so a training forward computes the policy that sampled; false keeps the
+    model's own dropout, active in training steps. The whole model trains in training mode either way."""
+    d_model: int = 64
+    """Width of the tiny transformer."""
+    n_layers: int = 2
+    """Blocks of the tiny transformer."""
+    n_heads: int = 4
+    """Attention heads per block of the tiny transformer."""
+    max_len: int = 32
+    """Longest prompt plus completion, in tokens."""
+    eval_engine: EvalEngine = EvalEngine.POLICY
+    """What evaluation generates with: policy (its own generate) or vllm (kind: hf only; docs/vllm.md)."""
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """hf with eval_engine: vllm: how the engine is built."""
+
+    def check(self, path: str) -> None:
+        self.vllm.check(f"{path}.vllm")
+        if self.eval_engine is EvalEngine.VLLM and self.kind is not PolicyKind.HF:
+            raise ConfigError(
+                f"{path}.eval_engine: vllm needs {path}.kind: hf (vLLM serves transformers models), "
+                f"got kind: {self.kind.value}; set kind: hf and path, or eval_engine: policy"
+            )
+        for name in ("d_model", "n_layers", "n_heads", "max_len"):
+            at_least(f"{path}.{name}", getattr(self, name), 1)
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                f"{path}.n_heads must divide {path}.d_model, got d_model={self.d_model}, n_heads={self.n_heads}"
+            )
+        if self.kind is PolicyKind.TINY and self.path is not None:
+            # A path the run would silently ignore: the user believes a trained model is loaded.
+            raise ConfigError(
+                f"{path}.path is not read by {path}.kind=tiny (built from d_model, n_layers, ...), "
+                f"got {self.path!r}; remove {path}.path (or set kind: hf to load it)"
+            )
+        if self.kind is PolicyKind.HF:
+            if self.path is None:
+                raise ConfigError(
+                    f"{path}.path is required for {path}.kind: hf; give the local directory of a model "
+                    "saved with save_pretrained (models are never downloaded)"
+                )
+            model_dir = Path(self.path).expanduser()
+            if not model_dir.is_dir():
+                raise ConfigError(
+                    f"{path}.path {self.path!r} is not a local directory; give the directory of a "
+                    "model saved with save_pretrained (models are never downloaded, hub names are refused)"
+                )
+            if not (model_dir / "config.json").is_file():
+                raise ConfigError(
+                    f"{path}.path {self.path!r} has no config.json, so it holds no saved model; give "
+                    "the directory written by save_pretrained"
+                )
+        if any(not s for s in self.stop):
+            raise ConfigError(f"{path}.stop must be non-empty strings, got {list(self.stop)!r}")
