@@ -1,6 +1,6 @@
-"""The prompt story and the noise-aware best rule are the same numbers on 1 and 2 ranks.
+"""The prompt story and the noise-aware best rule are the same numbers on 1, 2 and 3 ranks.
 
-The same fit runs in one process and under Lightning's DDP on 2 CPU processes (gloo), an eval set
+The same fit runs in one process and under Lightning's DDP on 2 and 3 CPU processes (gloo), an eval set
 of 13 prompts in batches of 3 (the ranks hold different prompts, and different numbers of them),
 with outcomes whose sums depend on the order of addition in their last bits. Every story metric,
 every best value under ``best_rule: paired`` and ``lcb``, and every line of ``prompt_outcomes.jsonl``
@@ -66,16 +66,18 @@ def _watched(run_dir: Path) -> list[tuple[int, dict[str, float | None]]]:
     return [(r["step"], {k: v for k, v in r["metrics"].items() if k.startswith(WATCHED)}) for r in rows]
 
 
-def test_story_and_selection_are_bit_identical_on_one_and_two_ranks(tmp_path: Path) -> None:
-    one, two = tmp_path / "one", tmp_path / "two"
+def test_story_and_selection_are_bit_identical_on_one_two_and_three_ranks(tmp_path: Path) -> None:
+    one = tmp_path / "one"
     _fit(0, 1, str(one))
-    run_ddp(_fit, 2, str(two), timeout_s=TIMEOUT_S)
-    for rule in ("paired", "lcb"):
-        alone, shared = _watched(one / rule), _watched(two / rule)
-        assert [s for s, _ in alone] == [0, 2, 4, 6, 8]
-        assert json.dumps(alone) == json.dumps(shared)  # bit for bit (NaN written alike)
-        names = {n for _, m in alone for n in m}
-        assert {"accuracy/gained", "accuracy/bucket/medium", "pass@4/gap", "accuracy/best_step"} <= names
-        lines = [(r["step"], r["outcomes"]) for r in read_prompt_outcomes(one / rule)]
-        assert lines == [(r["step"], r["outcomes"]) for r in read_prompt_outcomes(two / rule)]
-        assert lines[1][1]["accuracy"] == [_outcome(i, 2) for i in range(PROMPTS)]
+    for world_size in (2, 3):  # 13 prompts in 5 batches: dealt unevenly to 2 and to 3 ranks
+        many = tmp_path / f"ranks{world_size}"
+        run_ddp(_fit, world_size, str(many), timeout_s=TIMEOUT_S)
+        for rule in ("paired", "lcb"):
+            alone, shared = _watched(one / rule), _watched(many / rule)
+            assert [s for s, _ in alone] == [0, 2, 4, 6, 8]
+            assert json.dumps(alone) == json.dumps(shared), world_size  # bit for bit (NaN written alike)
+            names = {n for _, m in alone for n in m}
+            assert {"accuracy/gained", "accuracy/bucket/medium", "pass@4/gap", "accuracy/best_step"} <= names
+            lines = [(r["step"], r["outcomes"]) for r in read_prompt_outcomes(one / rule)]
+            assert lines == [(r["step"], r["outcomes"]) for r in read_prompt_outcomes(many / rule)], world_size
+            assert lines[1][1]["accuracy"] == [_outcome(i, 2) for i in range(PROMPTS)]

@@ -181,9 +181,12 @@ def _prestart_async_worker(args: argparse.Namespace) -> None:
 
     try:
         layers = [OmegaConf.load(args.config)] if args.config else []
-        raw = OmegaConf.merge(*layers, OmegaConf.from_dotlist(list(args.overrides)))
-        modes = [OmegaConf.select(raw, key) for key in (MODE_KEY, flat(MODE_KEY))]  # grouped or flat
-        mode, policy = next((m for m in modes if m is not None), None), OmegaConf.select(raw, "policy.kind")
+        layers += [OmegaConf.from_dotlist([override]) for override in args.overrides]
+        mode = policy = None
+        for layer in layers:  # the last layer that sets it wins, in either spelling (grouped or flat)
+            found = [OmegaConf.select(layer, key) for key in (MODE_KEY, flat(MODE_KEY), "policy.kind")]
+            mode = next((m for m in found[:2] if m is not None), mode)
+            policy = found[2] if found[2] is not None else policy
     except Exception:  # noqa: BLE001 - load_config names what is wrong
         return
     if str(mode).lower() == "async":
