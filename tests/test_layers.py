@@ -35,14 +35,20 @@ def test_a_user_of_the_callback_and_the_metrics_loads_no_app_module() -> None:
     assert [m for m in loaded if m.startswith(APP)] == []
 
 
-def _imports(path: Path) -> set[str]:
-    names = set()
+def _imports(path: Path, package: Path) -> list[tuple[str, ...]]:
+    """Each import of `path`: the modules it may load, the named module first (``from a import b``
+    may load ``a.b``; a relative import is resolved against the module's own package)."""
+    found = []
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                here = (package.name, *path.relative_to(package).parent.parts)
+                base = ".".join(p for p in (*here[: len(here) - node.level + 1], base) if p)
+            found.append((base, *(f"{base}.{alias.name}" for alias in node.names)))
         elif isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-    return names
+            found += [(alias.name,) for alias in node.names]
+    return found
 
 
 FORBIDDEN = {
@@ -60,7 +66,8 @@ def layer_offenders(package: Path) -> dict[str, list[str]]:
         root = package / part
         paths = sorted(root.rglob("*.py")) if root.is_dir() else [package / f"{part}.py"]
         for path in (p for p in paths if p.is_file()):
-            bad = sorted(m for m in _imports(path) if m.startswith(above))
+            loads = [next((m for m in names if m.startswith(above)), None) for names in _imports(path, package)]
+            bad = sorted({m for m in loads if m is not None})
             if bad:
                 offenders[str(path.relative_to(package))] = bad
     return offenders
@@ -74,6 +81,17 @@ def test_the_layer_check_finds_a_lazy_import_of_the_app_in_rl(tmp_path: Path) ->
     (tmp_path / "rl").mkdir()
     (tmp_path / "rl" / "module.py").write_text("def build():\n    from areal_lightning.app.config import Config\n")
     assert layer_offenders(tmp_path) == {"rl/module.py": ["areal_lightning.app.config"]}
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    ["from areal_lightning import app", "from ..app import config", "from .. import app", "import areal_lightning.app"],
+)
+def test_the_layer_check_finds_every_spelling_of_an_import_of_the_app(tmp_path: Path, spelling: str) -> None:
+    package = tmp_path / "areal_lightning"
+    (package / "rl").mkdir(parents=True)
+    (package / "rl" / "module.py").write_text(f"def build():\n    {spelling}\n")
+    assert list(layer_offenders(package)) == ["rl/module.py"]
 
 
 def test_no_module_imports_a_private_name_from_another_package() -> None:
