@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from areal_lightning.rl.generation import Generation, ScoreRecorder
 from areal_lightning.rl.hf_tokenizer import HFTokenizer
-from areal_lightning.rl.policy import MIN_LOGPROB_TEMPERATURE, Generators, completion_mask
+from areal_lightning.rl.policy import MIN_LOGPROB_TEMPERATURE, GeneratesFromScored, Generators, completion_mask
 from areal_lightning.rl.sampling import race_noise, sample_tokens
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -39,7 +39,7 @@ def zero_dropout(model: nn.Module) -> None:
             module.attention_dropout = 0.0  # type: ignore[assignment]
 
 
-class HFPolicy(nn.Module):
+class HFPolicy(GeneratesFromScored, nn.Module):
     """A `transformers` causal language model as a `Policy` (`eos_id`, `pad_id`, `generate`,
     `completion_logprobs`), the drop-in for `TinyPolicy`.
 
@@ -192,48 +192,6 @@ class HFPolicy(nn.Module):
             kwargs["logits_to_keep"] = keep
         out = self.model(input_ids=ids, attention_mask=mask.long(), position_ids=positions, **kwargs)
         return out.logits[:, -keep:], out[self._cache_key] if use_cache else None
-
-    def generate(
-        self,
-        prompt_ids: Tensor,
-        prompt_mask: Tensor,
-        *,
-        max_new_tokens: int,
-        temperature: float,
-        generators: Generators,
-        top_p: float = 1.0,
-        top_k: int | None = None,
-        stop_at_eos: bool = True,
-    ) -> Tensor:
-        """Samples up to `max_new_tokens` ids per row (greedy when `temperature == 0`); EOS then pad.
-
-        Args:
-            prompt_ids: [B, T] left-padded prompt ids.
-            prompt_mask: [B, T], True on real prompt tokens.
-            max_new_tokens: completion slots per row.
-            temperature: softmax temperature; 0 for greedy decoding.
-            generators: one `torch.Generator` per row (a row's sample then depends on its seed
-                only), or a single one shared by the batch.
-            top_p: keep the nucleus of this probability mass of each step's tempered distribution.
-            top_k: keep the k most likely tokens of each step; None keeps all.
-            stop_at_eos: stop decoding once every row ended; False runs all `max_new_tokens`
-                forwards (ranks of a sharded model must run the same number).
-
-        Raises:
-            ValueError: for `max_new_tokens < 1`, a negative temperature, a top_p outside (0, 1],
-                a top_k below 1, or a generator count that is neither 1 nor B.
-        """
-        return self.generate_scored(
-            prompt_ids,
-            prompt_mask,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            generators=generators,
-            top_p=top_p,
-            top_k=top_k,
-            stop_at_eos=stop_at_eos,
-            scores=False,
-        ).tokens
 
     @torch.no_grad()
     def generate_scored(

@@ -52,6 +52,69 @@ class Policy(Protocol):
     ) -> tuple[Tensor, Tensor]: ...
 
 
+class GeneratesFromScored:
+    """`generate` for an engine that has `generate_scored`: its completions without the scores."""
+
+    def generate_scored(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        generators: Generators,
+        top_p: float = 1.0,
+        top_k: int | None = None,
+        stop_at_eos: bool = True,
+        stop: Sequence[str] = (),
+        scores: bool = True,
+    ) -> Generation:
+        """`generate`'s completions, how each ended, and the engine's scores when `scores` (`rl.generation`)."""
+        raise NotImplementedError
+
+    def generate(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        generators: Generators,
+        top_p: float = 1.0,
+        top_k: int | None = None,
+        stop_at_eos: bool = True,
+    ) -> Tensor:
+        """Samples up to `max_new_tokens` ids per row (greedy when `temperature == 0`); EOS then pad.
+
+        Args:
+            prompt_ids: [B, T] left-padded prompt ids.
+            prompt_mask: [B, T], True on real prompt tokens.
+            max_new_tokens: completion slots per row.
+            temperature: softmax temperature; 0 for greedy decoding.
+            generators: one `torch.Generator` per row (a row's sample then depends on its seed
+                only), or a single one shared by the batch.
+            top_p: keep the nucleus of this probability mass of each step's tempered distribution.
+            top_k: keep the k most likely tokens of each step; None keeps all.
+            stop_at_eos: stop decoding once every row ended; False runs all `max_new_tokens`
+                forwards (ranks of a sharded model must run the same number).
+
+        Raises:
+            ValueError: for `max_new_tokens < 1`, a negative temperature, a top_p outside (0, 1],
+                a top_k below 1, or a generator count that is neither 1 nor B.
+        """
+        return self.generate_scored(
+            prompt_ids,
+            prompt_mask,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            generators=generators,
+            top_p=top_p,
+            top_k=top_k,
+            stop_at_eos=stop_at_eos,
+            scores=False,
+        ).tokens
+
+
 def completion_mask(completion_ids: Tensor, eos_id: int) -> Tensor:
     """True on completion tokens up to and including the first EOS."""
     is_eos = completion_ids == eos_id
@@ -124,7 +187,7 @@ class _Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
-class TinyPolicy(nn.Module):
+class TinyPolicy(GeneratesFromScored, nn.Module):
     """A pre-LayerNorm decoder-only transformer with a key/value cache for generation.
 
     Args:
@@ -181,37 +244,6 @@ class TinyPolicy(nn.Module):
             x = block(x, attn_mask, None if caches is None else caches[i])
         return self.head(self.ln_f(x))
 
-    def generate(
-        self,
-        prompt_ids: Tensor,
-        prompt_mask: Tensor,
-        *,
-        max_new_tokens: int,
-        temperature: float,
-        generators: Generators,
-        top_p: float = 1.0,
-        top_k: int | None = None,
-        stop_at_eos: bool = True,
-    ) -> Tensor:
-        """Samples `max_new_tokens` ids per row (greedy when `temperature == 0`); EOS then pad.
-
-        `top_p` and `top_k` truncate each step's tempered distribution (`truncate_logits`); the
-        noise each row draws does not depend on them, so a row still depends on its seed only.
-
-        `stop_at_eos=False` decodes every step even once all rows ended (see `Policy`).
-        """
-        return self.generate_scored(
-            prompt_ids,
-            prompt_mask,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            generators=generators,
-            top_p=top_p,
-            top_k=top_k,
-            stop_at_eos=stop_at_eos,
-            scores=False,
-        ).tokens
-
     @torch.no_grad()
     def generate_scored(
         self,
@@ -228,7 +260,9 @@ class TinyPolicy(nn.Module):
         scores: bool = True,
     ) -> Generation:
         """`generate`'s completions with each sampled token's raw log-probability and entropy
-        (`rl.generation`) when `scores`. The tiny policy has no text to look for `stop` strings in:
+        (`rl.generation`) when `scores`. `top_p` and `top_k` truncate each step's tempered
+        distribution (`truncate_logits`); the noise each row draws does not depend on them, so a row
+        still depends on its seed only. The tiny policy has no text to look for `stop` strings in:
         it never ends at one (its `stopped` is all False)."""
         b = prompt_ids.shape[0]
         noise = sampling_noise(generators, b, max_new_tokens, self.head.out_features, prompt_ids.device)

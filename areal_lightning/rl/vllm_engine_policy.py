@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from areal_lightning.rl.generation import Generation
-from areal_lightning.rl.policy import Generators
+from areal_lightning.rl.policy import GeneratesFromScored, Generators
 
 ENTROPY_REQUEST_KEY = "areal_entropy"  # as `rl.vllm_entropy`'s (importing it would import vLLM)
 
@@ -37,38 +37,13 @@ def completion_seed(prompt_seed: int, sample: int) -> int:
     return int.from_bytes(digest, "big") >> (64 - _SEED_BITS)
 
 
-class _EnginePolicy:
+class _EnginePolicy(GeneratesFromScored):
     """The policy as `rollout_evaluate` sees it, generating with the engine: `HFPolicy`'s outputs."""
 
     def __init__(self, engine: Any, policy: Any, stop: Sequence[str]) -> None:
         self.engine, self.policy = engine, policy
         self.eos_id, self.pad_id = policy.eos_id, policy.pad_id
         self.stop = [*policy.tokenizer.stop, *stop]
-
-    def generate(
-        self,
-        prompt_ids: Tensor,
-        prompt_mask: Tensor,
-        *,
-        max_new_tokens: int,
-        temperature: float,
-        generators: Generators,
-        top_p: float = 1.0,
-        top_k: int | None = None,
-        stop_at_eos: bool = True,
-    ) -> Tensor:
-        """`HFPolicy.generate`'s contract: [B, max_new_tokens] ids, EOS then pad; a completion
-        that produced a stop string gets an EOS after it (if there is room)."""
-        return self.generate_scored(
-            prompt_ids,
-            prompt_mask,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            generators=generators,
-            top_p=top_p,
-            top_k=top_k,
-            scores=False,
-        ).tokens
 
     def _params(
         self,
@@ -118,7 +93,8 @@ class _EnginePolicy:
         stop: Sequence[str] = (),
         scores: bool = True,
     ) -> Generation:
-        """`generate`'s completions, ended also at `stop`, with vLLM's raw log-probability of each
+        """`HFPolicy.generate_scored`'s contract: completions ended also at `stop` (one that produced a
+        stop string gets an EOS after it, if there is room), with vLLM's raw log-probability of each
         sampled token and the `EntropyRecorder`'s entropy when `scores` (`rl.generation`)."""
         rows = prompt_ids.shape[0]
         gens = [generators] * rows if isinstance(generators, torch.Generator) else list(generators)
