@@ -79,10 +79,11 @@ def test_one_and_two_processes_give_identical_metrics(run: tuple[Path, Path], tm
         assert value == rec2["metrics"][name], name  # bit for bit: the metrics' float sums are exact
     assert 0 < rec1["metrics"]["pass@3"] < 1  # some prompts solved, some not: the comparison has teeth
     for done in (one, two):
-        header, row = done.stdout.splitlines()[1:3]
-        assert header.split()[0] == "dataset" and header.split()[-3:] == ["num_prompts", "num_samples", "secs"]
-        assert row.split()[0] == "odd" and row.split()[-3:-1] == [str(ODD_SIZE), str(ODD_SIZE * N_SAMPLES)]
-        assert f"{rec1['metrics']['accuracy']:.4f}" in row
+        header, *rows = done.stdout.split("\nappended to ")[0].splitlines()[1:]
+        table = {row.split()[0]: row.split()[1:] for row in rows}
+        assert header.split() == ["metric", "odd"] and list(table)[-3:] == ["num_prompts", "num_samples", "secs"]
+        assert table["num_prompts"] == [str(ODD_SIZE)] and table["num_samples"] == [str(ODD_SIZE * N_SAMPLES)]
+        assert table["accuracy"] == [f"{rec1['metrics']['accuracy']:.4f}"]
 
 
 def _fails_with(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
@@ -200,9 +201,12 @@ def test_format_table_aligns_columns_and_marks_missing_metrics() -> None:
         SetResult("hard_set", {"accuracy": 0.125}, 400, 100, 12.0, []),
     ]
     assert format_table(results).splitlines() == [
-        "dataset   accuracy  pass@4  num_prompts  num_samples   secs",
-        "easy        0.5000     nan            2            8   1.23",
-        "hard_set    0.1250       -          100          400  12.00",
+        "metric         easy  hard_set",
+        "accuracy     0.5000    0.1250",
+        "pass@4          nan         -",
+        "num_prompts       2       100",
+        "num_samples       8       400",
+        "secs           1.23     12.00",
     ]
 
 

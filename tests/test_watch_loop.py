@@ -98,7 +98,7 @@ def test_each_checkpoint_once_oldest_first_with_its_file_then_idle_stops_and_a_r
         f"watching {ckpts} for checkpoints; stop with Ctrl-C, --idle-timeout or {ckpts / STOP_FILENAME}\n"
     )
     table = out.split(f"checkpoint {ckpts / 'step2.ckpt'} (step 2, epoch 0):\n")[1].split("checkpoint ")[0]
-    assert table.split()[:2] == ["dataset", "accuracy"] and "\nw " in table  # the round's table
+    assert table.split()[:2] == ["metric", "w"] and "\naccuracy " in table and "\nsecs " in table  # the round's table
     assert out.index("(step 2, epoch 0)") < out.index(f"checkpoint {ckpts / 'step4.ckpt'} (step 4, epoch 1):")
     assert out.rstrip().endswith(f"watch stopped: no new checkpoint for {float(IDLE):g} s; 2 checkpoint(s) evaluated")
 
@@ -390,8 +390,8 @@ def test_a_reader_of_the_pipe_sees_each_round_while_the_watch_waits_for_the_next
         assert _next_line(lines, deadline, "watching ").startswith(f"watching {ckpts} for checkpoints")
         _save(ckpts, "step2.ckpt", 2, weights)  # only now: the line above came while the watch waited
         _next_line(lines, deadline, f"checkpoint {ckpts / 'step2.ckpt'} (step 2, epoch 0):")
-        assert _next_line(lines, deadline, "dataset").split()[:2] == ["dataset", "accuracy"]
-        _next_line(lines, deadline, "w ")  # the table's last row, while the watch polls on
+        assert _next_line(lines, deadline, "metric").split()[:2] == ["metric", "w"]
+        _next_line(lines, deadline, "secs ")  # the table's last row, while the watch polls on
         assert proc.poll() is None
         (ckpts / STOP_FILENAME).touch()
         assert proc.wait(timeout=60) == 0

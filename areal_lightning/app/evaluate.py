@@ -93,36 +93,36 @@ def _whole(values: Sequence[float]) -> bool:
 
 
 def format_table(results: Sequence[SetResult]) -> str:
-    """The results as an aligned text table: one row per eval set, one column per metric, then
-    num_prompts, num_samples and secs. A metric an eval set lacks shows as ``-``; a column of
-    whole numbers (counts) shows integers.
+    """The results as an aligned text table, as Lightning prints `validate`'s: one row per metric,
+    then num_prompts, num_samples and secs, one column per eval set (so it fits a terminal however
+    many metrics a round has). A metric an eval set lacks shows as ``-``; a row of whole numbers
+    (counts) shows integers.
 
     Example:
         >>> from areal_lightning.eval_round import SetResult
         >>> print(format_table([SetResult("easy", {"accuracy": 0.5, "scoring/timeouts": 3.0}, 8, 2, 0.25, [])]))
-        dataset  accuracy  scoring/timeouts  num_prompts  num_samples  secs
-        easy       0.5000                 3            2            8  0.25
+        metric              easy
+        accuracy          0.5000
+        scoring/timeouts       3
+        num_prompts            2
+        num_samples            8
+        secs                0.25
     """
     names = list(dict.fromkeys(name for r in results for name in r.metrics))
-    whole = {n: _whole([r.metrics[n] for r in results if n in r.metrics]) for n in names}
-    header = ["dataset", *names, "num_prompts", "num_samples", "secs"]
-    rows = [
-        [
-            r.dataset,
-            *(_cell(r.metrics[n], whole[n]) if n in r.metrics else "-" for n in names),
-            str(r.num_prompts),
-            str(r.num_samples),
-            f"{r.eval_secs:.{SECS_DECIMALS}f}",
-        ]
-        for r in results
-    ]
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    rows = [["metric", *(r.dataset for r in results)]]
+    for name in names:
+        whole = _whole([r.metrics[name] for r in results if name in r.metrics])
+        rows.append([name, *(_cell(r.metrics[name], whole) if name in r.metrics else "-" for r in results)])
+    rows.append(["num_prompts", *(str(r.num_prompts) for r in results)])
+    rows.append(["num_samples", *(str(r.num_samples) for r in results)])
+    rows.append(["secs", *(f"{r.eval_secs:.{SECS_DECIMALS}f}" for r in results)])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     # Names left-aligned, numbers right-aligned, so that decimal points line up.
     return "\n".join(
         "  ".join(
             cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-        ).rstrip()
-        for row in [header, *rows]
+        )
+        for row in rows
     )
 
 
