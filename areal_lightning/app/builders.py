@@ -16,7 +16,7 @@ from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 from typing_extensions import override
 
 from areal_lightning.app.config import Config, EvalEngine, PolicyKind, TaskName, lightning_precision, to_dict
-from areal_lightning.app.runs import CHECKPOINT_DIRNAME, CSV_DIRNAME, RunIdentity
+from areal_lightning.app.runs import CHECKPOINT_DIRNAME, CSV_DIRNAME, LAST_CHECKPOINT, RunIdentity
 from areal_lightning.eval_round import EvalSet, EvaluateFn
 from areal_lightning.eval_round.subsample import subsample
 from areal_lightning.rl.make_environment import episode_values
@@ -350,11 +350,14 @@ def build_trainer(
     cfg: Config, callbacks: list[Callback], *, last_callbacks: Sequence[Callback] = (), **logger_options: Any
 ) -> L.Trainer:
     """Lightning's `Trainer` from the config's `trainer` and `logger` sections, with checkpoints
-    under ``<output_dir>/checkpoints`` (``last.ckpt`` and ``step<N>.ckpt``) that carry
-    ``cfg.run_id``. `last_callbacks` come after the `ModelCheckpoint` (e.g. `StopOnSignal`, which
-    must save after it). `logger_options` go to `build_loggers`."""
+    under ``<output_dir>/checkpoints`` (``step<N>.ckpt``, and ``last.ckpt``, which holds the step
+    training ended at: `FinalCheckpoint`) that carry ``cfg.run_id``. `last_callbacks` come after
+    the `ModelCheckpoint` (e.g. `StopOnSignal`, which must save after it). `logger_options` go to
+    `build_loggers`."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from areal_lightning.app.final_checkpoint import FinalCheckpoint
 
     output_dir = Path(cfg.output_dir)
     t = cfg.trainer
@@ -383,6 +386,7 @@ def build_trainer(
             *([RunIdentity(cfg.run_id)] if cfg.run_id else []),
             checkpoints,
             *progress_bar(t.enable_progress_bar),
+            FinalCheckpoint(output_dir / CHECKPOINT_DIRNAME / LAST_CHECKPOINT),
             *last_callbacks,
         ],
         enable_model_summary=False,

@@ -16,7 +16,6 @@ checkpoint: the latest checkpoint on disk is then the one to resume from.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 from pathlib import Path
@@ -28,6 +27,8 @@ import torch
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
+
+from areal_lightning.app.final_checkpoint import save_atomically
 
 log = logging.getLogger("areal_lightning")
 
@@ -120,11 +121,7 @@ class StopOnSignal(Checkpoint):
         raise SIGTERMException
 
     def _save(self, trainer: L.Trainer) -> None:
-        partial = self.path.with_name(f".{self.path.name}.partial")
-        trainer.save_checkpoint(partial)  # every rank builds its state; rank 0 writes; all wait
-        if trainer.is_global_zero:
-            os.replace(partial, self.path)
-        trainer.strategy.barrier("StopOnSignal")  # no rank goes on before the file has its name
+        save_atomically(trainer, self.path)
         self.saved_step = trainer.global_step
 
     @override
