@@ -66,28 +66,20 @@ def _nudge(module: Any) -> None:
             p.mul_(1.0 + 1e-4)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--n-samples", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-
+def build_bench(args: argparse.Namespace, prefix: str) -> tuple[Any, Any, list[Any], int]:
+    """The benchmark's module (a random-weight Llama saved to a temporary directory, the vLLM eval
+    engine), its eval sets (a GSM8K-format file of `args.prompts` problems, one batch) and the model's
+    parameter count; torch on `args.threads` threads."""
     import torch
     from hf_models import write_gsm8k
 
     from areal_lightning.app.builders import build_eval_sets, build_module
     from areal_lightning.app.config import load_config
-    from areal_lightning.eval_round import run_round
-    from areal_lightning.rl.rollout_eval import rollout_evaluate
     from areal_lightning.rl.vllm_evaluator import VLLMEvaluator
 
     torch.set_num_threads(args.threads)
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    tmp = Path(tempfile.mkdtemp(prefix="vllm_eval_"))
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
     params = _save_model(tmp / "model")
     data = write_gsm8k(tmp / "test.jsonl", args.prompts)
     cfg = load_config(
@@ -112,7 +104,23 @@ def main() -> None:
     module = build_module(cfg)
     evaluator = module.engine_evaluate_fn
     assert isinstance(evaluator, VLLMEvaluator)
-    eval_sets = build_eval_sets(cfg)
+    return module, evaluator, build_eval_sets(cfg), params
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--n-samples", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    from areal_lightning.eval_round import run_round
+    from areal_lightning.rl.rollout_eval import rollout_evaluate
+
+    module, evaluator, eval_sets, params = build_bench(args, "vllm_eval_")
     step = 0
 
     def round_secs(evaluate_fn: Any) -> float:

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from statistics import median
@@ -39,44 +38,13 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    import torch
-    from hf_models import write_gsm8k
     from vllm import TokensPrompt
-    from vllm_eval import _nudge, _save_model
+    from vllm_eval import _nudge, build_bench
 
-    from areal_lightning.app.builders import build_eval_sets, build_module
-    from areal_lightning.app.config import load_config
     from areal_lightning.eval_round import run_round
-    from areal_lightning.rl.vllm_evaluator import VLLMEvaluator
 
-    torch.set_num_threads(args.threads)
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    tmp = Path(tempfile.mkdtemp(prefix="vllm_round_cost_"))
-    _save_model(tmp / "model")
-    data = write_gsm8k(tmp / "test.jsonl", args.prompts)
-    cfg = load_config(
-        None,
-        [
-            "policy.kind=hf",
-            f"policy.path={tmp / 'model'}",
-            "policy.eval_engine=vllm",
-            "policy.vllm.max_model_len=512",
-            "task.name=math",
-            f"task.path={data}",
-            "task.verifier=numeric",
-            f"eval_sets.bench.path={data}",
-            f"eval_sets.bench.n_samples={args.n_samples}",
-            "eval_sets.bench.temperature=1.0",
-            f"eval_sets.bench.max_new_tokens={args.max_new_tokens}",
-            f"eval_sets.bench.batch_size={args.prompts}",
-            "logger.wandb.mode=disabled",
-            f"output_dir={tmp / 'run'}",
-        ],
-    )
-    module = build_module(cfg)
-    evaluator = module.engine_evaluate_fn
-    assert isinstance(evaluator, VLLMEvaluator)
-    engine, eval_sets = evaluator.engine, build_eval_sets(cfg)
+    module, evaluator, eval_sets, _ = build_bench(args, "vllm_round_cost_")
+    engine = evaluator.engine
     requests: list[tuple[list[list[int]], list[Any]]] = []
     generate = engine.generate
 

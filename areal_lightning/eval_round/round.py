@@ -33,7 +33,7 @@ from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.eval_round.isolation import evaluation_mode, module_device
 from areal_lightning.eval_round.progress import GuardedProgress, RoundProgress
 from areal_lightning.eval_round.ranks import dist_info
-from areal_lightning.eval_round.reduction import LocalSetResult, _RankReport, reduce_round, reduce_set
+from areal_lightning.eval_round.reduction import LocalSetResult, _RankReport, reduce_round
 from areal_lightning.eval_round.sharding import sample_seeds, shard_all_ranks, shard_for_rank
 
 
@@ -119,7 +119,7 @@ def evaluate_local(
         progress: shows the batches as `evaluate_fn` iterates them; None shows nothing.
 
     An exception of `evaluate_fn` is caught into the report (with its traceback), so that
-    `reduce_set` raises it on every rank instead of leaving the others waiting.
+    `reduce_round` raises it on every rank instead of leaving the others waiting.
     """
     start = time.perf_counter()
     sampling = eval_set.sampling
@@ -155,7 +155,7 @@ def evaluate_local(
                     ctx, metrics={}, num_samples=0, max_table_rows=0, table_rows=[], padding=True
                 )
                 evaluate_fn(module, BatchList(padding), scratch)
-        except Exception as err:  # noqa: BLE001 - reported on every rank by reduce_set, so no rank waits forever
+        except Exception as err:  # noqa: BLE001 - reported on every rank by reduce_round, so no rank waits forever
             error = f"rank {rank}: {type(err).__name__}: {err}\n{traceback.format_exc()}"
         finally:
             shown.close()
@@ -198,22 +198,19 @@ def evaluate_set(
 
     `progress` shows this rank's batches (pass one on rank 0 only). `lockstep`: see `run_round`.
     """
-    rank, world = dist_info()
-    local = evaluate_local(
+    (result,) = run_round(
         module,
-        eval_set,
+        [eval_set],
         evaluate_fn,
         seed=seed,
         global_step=global_step,
         epoch=epoch,
-        rank=rank,
-        world_size=world,
         max_table_rows=max_table_rows,
         progress=progress,
         lockstep=lockstep,
         sanity=sanity,
     )
-    return reduce_set(local, eval_set)
+    return result
 
 
 def run_round(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -55,22 +55,8 @@ class Policy(Protocol):
 class GeneratesFromScored:
     """`generate` for an engine that has `generate_scored`: its completions without the scores."""
 
-    def generate_scored(
-        self,
-        prompt_ids: Tensor,
-        prompt_mask: Tensor,
-        *,
-        max_new_tokens: int,
-        temperature: float,
-        generators: Generators,
-        top_p: float = 1.0,
-        top_k: int | None = None,
-        stop_at_eos: bool = True,
-        stop: Sequence[str] = (),
-        scores: bool = True,
-    ) -> Generation:
-        """`generate`'s completions, how each ended, and the engine's scores when `scores` (`rl.generation`)."""
-        raise NotImplementedError
+    generate_scored: Callable[..., Generation]
+    """The engine's `generate_scored`: `generate`'s keyword arguments, `stop` and `scores`."""
 
     def generate(
         self,
