@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 from torchmetrics import Metric
 
+from areal_lightning.eval_round.packing import compute_replayed, pack_states, record_states, unpack_states
+from areal_lightning.eval_round.ranks import all_gather_object, dist_info
 from areal_lightning.metrics import NO_ANSWER, CompletionLength, Share, TokenMean
 from areal_lightning.rl.generation import Generation
 from areal_lightning.rl.policy import completion_mask
@@ -100,17 +103,38 @@ def step_completion_stats(
     prefix: str = "train/",
 ) -> dict[str, Tensor]:
     """The completion statistics of one batch of rollouts over every rank's batch, by logged name
-    (``train/completion/length/mean`` ...): `metrics` are reset, updated and computed, which syncs
-    them over the ranks (every rank must call it, as every rank runs each training step), so the
-    values are the same on every rank and on any number of ranks for the same rollouts."""
+    (``train/completion/length/mean`` ...): `metrics` are reset, updated and computed over the ranks
+    in one gather (`computed_over_ranks`; every rank must call it, as every rank runs each training
+    step), so the values are the same on every rank and on any number of ranks for the same rollouts."""
     for metric in metrics.values():
         metric.reset()
     update_completion_metrics(metrics, generation, eos_id, answer_ids, scores=scores)
+    return logged_values(computed_over_ranks(metrics), prefix)
+
+
+def computed_over_ranks(metrics: Mapping[str, Metric]) -> dict[str, Any]:
+    """Every metric's value over all ranks, from one gather of every rank's packed states (the eval
+    round's `eval_round.packing`) instead of torchmetrics' two collectives and a barrier per state
+    (a training step computes them at every step). Every metric here has tensor states only, so
+    every rank records the same number of tensors per metric."""
+    if dist_info()[1] == 1:
+        return {name: metric.compute() for name, metric in metrics.items()}
+    recorded = {name: record_states(metric) for name, metric in metrics.items()}
+    packs = all_gather_object(pack_states([t for tensors in recorded.values() for t in tensors]))
+    per_rank: list[dict[str, list[Tensor]]] = []
+    for pack in packs:
+        tensors, states = unpack_states(pack, None), {}
+        for name, own in recorded.items():
+            states[name], tensors = tensors[: len(own)], tensors[len(own) :]
+        per_rank.append(states)
+    return {name: compute_replayed(metric, [r[name] for r in per_rank]) for name, metric in metrics.items()}
+
+
+def logged_values(computed: Mapping[str, Any], prefix: str = "train/") -> dict[str, Tensor]:
+    """Computed metric values by logged name: ``<prefix><name>``, and ``<prefix><name>/<key>`` for
+    each key of a metric that computes a dict (``completion/length/mean`` ...)."""
     values: dict[str, Tensor] = {}
-    for name, metric in metrics.items():
-        value = metric.compute()
-        if isinstance(value, dict):
-            values.update({f"{prefix}{name}/{key}": v for key, v in value.items()})
-        else:
-            values[f"{prefix}{name}"] = value
+    for name, value in computed.items():
+        items = value.items() if isinstance(value, dict) else [("", value)]
+        values.update({f"{prefix}{name}/{key}".rstrip("/"): v for key, v in items})
     return values

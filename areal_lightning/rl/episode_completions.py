@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from areal_lightning.eval_round.packing import compute_replayed, pack_states, record_states, unpack_states
-from areal_lightning.eval_round.ranks import all_gather_object, dist_info
-from areal_lightning.rl.completion_stats import completion_metrics, update_completion_metrics
+from areal_lightning.rl.completion_stats import (
+    completion_metrics,
+    computed_over_ranks,
+    logged_values,
+    update_completion_metrics,
+)
 from areal_lightning.rl.episodes import Episode
 from areal_lightning.rl.generation import Generation
 
@@ -109,24 +111,6 @@ def update_episode_completion_metrics(
             update_completion_metrics(_of_turn(metrics, group), generation, eos_id, answers, stop_in_text, own)
 
 
-def _computed_over_ranks(metrics: Mapping[str, Metric]) -> dict[str, Any]:
-    """Every metric's value over all ranks, from one gather of every rank's packed states (the eval
-    round's `eval_round.packing`) instead of torchmetrics' two collectives and a barrier per state: a
-    step's statistics are (1 + max_turns) x 6 metrics. Every metric here has tensor states only, so
-    every rank records the same number of tensors per metric."""
-    if dist_info()[1] == 1:
-        return {name: metric.compute() for name, metric in metrics.items()}
-    recorded = {name: record_states(metric) for name, metric in metrics.items()}
-    packs = all_gather_object(pack_states([t for tensors in recorded.values() for t in tensors]))
-    per_rank: list[dict[str, list[Tensor]]] = []
-    for pack in packs:
-        tensors, states = unpack_states(pack, None), {}
-        for name, own in recorded.items():
-            states[name], tensors = tensors[: len(own)], tensors[len(own) :]
-        per_rank.append(states)
-    return {name: compute_replayed(metric, [r[name] for r in per_rank]) for name, metric in metrics.items()}
-
-
 def step_episode_completion_stats(
     metrics: Mapping[str, Metric],
     episodes: Sequence[Episode],
@@ -146,9 +130,4 @@ def step_episode_completion_stats(
         # A turn no episode of this rank reached had no update; its compute still takes part (NaN
         # when no rank's episode reached it), as the round computes its metrics.
         warnings.filterwarnings("ignore", message=COMPUTE_BEFORE_UPDATE)
-        computed = _computed_over_ranks(metrics)
-    values: dict[str, Tensor] = {}
-    for name, value in computed.items():
-        items = value.items() if isinstance(value, dict) else [("", value)]
-        values.update({f"train/{name}/{key}".rstrip("/"): v for key, v in items})
-    return values
+        return logged_values(computed_over_ranks(metrics))
