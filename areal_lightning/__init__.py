@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
         pass_at_k as pass_at_k,
         wilson_interval as wilson_interval,
     )
-    from areal_lightning.rl.grpo import GRPOModule as GRPOModule
+    from areal_lightning.rl.grpo.module import GRPOModule as GRPOModule
     from areal_lightning.rl.policy import Policy as Policy, TinyPolicy as TinyPolicy
     from areal_lightning.tasks.arithmetic import ArithmeticTask as ArithmeticTask
     from areal_lightning.tracking import EvalHistory as EvalHistory, read_history as read_history
@@ -90,7 +90,7 @@ _EXPORTS = {
     "ConfigError": "areal_lightning.app.config",
     "load_config": "areal_lightning.app.config",
     "ArithmeticTask": "areal_lightning.tasks.arithmetic",
-    "GRPOModule": "areal_lightning.rl.grpo",
+    "GRPOModule": "areal_lightning.rl.grpo.module",
     "Policy": "areal_lightning.rl.policy",
     "TinyPolicy": "areal_lightning.rl.policy",
 }

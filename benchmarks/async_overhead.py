@@ -27,7 +27,7 @@ from __future__ import annotations
 if __name__ == "__main__":  # as `areal-lightning fit` does in async mode: the worker's imports start now
     from areal_lightning.callbacks.worker_launch import prestart
 
-    prestart(["areal_lightning.rl.grpo", "areal_lightning.rl.rollout_eval"])
+    prestart(["areal_lightning.rl.grpo.module", "areal_lightning.rl.rollout_eval"])
 
 import argparse
 import json

@@ -42,7 +42,7 @@ def _tiny(device: torch.device) -> tuple[object, torch.Tensor, torch.Tensor, int
 def _llama(vocab: int, hidden: int, rows: int, device: torch.device) -> tuple[object, torch.Tensor, torch.Tensor, int]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from areal_lightning.rl.hf_policy import HFPolicy
+    from areal_lightning.rl.engines.hf.policy import HFPolicy
 
     torch.manual_seed(0)
     config = LlamaConfig(

@@ -31,10 +31,10 @@ import torch
 from areal_lightning.app.builders import build_eval_sets
 from areal_lightning.app.config import load_config
 from areal_lightning.eval_round import run_round
-from areal_lightning.rl import episode_eval, episode_training
-from areal_lightning.rl.episode_completions import _computed_over_ranks
-from areal_lightning.rl.grpo import GRPOModule
-from areal_lightning.rl.warmup import format_warmup
+from areal_lightning.rl.episodes import evaluation as episode_eval, training as episode_training
+from areal_lightning.rl.episodes.completions import _computed_over_ranks
+from areal_lightning.rl.grpo.module import GRPOModule
+from areal_lightning.rl.grpo.warmup import format_warmup
 
 CONFIGS = Path(__file__).resolve().parents[1] / "areal_lightning" / "app" / "configs"
 

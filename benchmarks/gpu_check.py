@@ -94,7 +94,12 @@ def main() -> int:
     args = parser.parse_args()
     # As `fit` does for an async config: the async worker's imports start now.
     prestart(
-        ["areal_lightning.rl.grpo", "areal_lightning.rl.rollout_eval", "areal_lightning.rl.hf_policy", "transformers"]
+        [
+            "areal_lightning.rl.grpo.module",
+            "areal_lightning.rl.rollout_eval",
+            "areal_lightning.rl.engines.hf.policy",
+            "transformers",
+        ]
     )
     smoke = args.cpu_smoke
     if not smoke and not torch.cuda.is_available():
@@ -237,7 +242,7 @@ def _vllm_round(module: Any, cfg: Any, device: torch.device, smoke: bool) -> dic
         return {}
     from areal_lightning.app.builders import build_eval_sets
     from areal_lightning.eval_round import run_round
-    from areal_lightning.rl.vllm_evaluator import VLLMEvaluator, VLLMOptions
+    from areal_lightning.rl.engines.vllm.evaluator import VLLMEvaluator, VLLMOptions
 
     max_len = 256 if smoke else 1024
     evaluator = VLLMEvaluator(VLLMOptions(max_model_len=max_len, extra={"enforce_eager": True}))

@@ -30,7 +30,7 @@ from areal_lightning.eval_round.cache import ResultCache, result_key, weights_di
 from areal_lightning.eval_round.precision import EvalPrecision, eval_precision
 from areal_lightning.eval_round.subsample import Subsample, subsample
 from areal_lightning.metrics.paired import PairedChange, t_quantile
-from areal_lightning.rl.grpo import GRPOModule
+from areal_lightning.rl.grpo.module import GRPOModule
 from areal_lightning.rl.rollout_eval import rollout_evaluate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

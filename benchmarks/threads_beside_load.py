@@ -26,7 +26,7 @@ import json, sys, time
 import lightning as L, torch
 torch.set_num_threads(int(sys.argv[1]))
 from areal_lightning.app.config import load_config
-from areal_lightning.rl.grpo import GRPOModule
+from areal_lightning.rl.grpo.module import GRPOModule
 from areal_lightning.app.builders import build_module
 cfg = load_config(sys.argv[3], ["grpo.warmup_steps=0", "output_dir=/tmp/threads-bench"])
 L.seed_everything(1, verbose=False)

@@ -75,7 +75,7 @@ def build_bench(args: argparse.Namespace, prefix: str) -> tuple[Any, Any, list[A
 
     from areal_lightning.app.builders import build_eval_sets, build_module
     from areal_lightning.app.config import load_config
-    from areal_lightning.rl.vllm_evaluator import VLLMEvaluator
+    from areal_lightning.rl.engines.vllm.evaluator import VLLMEvaluator
 
     torch.set_num_threads(args.threads)
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 import torch
 
-from areal_lightning.rl.environments import EpisodeView, Feedback
-from areal_lightning.rl.episode_settings import EpisodeSettings
-from areal_lightning.rl.grpo import GRPOModule
-from areal_lightning.rl.grpo_config import GRPOConfig
+from areal_lightning.rl.episodes.environments import EpisodeView, Feedback
+from areal_lightning.rl.episodes.settings import EpisodeSettings
+from areal_lightning.rl.grpo.config import GRPOConfig
+from areal_lightning.rl.grpo.module import GRPOModule
 from areal_lightning.rl.policy import TinyPolicy
 from areal_lightning.tasks.arithmetic import ArithmeticTask, Sample
 

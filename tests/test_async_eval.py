@@ -28,7 +28,7 @@ from areal_lightning.app.config import ConfigError, load_config
 from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
 from areal_lightning.callbacks.runners import AsyncRunner
 from areal_lightning.eval_round import EvalRoundError, EvalSet
-from areal_lightning.rl.grpo import GRPOModule
+from areal_lightning.rl.grpo.module import GRPOModule
 from areal_lightning.rl.rollout_eval import rollout_evaluate
 from areal_lightning.tracking.history import eval_rows, event_rows, read_history
 

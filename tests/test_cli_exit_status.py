@@ -20,7 +20,7 @@ import yaml
 
 from areal_lightning.app.cli import main
 from areal_lightning.rl import rollout_eval
-from areal_lightning.rl.grpo import GRPOModule
+from areal_lightning.rl.grpo.module import GRPOModule
 from areal_lightning.tracking.history import event_rows, read_history
 
 CONFIG = {

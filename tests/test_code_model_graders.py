@@ -36,8 +36,8 @@ def save_tiny_reward_model(path: Path, seed: int = 0) -> Path:
 def build(tmp: Path, grader: str) -> tuple[Any, Any]:
     """A GRPOModule whose task is graded by `grader` (``rm``, ``judge`` or ``none``), and its eval set."""
     from areal_lightning.eval_round import EvalSet, SamplingParams
-    from areal_lightning.rl.grpo import GRPOModule
-    from areal_lightning.rl.hf_policy import HFPolicy
+    from areal_lightning.rl.engines.hf.policy import HFPolicy
+    from areal_lightning.rl.grpo.module import GRPOModule
     from areal_lightning.rl.model_graders import GradedTask, JudgeGrader, RewardModelGrader
     from areal_lightning.tasks.math import MathTask
 
@@ -116,7 +116,7 @@ def test_the_graders_weights_key_the_result_cache(models: Path) -> None:
 
 
 def test_grader_arguments_are_checked(models: Path) -> None:
-    from areal_lightning.rl.hf_policy import HFPolicy
+    from areal_lightning.rl.engines.hf.policy import HFPolicy
     from areal_lightning.rl.model_graders import GradedTask, JudgeGrader, RewardModelGrader
 
     with pytest.raises(ArgumentError, match=r"`JudgeGrader\(template=...\)` must be a string containing \{prompt\}"):

@@ -13,8 +13,8 @@ from hf_models import save_tiny_llama
 from areal_lightning.errors import ArgumentError
 from areal_lightning.metrics import NO_ANSWER, CompletionLength, Share, TokenMean
 from areal_lightning.rl.completion_stats import completion_metrics, update_completion_metrics
-from areal_lightning.rl.generation import Generation, generate_scored
-from areal_lightning.rl.hf_policy import HFPolicy
+from areal_lightning.rl.engines.generation import Generation, generate_scored
+from areal_lightning.rl.engines.hf.policy import HFPolicy
 from areal_lightning.rl.policy import TinyPolicy, completion_mask
 
 

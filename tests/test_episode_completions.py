@@ -1,4 +1,4 @@
-"""The completion statistics of episodes per turn and over all turns (rl/episode_completions.py): a
+"""The completion statistics of episodes per turn and over all turns (rl/episodes/completions.py): a
 constructed batch of episodes against a hand count, in the evaluation's update (the engine's scores)
 and in the training step's (the loss's scores), and the training step's the same on one process and
 on two gloo ranks, one of which has no episode that reached turn 3."""
@@ -11,14 +11,14 @@ import pytest
 import torch
 from ddp_utils import run_ddp
 
-from areal_lightning.rl.episode_completions import (
+from areal_lightning.rl.engines.generation import Generation
+from areal_lightning.rl.episodes.completions import (
     episode_completion_metrics,
     step_episode_completion_stats,
     update_episode_completion_metrics,
 )
-from areal_lightning.rl.episode_training import pad_right
-from areal_lightning.rl.episodes import Episode
-from areal_lightning.rl.generation import Generation
+from areal_lightning.rl.episodes.runner import Episode
+from areal_lightning.rl.episodes.training import pad_right
 from areal_lightning.tasks.arithmetic import ArithmeticTask
 
 TASK = ArithmeticTask(train_digits=1, train_size=8, seed=0)

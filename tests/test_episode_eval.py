@@ -12,7 +12,7 @@ from ddp_utils import run_ddp
 from episode_helpers import episode_module
 
 from areal_lightning.eval_round import EvalSet, SamplingParams, run_round
-from areal_lightning.rl.grpo import GRPOModule
+from areal_lightning.rl.grpo.module import GRPOModule
 
 MAX_TURNS = 3
 

@@ -1,4 +1,4 @@
-"""GRPO on episodes (rl/episode_training.py): observations carry no gradient, advantages are per
+"""GRPO on episodes (rl/episodes/training.py): observations carry no gradient, advantages are per
 episode within a prompt's group, and a resumed fit trains on the same episodes as one never stopped."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from callback_helpers import make_trainer
 from episode_helpers import episode_module
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from areal_lightning.rl.episode_training import episode_batch, episode_loss, roll_out
+from areal_lightning.rl.episodes.training import episode_batch, episode_loss, roll_out
 
 
 def test_observation_tokens_get_no_gradient_and_the_policys_tokens_do() -> None:

@@ -1,4 +1,4 @@
-"""Multi-turn episodes (rl/episodes.py, rl/environments.py): the conversation as the next turn's
+"""Multi-turn episodes (rl/episodes/runner.py, rl/episodes/environments.py): the conversation as the next turn's
 context, per-turn seeds that make an episode the same alone or in any batch, the retry environment
 and its discount, and the settings' checks (in Python and in the config, with the key named)."""
 
@@ -14,9 +14,9 @@ from areal_lightning.app.config import ConfigError, load_config
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round import SamplingParams
 from areal_lightning.eval_round.sharding import sample_seeds
-from areal_lightning.rl.environments import AREAL_RETRY_FEEDBACK, EpisodeView, RetryEnvironment
-from areal_lightning.rl.episode_settings import EpisodeSettings
-from areal_lightning.rl.episodes import Episode, run_episodes
+from areal_lightning.rl.episodes.environments import AREAL_RETRY_FEEDBACK, EpisodeView, RetryEnvironment
+from areal_lightning.rl.episodes.runner import Episode, run_episodes
+from areal_lightning.rl.episodes.settings import EpisodeSettings
 from areal_lightning.rl.policy import TinyPolicy
 from areal_lightning.tasks.arithmetic import ArithmeticTask, Sample
 

@@ -12,8 +12,8 @@ from callback_helpers import make_trainer
 from areal_lightning.app.builders import build_eval_sets, build_module
 from areal_lightning.app.config import load_config
 from areal_lightning.eval_round import run_round
-from areal_lightning.rl.grpo import GRPOModule
-from areal_lightning.rl.objective import policy_gradient
+from areal_lightning.rl.grpo.module import GRPOModule
+from areal_lightning.rl.grpo.objective import policy_gradient
 from areal_lightning.rl.rollout_eval import rollout_evaluate
 
 TRAIN_STEPS = 200
@@ -115,7 +115,7 @@ def test_kl_to_a_reference_that_differs_is_positive(tmp_path):
 def test_warmup_teaches_the_format_but_not_the_answers():
     cfg = load_config(None, ["eval_sets.easy.size=100", "grpo.warmup_steps=150"])
     module = build_module(cfg)
-    from areal_lightning.rl.warmup import format_warmup
+    from areal_lightning.rl.grpo.warmup import format_warmup
 
     format_warmup(module.policy, module.task, steps=cfg.grpo.warmup_steps, lr=cfg.grpo.warmup_lr, seed=cfg.seed)
     (result,) = run_round(

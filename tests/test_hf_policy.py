@@ -12,8 +12,8 @@ pytest.importorskip("transformers")
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from areal_lightning.rl.hf_policy import HFPolicy, LocalModelNotFoundError, race_noise
-from areal_lightning.rl.hf_tokenizer import HFTokenizer, cut_after_stop_string
+from areal_lightning.rl.engines.hf.policy import HFPolicy, LocalModelNotFoundError, race_noise
+from areal_lightning.rl.engines.hf.tokenizer import HFTokenizer, cut_after_stop_string
 from areal_lightning.rl.policy import Policy
 
 TEXTS = [

@@ -20,7 +20,7 @@ from areal_lightning.app.config import load_config
 from areal_lightning.callbacks import EvaluationCallback
 from areal_lightning.callbacks.integrity_checks import IntegrityError, find_overlap, grade_references, normalize
 from areal_lightning.eval_round import EvalSet
-from areal_lightning.rl.grpo import GRPOModule
+from areal_lightning.rl.grpo.module import GRPOModule
 from areal_lightning.tasks.arithmetic import ArithmeticTask, Sample
 from areal_lightning.tasks.math import MathTask
 from areal_lightning.tracking.history import eval_rows, event_rows, read_history

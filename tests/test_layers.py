@@ -156,3 +156,37 @@ def test_the_package_has_no_import_cycle_between_modules() -> None:
 
 if __name__ == "__main__":
     print(json.dumps({k: sorted(v) for k, v in _module_graph().items()}, indent=1))
+
+
+PREFIX_FOLDER_AT = 5
+"""A name prefix that five modules of one folder share is a folder that has not been made (the
+`episode_*`, `vllm_*`/`hf_*` and GRPO modules once stood side by side in `rl/`)."""
+
+
+def crowded_prefixes(package: Path) -> dict[str, list[str]]:
+    """Per folder and prefix (the part of a module's name before its first ``_``), the modules that
+    share it, where they are `PREFIX_FOLDER_AT` or more."""
+    groups: dict[str, list[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        if path.name != "__init__.py":
+            key = f"{path.parent.relative_to(package).as_posix()}/{path.stem.split('_')[0]}"
+            groups.setdefault(key, []).append(path.name)
+    return {key: names for key, names in groups.items() if len(names) >= PREFIX_FOLDER_AT}
+
+
+def test_no_folder_holds_a_prefix_that_should_be_a_folder(tmp_path: Path) -> None:
+    (tmp_path / "rl").mkdir()
+    for name in ("episode_eval", "episode_metrics", "episode_training", "episode_settings", "episodes", "grpo"):
+        (tmp_path / "rl" / f"{name}.py").write_text("")
+    assert crowded_prefixes(tmp_path) == {}  # four share `episode`: not yet a crowd
+    (tmp_path / "rl" / "episode_completions.py").write_text("")
+    assert crowded_prefixes(tmp_path) == {
+        "rl/episode": [
+            "episode_completions.py",
+            "episode_eval.py",
+            "episode_metrics.py",
+            "episode_settings.py",
+            "episode_training.py",
+        ]
+    }
+    assert crowded_prefixes(PACKAGE) == {}

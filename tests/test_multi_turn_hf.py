@@ -12,13 +12,13 @@ pytest.importorskip("transformers")
 from hf_models import save_tiny_llama, tiny_tokenizer, write_gsm8k
 
 from areal_lightning.eval_round import EvalSet, SamplingParams, run_round
-from areal_lightning.rl.environments import RetryEnvironment
-from areal_lightning.rl.episode_settings import EpisodeSettings
-from areal_lightning.rl.episodes import run_episodes
-from areal_lightning.rl.grpo import GRPOModule
-from areal_lightning.rl.grpo_config import GRPOConfig
-from areal_lightning.rl.hf_policy import HFPolicy
-from areal_lightning.rl.hf_tokenizer import HFTokenizer
+from areal_lightning.rl.engines.hf.policy import HFPolicy
+from areal_lightning.rl.engines.hf.tokenizer import HFTokenizer
+from areal_lightning.rl.episodes.environments import RetryEnvironment
+from areal_lightning.rl.episodes.runner import run_episodes
+from areal_lightning.rl.episodes.settings import EpisodeSettings
+from areal_lightning.rl.grpo.config import GRPOConfig
+from areal_lightning.rl.grpo.module import GRPOModule
 from areal_lightning.tasks.math import MathTask
 
 FEEDBACK = "Please answer."  # words the tiny tokenizer knows

@@ -120,7 +120,7 @@ def _train_stats(rank: int, world_size: int) -> dict[str, float]:
     import torch
 
     from areal_lightning.rl.completion_stats import completion_metrics, step_completion_stats
-    from areal_lightning.rl.generation import Generation
+    from areal_lightning.rl.engines.generation import Generation
     from areal_lightning.rl.policy import completion_mask
 
     tokens, stopped, answers, logp, entropy = _rollouts()

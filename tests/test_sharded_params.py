@@ -28,9 +28,9 @@ from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
 from areal_lightning.callbacks.parallelism import UnsupportedStrategyError, forwards_in_lockstep, refuse_for_async
 from areal_lightning.eval_round import EvalSet, run_round
 from areal_lightning.eval_round.round import local_batches, padding_batches
-from areal_lightning.rl.grpo import GRPOModule
+from areal_lightning.rl.grpo.module import GRPOModule
+from areal_lightning.rl.grpo.warmup import format_warmup
 from areal_lightning.rl.rollout_eval import rollout_evaluate
-from areal_lightning.rl.warmup import format_warmup
 from areal_lightning.tracking.history import eval_rows, read_history
 
 pytestmark = [*(pytest.mark.filterwarnings(w) for w in QUIET_WARNINGS)]

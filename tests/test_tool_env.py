@@ -1,4 +1,4 @@
-"""The Python tool environment (rl/tool_env.py): a tiny policy solves additions by running code in
+"""The Python tool environment (rl/episodes/tool_env.py): a tiny policy solves additions by running code in
 the sandbox, the round counts its tool calls, and a hostile program changes nothing outside the
 sandbox and leaves no process and no file behind."""
 
@@ -13,15 +13,15 @@ import torch
 
 from areal_lightning.app.config import load_config
 from areal_lightning.eval_round import EvalSet, SamplingParams, run_round
-from areal_lightning.rl.environments import EpisodeView
-from areal_lightning.rl.episode_settings import EnvName, EpisodeSettings
-from areal_lightning.rl.episode_training import episode_batch
-from areal_lightning.rl.episodes import Episode
-from areal_lightning.rl.grpo import GRPOModule
-from areal_lightning.rl.grpo_config import GRPOConfig
-from areal_lightning.rl.make_environment import make_environment
+from areal_lightning.rl.episodes.environments import EpisodeView
+from areal_lightning.rl.episodes.make_environment import make_environment
+from areal_lightning.rl.episodes.runner import Episode
+from areal_lightning.rl.episodes.settings import EnvName, EpisodeSettings
+from areal_lightning.rl.episodes.tool_env import FencedPython, PythonToolEnvironment
+from areal_lightning.rl.episodes.training import episode_batch
+from areal_lightning.rl.grpo.config import GRPOConfig
+from areal_lightning.rl.grpo.module import GRPOModule
 from areal_lightning.rl.policy import TinyPolicy
-from areal_lightning.rl.tool_env import FencedPython, PythonToolEnvironment
 from areal_lightning.tasks.arithmetic import ArithmeticTask, Sample
 
 pytestmark = pytest.mark.process

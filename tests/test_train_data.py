@@ -20,7 +20,7 @@ import torch
 from ddp_utils import run_ddp
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from areal_lightning.rl.train_data import EpochShuffle, ResumableLoader
+from areal_lightning.rl.grpo.train_data import EpochShuffle, ResumableLoader
 
 SEED = 1
 BATCH_SIZE = 3

@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 from hf_models import save_tiny_llama, write_gsm8k
 
 from areal_lightning.app.builders import build_module
-from areal_lightning.rl.vllm_evaluator import VLLMEvaluator
+from areal_lightning.rl.engines.vllm.evaluator import VLLMEvaluator
 
 
 def _hf(tmp: Path) -> list[str]:

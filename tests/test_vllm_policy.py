@@ -15,9 +15,9 @@ import torch
 from hf_models import save_tiny_llama
 from vllm_helpers import CPU_OPTIONS, HIDDEN, require_vllm
 
-from areal_lightning.rl.hf_policy import HFPolicy
+from areal_lightning.rl.engines.hf.policy import HFPolicy
+from areal_lightning.rl.engines.vllm.evaluator import VLLMEngine, _EnginePolicy
 from areal_lightning.rl.policy import completion_mask
-from areal_lightning.rl.vllm_evaluator import VLLMEngine, _EnginePolicy
 
 require_vllm()
 

@@ -21,7 +21,7 @@ from ddp_utils import run_ddp
 from hf_models import save_tiny_llama, write_gsm8k
 from vllm_helpers import HIDDEN, require_vllm
 
-from areal_lightning.rl.vllm_evaluator import WEIGHTS_STEP_KEY, VLLMEngine
+from areal_lightning.rl.engines.vllm.evaluator import WEIGHTS_STEP_KEY, VLLMEngine
 from areal_lightning.tracking.history import eval_rows, event_rows, read_history
 
 require_vllm()

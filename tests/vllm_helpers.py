@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from areal_lightning.rl.vllm_evaluator import VLLMOptions
+from areal_lightning.rl.engines.vllm.evaluator import VLLMOptions
 
 HIDDEN = 128
 """Width of the test Llama: 4 heads of 32 (the CPU attention needs head_dim >= 32)."""

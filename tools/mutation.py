@@ -141,7 +141,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     ),
     "eval_set_drift": ("areal_lightning/eval_round/eval_set_drift.py", ["tests/test_drift_reports.py"]),
     "runs": ("areal_lightning/app/runs.py", ["tests/test_run_dirs.py"]),
-    "train_data": ("areal_lightning/rl/train_data.py", ["tests/test_train_data.py"]),
+    "train_data": ("areal_lightning/rl/grpo/train_data.py", ["tests/test_train_data.py"]),
     "watch_directory": (
         "areal_lightning/app/watch_directory.py",
         [

@@ -19,7 +19,7 @@ from areal_lightning.app.config import Config, EvalEngine, PolicyKind, TaskName,
 from areal_lightning.app.runs import CHECKPOINT_DIRNAME, CSV_DIRNAME, LAST_CHECKPOINT, RunIdentity
 from areal_lightning.eval_round import EvalSet, EvaluateFn
 from areal_lightning.eval_round.subsample import subsample
-from areal_lightning.rl.make_environment import episode_values
+from areal_lightning.rl.episodes.make_environment import episode_values
 
 if TYPE_CHECKING:  # Lightning and W&B load only when a builder that needs them runs
     import lightning as L
@@ -27,10 +27,10 @@ if TYPE_CHECKING:  # Lightning and W&B load only when a builder that needs them 
     from lightning.pytorch.loggers import Logger
 
     from areal_lightning.callbacks import EvaluationCallback
-    from areal_lightning.rl.grpo import GRPOModule
+    from areal_lightning.rl.engines.vllm.evaluator import VLLMEvaluator
+    from areal_lightning.rl.grpo.module import GRPOModule
     from areal_lightning.rl.policy import Policy
     from areal_lightning.rl.protocols import RLTask
-    from areal_lightning.rl.vllm_evaluator import VLLMEvaluator
     from areal_lightning.tracking.wandb_logger import SafeWandbLogger
 
 
@@ -86,7 +86,7 @@ def build_policy(cfg: Config, task: RLTask) -> Policy:
     ``prompt_style`` is chat). Seed torch first for reproducible tiny weights."""
     p = cfg.policy
     if p.kind is PolicyKind.HF:
-        from areal_lightning.rl.hf_policy import HFPolicy
+        from areal_lightning.rl.engines.hf.policy import HFPolicy
         from areal_lightning.tasks.math import PromptStyle
 
         assert p.path is not None  # the config requires it
@@ -118,7 +118,7 @@ def build_engine_evaluate_fn(cfg: Config) -> VLLMEvaluator | None:
     """
     if cfg.policy.eval_engine is not EvalEngine.VLLM:
         return None
-    from areal_lightning.rl.vllm_evaluator import VLLMEvaluator
+    from areal_lightning.rl.engines.vllm.evaluator import VLLMEvaluator
 
     return VLLMEvaluator(cfg.policy.vllm.build())
 
@@ -135,7 +135,7 @@ def build_module(cfg: Config, module_class: type[GRPOModule] | None = None) -> G
     """
     import torch
 
-    from areal_lightning.rl.grpo import GRPOModule
+    from areal_lightning.rl.grpo.module import GRPOModule
 
     torch.manual_seed(cfg.seed)  # the policy's initial weights
     task = build_task(cfg)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from areal_lightning.rl.grpo import GRPOModule
+    from areal_lightning.rl.grpo.module import GRPOModule
 
 STATE_DICT_KEY = "state_dict"
 """Where a Lightning checkpoint keeps the module's weights."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from areal_lightning.rl.episode_settings import EnvName, EpisodeSettings
+from areal_lightning.rl.episodes.settings import EnvName, EpisodeSettings
 
 
 def episode_config_problem(cfg: Any) -> str | None:
@@ -46,6 +46,6 @@ def episode_config_problem(cfg: Any) -> str | None:
 
 def logged_episode_metrics(episodes: EpisodeSettings, n_samples: int) -> list[str]:
     """The names an episode evaluation logs for an eval set of `n_samples` episodes per prompt."""
-    from areal_lightning.rl.episode_metrics import episode_metric_names
+    from areal_lightning.rl.episodes.metrics import episode_metric_names
 
     return episode_metric_names(n_samples, episodes.max_turns, EnvName(episodes.env) is EnvName.PYTHON_TOOL)

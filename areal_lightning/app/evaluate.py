@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # heavy imports stay out of `areal-lightning --help` and `plo
     from lightning.fabric import Fabric
 
     from areal_lightning.eval_round import EvalSet, EvaluateFn, SetResult
-    from areal_lightning.rl.grpo import GRPOModule
+    from areal_lightning.rl.grpo.module import GRPOModule
     from areal_lightning.tracking.history import EvalHistory
 
 EVALUATE_TRIGGER = "evaluate"
@@ -142,7 +142,7 @@ def prepare_on_rank(fabric: Fabric, cfg: Config, module: GRPOModule) -> tuple[GR
     mid-round), and the config's eval sets, checked to agree across ranks."""
     from areal_lightning.app.builders import build_eval_sets
     from areal_lightning.eval_round import check_eval_sets_consistent
-    from areal_lightning.rl.grpo import GRPOModule
+    from areal_lightning.rl.grpo.module import GRPOModule
 
     converted = fabric.strategy.precision.convert_module(module)
     assert isinstance(converted, GRPOModule)  # precision plugins convert in place, they do not wrap
@@ -189,7 +189,7 @@ def _evaluate_on_rank(
 
 def default_evaluate_fn(module: GRPOModule) -> EvaluateFn:
     """What evaluates a checkpoint: the episode evaluation for a module with episodes, else `rollout_evaluate`."""
-    from areal_lightning.rl.episode_eval import episode_evaluate
+    from areal_lightning.rl.episodes.evaluation import episode_evaluate
     from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     return episode_evaluate if module.episodes is not None else rollout_evaluate

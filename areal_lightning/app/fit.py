@@ -192,8 +192,8 @@ def _prestart_async_worker(args: argparse.Namespace) -> None:
     if str(mode).lower() == "async":
         from areal_lightning.callbacks.worker_launch import prestart
 
-        hf = ["areal_lightning.rl.hf_policy", "transformers"] if str(policy).lower() == "hf" else []
-        prestart(["areal_lightning.rl.grpo", "areal_lightning.rl.rollout_eval", *hf])
+        hf = ["areal_lightning.rl.engines.hf.policy", "transformers"] if str(policy).lower() == "hf" else []
+        prestart(["areal_lightning.rl.grpo.module", "areal_lightning.rl.rollout_eval", *hf])
 
 
 def _read_config(args: argparse.Namespace) -> Config:

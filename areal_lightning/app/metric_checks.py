@@ -13,7 +13,7 @@ from areal_lightning.app.episode_checks import logged_episode_metrics
 from areal_lightning.app.sections.eval_sets import EvalSetConfig
 from areal_lightning.app.sections.task import TaskName
 from areal_lightning.callbacks.settings import Decisions
-from areal_lightning.rl.episode_settings import EpisodeSettings
+from areal_lightning.rl.episodes.settings import EpisodeSettings
 
 
 def check_metric_names(

@@ -17,8 +17,8 @@ from areal_lightning.app.sections.logger import LoggerConfig
 from areal_lightning.app.sections.policy import PolicyConfig, PolicyKind
 from areal_lightning.app.sections.task import TaskConfig, TaskName
 from areal_lightning.app.sections.trainer import TrainerConfig
-from areal_lightning.rl.episode_settings import EpisodeSettings
-from areal_lightning.rl.grpo_config import GRPOConfig
+from areal_lightning.rl.episodes.settings import EpisodeSettings
+from areal_lightning.rl.grpo.config import GRPOConfig
 from areal_lightning.tasks.math import PromptStyle
 
 

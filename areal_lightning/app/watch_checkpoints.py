@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from lightning.fabric import Fabric
     from lightning.pytorch.loggers import Logger
 
-    from areal_lightning.rl.grpo import GRPOModule
+    from areal_lightning.rl.grpo.module import GRPOModule
 
 log = logging.getLogger("areal_lightning")
 

@@ -40,7 +40,7 @@ def prestart(modules: Sequence[str] = ()) -> None:
     was started with) and where there is no fork server.
 
     Example:
-        >>> prestart(["areal_lightning.rl.grpo"])  # doctest: +SKIP
+        >>> prestart(["areal_lightning.rl.grpo.module"])  # doctest: +SKIP
     """
     if start_method() != "forkserver":
         return

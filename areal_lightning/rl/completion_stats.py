@@ -10,7 +10,7 @@ Per completion:
   text holds one of the eval set's stop strings (a policy that does not stop at them);
 * **no_answer**: the task's answer extraction found no final answer (``answer_id == NO_ANSWER``);
 * **logprob** and **entropy**: means over every scored token (the engine's own scores, see
-  `rl.generation`); NaN when the policy gives none.
+  `rl.engines.generation`); NaN when the policy gives none.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from torchmetrics import Metric
 from areal_lightning.eval_round.packing import compute_replayed, pack_states, record_states, unpack_states
 from areal_lightning.eval_round.ranks import all_gather_object, dist_info
 from areal_lightning.metrics import NO_ANSWER, CompletionLength, Share, TokenMean
-from areal_lightning.rl.generation import Generation
+from areal_lightning.rl.engines.generation import Generation
 from areal_lightning.rl.policy import completion_mask
 
 PREFIX = "completion"

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from areal_lightning.errors import ArgumentError
-from areal_lightning.rl.hf_policy import HFPolicy
+from areal_lightning.rl.engines.hf.policy import HFPolicy
 from areal_lightning.scoring import Score, ScoreLabels, ScoreStatus
 
 CORRECT_REWARD = 1.0

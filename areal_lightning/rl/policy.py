@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from areal_lightning.rl.generation import Generation, ScoreRecorder
+from areal_lightning.rl.engines.generation import Generation, ScoreRecorder
 
 Generators = torch.Generator | Sequence[torch.Generator]
 # Log-probs at temperature 0 (greedy sampling) are taken at this temperature instead of dividing by 0.
@@ -246,7 +246,7 @@ class TinyPolicy(GeneratesFromScored, nn.Module):
         scores: bool = True,
     ) -> Generation:
         """`generate`'s completions with each sampled token's raw log-probability and entropy
-        (`rl.generation`) when `scores`. `top_p` and `top_k` truncate each step's tempered
+        (`rl.engines.generation`) when `scores`. `top_p` and `top_k` truncate each step's tempered
         distribution (`truncate_logits`); the noise each row draws does not depend on them, so a row
         still depends on its seed only. The tiny policy has no text to look for `stop` strings in:
         it never ends at one (its `stopped` is all False)."""

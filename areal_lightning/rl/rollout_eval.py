@@ -41,7 +41,7 @@ from areal_lightning.metrics import (
     ScoringMetric,
 )
 from areal_lightning.rl.completion_stats import completion_metrics, update_completion_metrics
-from areal_lightning.rl.generation import Generation, generate_scored
+from areal_lightning.rl.engines.generation import Generation, generate_scored
 from areal_lightning.rl.policy import Policy
 from areal_lightning.rl.protocols import PromptTokenizer, RLTask, seeded_generators
 from areal_lightning.scoring import Score, ScoreLabels, ScorerFailingError

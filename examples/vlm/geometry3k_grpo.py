@@ -33,7 +33,7 @@ from areal_lightning.callbacks import EvaluationCallback
 from areal_lightning.eval_round import EvalBatch, EvalContext
 from areal_lightning.metrics import AccuracyMetric, RewardMetric
 from areal_lightning.metrics.functional import group_advantages
-from areal_lightning.rl.hf_policy import zero_dropout
+from areal_lightning.rl.engines.hf.policy import zero_dropout
 from areal_lightning.tasks.math_answers import WRONG_REWARD, final_answer, math_verify_score, numeric_score
 
 CORRECT = 0.8  # a reward above 0.8 counts as correct (AccuracyMetric's default threshold)

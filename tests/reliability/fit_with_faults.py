@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-import areal_lightning.rl.grpo as grpo
+import areal_lightning.rl.grpo.module as grpo
 from areal_lightning.app.cli import main
 
 MARKS = Path(os.environ["FAULT_MARKS"])

@@ -25,8 +25,8 @@ from areal_lightning.app.config import ConfigError, load_config
 from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
 from areal_lightning.eval_round import EvalRoundError, EvalSet, run_round
 from areal_lightning.metrics import RewardMetric
-from areal_lightning.rl.grpo import GRPOModule
-from areal_lightning.rl.grpo_config import GRPOConfig
+from areal_lightning.rl.grpo.config import GRPOConfig
+from areal_lightning.rl.grpo.module import GRPOModule
 from areal_lightning.rl.policy import TinyPolicy
 from areal_lightning.rl.rollout_eval import NON_FINITE_KEY
 from areal_lightning.tasks.arithmetic import ArithmeticTask, Sample

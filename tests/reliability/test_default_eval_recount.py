@@ -14,8 +14,8 @@ import torch
 from torch import Tensor, nn
 
 from areal_lightning.eval_round import EvalSet, run_round
-from areal_lightning.rl.grpo import GRPOModule
-from areal_lightning.rl.grpo_config import GRPOConfig
+from areal_lightning.rl.grpo.config import GRPOConfig
+from areal_lightning.rl.grpo.module import GRPOModule
 from areal_lightning.tasks.arithmetic import ArithmeticTask
 
 N_SAMPLES = 5

@@ -57,7 +57,7 @@ class VLLMConfig:
 
     def build(self) -> Any:
         """The `VLLMOptions` of this section."""
-        from areal_lightning.rl.vllm_options import VLLMOptions
+        from areal_lightning.rl.engines.vllm.options import VLLMOptions
 
         return VLLMOptions(
             in_process=self.in_process,

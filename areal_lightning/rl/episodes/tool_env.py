@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from areal_lightning.rl.environments import EpisodeView, Feedback, ToolUse
+from areal_lightning.rl.episodes.environments import EpisodeView, Feedback, ToolUse
 from areal_lightning.scoring import ProgramStatus, Sandbox, SandboxLimits, SandboxResult
 from areal_lightning.tasks.arithmetic import CORRECT_REWARD, WRONG_REWARD, ArithmeticTask
 

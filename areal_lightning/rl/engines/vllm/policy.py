@@ -16,10 +16,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from areal_lightning.rl.generation import Generation
+from areal_lightning.rl.engines.generation import Generation
 from areal_lightning.rl.policy import GeneratesFromScored, Generators
 
-ENTROPY_REQUEST_KEY = "areal_entropy"  # as `rl.vllm_entropy`'s (importing it would import vLLM)
+ENTROPY_REQUEST_KEY = "areal_entropy"  # as `rl.engines.vllm.entropy`'s (importing it would import vLLM)
 
 _SEED_BITS = 63
 _REQUESTS = itertools.count()  # names the requests whose entropies are recorded, unique in a process
@@ -95,7 +95,7 @@ class _EnginePolicy(GeneratesFromScored):
     ) -> Generation:
         """`HFPolicy.generate_scored`'s contract: completions ended also at `stop` (one that produced a
         stop string gets an EOS after it, if there is room), with vLLM's raw log-probability of each
-        sampled token and the `EntropyRecorder`'s entropy when `scores` (`rl.generation`)."""
+        sampled token and the `EntropyRecorder`'s entropy when `scores` (`rl.engines.generation`)."""
         rows = prompt_ids.shape[0]
         gens = [generators] * rows if isinstance(generators, torch.Generator) else list(generators)
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu(), strict=True)]

@@ -1,5 +1,5 @@
 """The metrics an episode evaluation keeps, by name: success within t turns, turns, tool use, and
-the completion statistics per turn and over all turns (rl/episode_completions.py).
+the completion statistics per turn and over all turns (rl/episodes/completions.py).
 
 Every one is a sum of integer counts or an exact mean (float64 states), so a round gives the same
 numbers on any number of ranks.
@@ -16,7 +16,7 @@ from torch import Tensor
 from torchmetrics import Metric, SumMetric
 
 from areal_lightning.metrics import AccuracyMetric, ExactMean, PassAtK, RewardMetric
-from areal_lightning.rl.episode_completions import episode_completion_metrics
+from areal_lightning.rl.episodes.completions import episode_completion_metrics
 
 TURNS_KEY = "turns/mean"
 """Mean number of turns per episode (completions the policy wrote)."""

@@ -19,20 +19,20 @@ from areal_lightning.eval_round.sharding import sample_seed
 from areal_lightning.metrics import AdvantageMetric, RewardMetric
 from areal_lightning.metrics.functional import group_advantages
 from areal_lightning.rl.completion_stats import completion_metrics, step_completion_stats
-from areal_lightning.rl.environments import Environment
-from areal_lightning.rl.episode_completions import episode_completion_metrics
-from areal_lightning.rl.episode_eval import episode_evaluate
-from areal_lightning.rl.episode_settings import EpisodeSettings
-from areal_lightning.rl.episode_training import episode_training_step
-from areal_lightning.rl.generation import Generation, generate_scored
-from areal_lightning.rl.grpo_config import GRPOConfig
-from areal_lightning.rl.make_environment import episode_parts, episode_values
-from areal_lightning.rl.objective import k3_kl, policy_gradient
+from areal_lightning.rl.engines.generation import Generation, generate_scored
+from areal_lightning.rl.episodes.completions import episode_completion_metrics
+from areal_lightning.rl.episodes.environments import Environment
+from areal_lightning.rl.episodes.evaluation import episode_evaluate
+from areal_lightning.rl.episodes.make_environment import episode_parts, episode_values
+from areal_lightning.rl.episodes.settings import EpisodeSettings
+from areal_lightning.rl.episodes.training import episode_training_step
+from areal_lightning.rl.grpo.config import GRPOConfig
+from areal_lightning.rl.grpo.objective import k3_kl, policy_gradient
+from areal_lightning.rl.grpo.train_data import EpochShuffle, ResumableLoader
+from areal_lightning.rl.grpo.warmup import format_warmup
 from areal_lightning.rl.policy import Policy, TinyPolicy, completion_mask
 from areal_lightning.rl.protocols import PromptTokenizer, RLTask, seeded_generators
 from areal_lightning.rl.rollout_eval import rollout_evaluate, score_texts
-from areal_lightning.rl.train_data import EpochShuffle, ResumableLoader
-from areal_lightning.rl.warmup import format_warmup
 from areal_lightning.tasks.arithmetic import CORRECT_REWARD, ArithmeticTask
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,7 @@ class GRPOModule(L.LightningModule):
         self.train_advantage = AdvantageMetric(scale=self.grpo.scale_advantages, std=self.grpo.advantage_std)
         # By their logged names; registered as submodules too (ModuleDict keys take no "/"), so they
         # follow the module to its device.
-        # With episodes, per turn too (rl/episode_completions.py).
+        # With episodes, per turn too (rl/episodes/completions.py).
         completions = (
             completion_metrics(self.grpo.max_new_tokens)
             if self.episodes is None

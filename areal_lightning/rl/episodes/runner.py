@@ -21,9 +21,9 @@ import torch
 
 from areal_lightning.eval_round import SamplingParams, cut_at_stop
 from areal_lightning.eval_round.sharding import sample_seed
-from areal_lightning.rl.environments import EpisodeView, Feedback, check_feedback
-from areal_lightning.rl.episode_settings import EpisodeSettings
-from areal_lightning.rl.generation import Generation, generate_scored
+from areal_lightning.rl.engines.generation import Generation, generate_scored
+from areal_lightning.rl.episodes.environments import EpisodeView, Feedback, check_feedback
+from areal_lightning.rl.episodes.settings import EpisodeSettings
 from areal_lightning.rl.protocols import seeded_generators
 
 TURN_STREAM = "episode"
@@ -62,7 +62,7 @@ class Episode:
     done: bool = False
     generations: list[Generation] = field(default_factory=list, repr=False, compare=False)
     """Each turn's completion as the engine returned it (a one-row `Generation` on the CPU, with the
-    engine's scores when asked for): what the completion statistics read (rl/episode_completions.py)."""
+    engine's scores when asked for): what the completion statistics read (rl/episodes/completions.py)."""
     stop_in_text: list[bool] = field(default_factory=list, compare=False)
     """Each turn's completion text held one of the sampling's stop strings (and was cut there)."""
 
@@ -223,7 +223,7 @@ def run_episodes(
     parameters) generates for every episode at every turn, all ``max_new_tokens`` steps, so that all
     ranks run the same number of forwards (the finished episodes' extra completions are dropped).
     Each turn's completion is kept as the engine returned it (`Episode.generations`), with the
-    engine's per-token scores when `scores` (`rl.generation`).
+    engine's per-token scores when `scores` (`rl.engines.generation`).
 
     Raises:
         ValueError: a turn's context plus `max_new_tokens` exceeds the policy's ``max_len``, or the

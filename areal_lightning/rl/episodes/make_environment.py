@@ -7,8 +7,8 @@ from enum import Enum
 from typing import Any
 
 from areal_lightning.errors import ArgumentError
-from areal_lightning.rl.environments import Environment, RetryEnvironment
-from areal_lightning.rl.episode_settings import EnvName, EpisodeSettings
+from areal_lightning.rl.episodes.environments import Environment, RetryEnvironment
+from areal_lightning.rl.episodes.settings import EnvName, EpisodeSettings
 
 
 def make_environment(settings: EpisodeSettings, task: Any) -> Environment:
@@ -20,7 +20,7 @@ def make_environment(settings: EpisodeSettings, task: Any) -> Environment:
         '='
     """
     if EnvName(settings.env) is EnvName.PYTHON_TOOL:
-        from areal_lightning.rl.tool_env import PythonToolEnvironment
+        from areal_lightning.rl.episodes.tool_env import PythonToolEnvironment
 
         return PythonToolEnvironment(task, timeout_s=settings.tool_timeout_s, output_chars=settings.tool_output_chars)
     return RetryEnvironment(task, settings.feedback)

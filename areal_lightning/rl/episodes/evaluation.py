@@ -16,11 +16,11 @@ from typing import Any, Protocol
 import torch
 
 from areal_lightning.eval_round import EvalBatch, EvalContext
-from areal_lightning.rl.environments import Environment
-from areal_lightning.rl.episode_completions import update_episode_completion_metrics
-from areal_lightning.rl.episode_metrics import TOOL_KEYS, TURNS_KEY, episode_metrics, success_key
-from areal_lightning.rl.episode_settings import EpisodeSettings
-from areal_lightning.rl.episodes import Episode, run_episodes
+from areal_lightning.rl.episodes.completions import update_episode_completion_metrics
+from areal_lightning.rl.episodes.environments import Environment
+from areal_lightning.rl.episodes.metrics import TOOL_KEYS, TURNS_KEY, episode_metrics, success_key
+from areal_lightning.rl.episodes.runner import Episode, run_episodes
+from areal_lightning.rl.episodes.settings import EpisodeSettings
 from areal_lightning.rl.rollout_eval import TOKEN_SCORES_OPTION, RolloutModule, sampling_of
 
 

@@ -19,7 +19,7 @@ import torch
 from vllm.v1.sample.logits_processor import LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
-from areal_lightning.rl.vllm_engine_policy import ENTROPY_REQUEST_KEY
+from areal_lightning.rl.engines.vllm.policy import ENTROPY_REQUEST_KEY
 
 _RECORDERS: weakref.WeakSet[EntropyRecorder] = weakref.WeakSet()  # an engine rebuilt in this process adds one
 

@@ -25,9 +25,9 @@ from torch import Tensor
 from areal_lightning.eval_round import SamplingParams
 from areal_lightning.eval_round.sharding import sample_seed
 from areal_lightning.metrics.functional import group_advantages
-from areal_lightning.rl.episode_completions import step_episode_completion_stats
-from areal_lightning.rl.episodes import Episode, run_episodes
-from areal_lightning.rl.objective import k3_kl, policy_gradient
+from areal_lightning.rl.episodes.completions import step_episode_completion_stats
+from areal_lightning.rl.episodes.runner import Episode, run_episodes
+from areal_lightning.rl.grpo.objective import k3_kl, policy_gradient
 
 TRAIN_EPISODE_STREAM = "train-episodes"
 """Names the training episodes' seeds, apart from single-turn rollouts and every eval set."""

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from areal_lightning.rl.generation import Generation, ScoreRecorder
-from areal_lightning.rl.hf_tokenizer import HFTokenizer
+from areal_lightning.rl.engines.generation import Generation, ScoreRecorder
+from areal_lightning.rl.engines.hf.tokenizer import HFTokenizer
 from areal_lightning.rl.policy import MIN_LOGPROB_TEMPERATURE, GeneratesFromScored, Generators, completion_mask
 from areal_lightning.rl.sampling import race_noise, sample_tokens
 
@@ -209,7 +209,7 @@ class HFPolicy(GeneratesFromScored, nn.Module):
         scores: bool = True,
     ) -> Generation:
         """`generate`, ending a completion also at the `stop` strings (beside the tokenizer's own),
-        with each sampled token's raw log-probability and entropy when `scores` (`rl.generation`).
+        with each sampled token's raw log-probability and entropy when `scores` (`rl.engines.generation`).
 
         Raises:
             ValueError: as `generate`.

@@ -21,8 +21,8 @@ from areal_lightning.rl.completion_stats import (
     logged_values,
     update_completion_metrics,
 )
-from areal_lightning.rl.episodes import Episode
-from areal_lightning.rl.generation import Generation
+from areal_lightning.rl.engines.generation import Generation
+from areal_lightning.rl.episodes.runner import Episode
 
 TURN_PREFIX = "turn"
 Scores = tuple[Tensor, Tensor, Tensor]

@@ -34,15 +34,15 @@ from lightning.pytorch.utilities.seed import isolate_rng
 from torch import Tensor, nn
 
 from areal_lightning.eval_round import EvalBatch, EvalContext
+from areal_lightning.rl.engines.vllm.options import DEFAULT_MAX_NUM_BATCHED_TOKENS, VLLMOptions
+from areal_lightning.rl.engines.vllm.policy import _EngineModule, _EnginePolicy
 from areal_lightning.rl.rollout_eval import RolloutModule, rollout_evaluate, sampling_of
-from areal_lightning.rl.vllm_engine_policy import _EngineModule, _EnginePolicy
-from areal_lightning.rl.vllm_options import DEFAULT_MAX_NUM_BATCHED_TOKENS, VLLMOptions
 
 log = logging.getLogger(__name__)
 
 WEIGHTS_STEP_KEY = "vllm/weights_step"
 """What each round returns: the training step whose weights the engine generated with."""
-ENTROPY_RECORDER = "areal_lightning.rl.vllm_entropy:EntropyRecorder"
+ENTROPY_RECORDER = "areal_lightning.rl.engines.vllm.entropy:EntropyRecorder"
 """The logits processor every engine runs (by name: its module imports vLLM)."""
 _DEAD_ENGINE_POLL_S = 0.2
 
@@ -207,7 +207,7 @@ class VLLMEngine:
         return list(outputs)
 
     def entropies(self, keys: list[str]) -> list[list[float]]:
-        """The entropies recorded for the requests named `keys` (`rl.vllm_entropy`), forgotten afterwards.
+        """The entropies recorded for the requests named `keys` (`rl.engines.vllm.entropy`), forgotten afterwards.
 
         Raises:
             VLLMEngineError: the engine failed; it is closed, the next `ensure` builds a new one.
@@ -291,7 +291,7 @@ class WeightLoader:
 
     def take_entropies(self, keys: list[str]) -> list[list[float]]:
         """The entropies `EntropyRecorder` recorded for the requests named `keys`, in position order."""
-        from areal_lightning.rl.vllm_entropy import take_entropies
+        from areal_lightning.rl.engines.vllm.entropy import take_entropies
 
         return take_entropies(keys)
 

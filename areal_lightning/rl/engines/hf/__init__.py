@@ -1,0 +1,1 @@
+"""A `transformers` causal LM as a policy (policy.py) and its tokenizer (tokenizer.py)."""
