@@ -241,3 +241,83 @@ def test_it_cannot_raise_its_own_limits(sandbox: Sandbox, tag: str) -> None:
     result = grade(sandbox, tagged(tag, body))
     assert result.status is ProgramStatus.FAILED and "not allowed to raise maximum limit" in str(result.error)
     assert_contained(sandbox, result, tag)
+
+
+# ----------------------------------------------------------------------------- nothing outlives its deadline
+WALL_MARGIN_S = 3.0
+"""How far past `wall_s` a program stopped by its wall clock may end, measured around the call: the
+fork and set-up, the kill and reaping, and the start of a fresh worker, on a loaded 2-core box."""
+CLOSE_CHANNEL = "import os\nos.closerange(3, 4096)\n"
+# PTRACE_TRACEME: its worker becomes its tracer (and sees it stop).
+TRACE_AND_STOP = "import ctypes, os, signal\nctypes.CDLL(None).ptrace(0, 0, 0, 0)\n"
+
+
+@pytest.mark.parametrize("body", ["", CLOSE_CHANNEL], ids=["sleeps", "closes_its_channel"])
+def test_the_wall_clock_holds_measured_from_outside(sandbox: Sandbox, tag: str, body: str) -> None:
+    sandbox.run("pass")  # a warm worker: its start is not the program's
+    start = time.monotonic()
+    result = grade(sandbox, tagged(tag, body + "import time\ntime.sleep(10**6)"))
+    elapsed = time.monotonic() - start
+    assert (result.status, result.limit) == (ProgramStatus.TIMEOUT, "wall_s"), result
+    assert LIMITS.wall_s <= elapsed < LIMITS.wall_s + WALL_MARGIN_S, elapsed
+    assert_contained(sandbox, result, tag)
+
+
+def test_a_program_that_stops_under_its_worker_is_killed_whole(sandbox: Sandbox, tag: str) -> None:
+    # It makes its worker its tracer, closes the channel and stops: the worker sees a stopped child.
+    body = f"""
+    import time
+    {CLOSE_CHANNEL.replace(chr(10), "; ")}
+    {TRACE_AND_STOP.replace(chr(10), "; ")}
+    for _ in range(3):
+        if os.fork() == 0:
+            time.sleep(600)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    """
+    worker = sandbox._pool[0].process.pid
+    result = grade(sandbox, tagged(tag, body))
+    assert (result.status, result.limit) == (ProgramStatus.TIMEOUT, "wall_s"), result  # the worker's clock
+    assert alive(tag) == []
+    assert sandbox._pool[0].process.pid != worker, "the worker that saw it serves on"
+    assert_contained(sandbox, result, tag)
+
+
+def test_a_stopped_child_does_not_outlive_its_program(sandbox: Sandbox, tag: str) -> None:
+    body = """
+    import os, signal, time
+    if os.fork() == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(600)
+    time.sleep(0.2)
+    os._exit(0)
+    """
+    result = grade(sandbox, tagged(tag, body))
+    assert result.status is ProgramStatus.CRASHED
+    assert_contained(sandbox, result, tag)
+
+
+def test_nothing_it_plants_reaches_the_next_program(sandbox: Sandbox, tag: str) -> None:
+    # A child keeps writing the file names the worker uses into every directory it can reach while
+    # its parent, traced by the worker, stops with the channel closed.
+    body = f"""
+    import time
+    {CLOSE_CHANNEL.replace(chr(10), "; ")}
+    {TRACE_AND_STOP.replace(chr(10), "; ")}
+    if os.fork() == 0:
+        while True:
+            for path in ('.output', '../.output', '../planted', '/tmp/planted', 'planted'):
+                try:
+                    open(path, 'w').write('x')
+                except OSError:
+                    pass
+            time.sleep(0.01)
+    time.sleep(0.3)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    """
+    assert grade(sandbox, tagged(tag, body)).status is not ProgramStatus.PASSED
+    time.sleep(0.5)  # a survivor would plant its files now
+    assert alive(tag) == []
+    correct = "def add(a, b):\n    return a + b\nimport os\nprint(sorted(os.listdir('.')))\n"
+    after = [grade(sandbox, correct) for _ in range(3)]  # the same worker slot, each time
+    assert [(r.status, r.output) for r in after] == [(ProgramStatus.PASSED, "['.output']\n")] * 3, after
+    assert not Path("/tmp/planted").exists()

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import re
 import select
 import shutil
 import signal
@@ -155,6 +156,14 @@ def hidden_homes() -> list[str]:
     return sorted({str(Path.home()), "/root", "/home"})
 
 
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_WORKER_MAIN = (
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); from areal_lightning.scoring.sandbox_worker import main; main()"
+)
+"""The worker imports this very package (a checkout on PYTHONPATH, not another install): with ``-I``
+the interpreter would ignore PYTHONPATH."""
+
+
 class _Worker:
     """One worker process and its pipes."""
 
@@ -164,7 +173,7 @@ class _Worker:
             env["SANDBOX_UID"] = str(sandbox_uid)
         env["SANDBOX_DISK_BYTES"] = str(disk_bytes)
         self.process = subprocess.Popen(
-            [sys.executable, "-I", "-m", "areal_lightning.scoring.sandbox_worker", base, *hidden_homes()],
+            [sys.executable, "-I", "-c", _WORKER_MAIN, _PACKAGE_ROOT, base, *hidden_homes()],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -308,7 +317,7 @@ class Sandbox:
                     continue
                 out[index] = SandboxResult.from_report(report)
                 del busy[slot]
-                if "worker_lost" in report:
+                if "worker_lost" in report or "abnormal" in report:
                     worker.kill()
                     assert self._base is not None
                     self._pool[slot] = _Worker(self._base, self.sandbox_uid, self.limits.max_disk_bytes)
@@ -350,9 +359,17 @@ def run_program(source: str, limits: SandboxLimits | None = None) -> SandboxResu
     return _default_sandbox().run(source, limits)
 
 
+_DEFINES_CHECK = re.compile(r"^(?:async[ \t]+)?def[ \t]+check[ \t]*\(", re.MULTILINE)
+"""A top-level ``def check(`` (HumanEval's tests); one inside a string counts too, which refuses more, never less."""
+
+
 def program_with_tests(program: str, tests: str, entry_point: str | None = None) -> str:
     """The program that grades `program`: the program, then `tests`, then ``check(entry_point)``
     when an entry point is given (HumanEval's tests define ``check(candidate)``).
+
+    Raises:
+        ValueError: for tests that define ``check`` without an entry point to call it with (no
+            test would run: every program would pass).
 
     Example:
         >>> print(program_with_tests("def f(x):\\n    return x", "def check(c):\\n    assert c(1) == 1", "f"))
@@ -365,6 +382,12 @@ def program_with_tests(program: str, tests: str, entry_point: str | None = None)
         check(f)
         <BLANKLINE>
     """
+    if not entry_point and _DEFINES_CHECK.search(tests):
+        raise ValueError(
+            f"program_with_tests: the tests define `check(candidate)` but entry_point is {entry_point!r}: "
+            "give the name of the function `check` is called with (HumanEval's `entry_point`), or give "
+            "tests of plain asserts (MBPP's `test_list`) with entry_point=None"
+        )
     check = f"\ncheck({entry_point})\n" if entry_point else ""
     return f"{program}\n\n{tests}\n{check}"
 
@@ -380,6 +403,9 @@ def grade_program(
             ``check(candidate)`` function (HumanEval's ``test``).
         entry_point: the function ``check`` is called with; None when `tests` are plain asserts.
         limits: the program's `SandboxLimits`; None: the defaults.
+
+    Raises:
+        ValueError: for tests that define ``check`` with no `entry_point` (`program_with_tests`).
 
     Example:
         >>> grade_program("def add(a, b):\\n    return a + b", "assert add(2, 3) == 5").status.value  # doctest: +SKIP

@@ -276,14 +276,17 @@ def set_limits(limits: dict[str, int]) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def kill_children(own_pid: int) -> None:
-    """Kills and reaps every child of this process (as a subreaper: every descendant left behind)."""
+def kill_children(own_pid: int) -> int:
+    """Kills and reaps every child of this process (as a subreaper: every descendant left behind);
+    returns how many it killed."""
+    killed = 0
     while True:
         try:
             with open(f"/proc/{own_pid}/task/{own_pid}/children") as f:
                 children = [int(p) for p in f.read().split()]
         except OSError:
             children = []
+        killed += len(children)
         for child in children:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, 9)
@@ -294,4 +297,4 @@ def kill_children(own_pid: int) -> None:
             with contextlib.suppress(ChildProcessError):
                 while os.waitpid(-1, os.WNOHANG)[0] > 0:
                     pass
-            return
+            return killed
