@@ -321,3 +321,27 @@ def test_nothing_it_plants_reaches_the_next_program(sandbox: Sandbox, tag: str) 
     after = [grade(sandbox, correct) for _ in range(3)]  # the same worker slot, each time
     assert [(r.status, r.output) for r in after] == [(ProgramStatus.PASSED, "['.output']\n")] * 3, after
     assert not Path("/tmp/planted").exists()
+
+
+# ----------------------------------------------------------------------------- a root of its own
+def test_it_reads_nothing_of_the_machine_but_the_interpreter(sandbox: Sandbox, tag: str, tmp_path: Path) -> None:
+    other_user = tmp_path / "other-user.txt"  # world-readable, another user's: only its own root hides it
+    other_user.write_text("theirs")
+    other_user.chmod(0o644)
+    tmp_path.chmod(0o755)
+    if os.geteuid() == 0:
+        os.chown(other_user, 4242, 4242)
+    targets = [REPO / "pyproject.toml", REPO / ".git", Path("/etc/passwd"), Path.home(), Path("/root"), other_user]
+    body = "import json, os\nread = []\n" + "".join(
+        f"try:\n    os.listdir({str(t)!r}) if os.path.isdir({str(t)!r}) else open({str(t)!r}, 'rb').read(1)\n"
+        f"    read.append({str(t)!r})\nexcept OSError:\n    pass\n"
+        for t in targets
+    )
+    body += "host = [p for p in os.listdir('/proc') if p.isdigit() and p != '1']\nprint(json.dumps([read, host]))\n"
+    body += "import collections, ctypes, math\nassert ctypes.CDLL(None).getpid() == 1\n"  # the interpreter works
+    result = grade(sandbox, tagged(tag, body))
+    assert result.status is ProgramStatus.PASSED, result.output
+    assert result.output.strip() == "[[], []]", result.output  # none readable, no process of the machine
+    assert all(t.exists() for t in targets)  # each is there to read, outside
+    assert Isolation.OWN_ROOT in result.isolation
+    assert alive(tag) == []
