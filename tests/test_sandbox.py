@@ -61,6 +61,17 @@ def test_program_with_tests_calls_check_only_with_an_entry_point() -> None:
     assert "check(" not in program_with_tests("P", "assert f(1)")
 
 
+def test_tests_that_define_check_without_an_entry_point_are_refused() -> None:
+    # Without the refusal no test would run: a wrong program would pass.
+    check = "import math\n\ndef check(candidate):\n    assert candidate(2, 3) == 5\n"
+    with pytest.raises(ValueError, match=r"define `check\(candidate\)` but entry_point is None: give the name"):
+        grade_program("def add(a, b):\n    return a - b", check, None)
+    with pytest.raises(ValueError, match=r"entry_point is '': give the name .* plain asserts"):
+        program_with_tests("def add(a, b):\n    return a - b", "async def check(c):\n    pass\n", "")
+    plain = "def helper_check(x):\n    return x\nassert add(2, 3) == 5"  # MBPP's asserts keep working
+    assert grade_program("def add(a, b):\n    return a - b", plain).status is ProgramStatus.FAILED
+
+
 def test_limits_are_checked_and_name_the_field() -> None:
     with pytest.raises(ArgumentError, match=r"`SandboxLimits\(cpu_s=...\)` must be a positive integer, got 1.5"):
         SandboxLimits(cpu_s=1.5)  # type: ignore[arg-type]
@@ -93,7 +104,7 @@ def test_its_directory_is_empty_private_and_gone_afterwards(sandbox: Sandbox) ->
 def test_a_dead_worker_is_replaced_and_its_program_recorded(sandbox: Sandbox) -> None:
     os.kill(sandbox._pool[0].process.pid, signal.SIGKILL)
     results = sandbox.run_many(["print(1)", "print(2)", "print(3)"])
-    assert [r.status for r in results].count(ProgramStatus.CRASHED) == 1
+    assert [r.status for r in results].count(ProgramStatus.CRASHED) == 1, results
     assert [r.output for r in results if r.passed] in (["2\n", "3\n"], ["1\n", "3\n"], ["1\n", "2\n"])
     assert all(w.process.poll() is None for w in sandbox._pool)
     assert sandbox.run_many(["print(4)"] * 2)[1].output == "4\n"

@@ -241,3 +241,107 @@ def test_it_cannot_raise_its_own_limits(sandbox: Sandbox, tag: str) -> None:
     result = grade(sandbox, tagged(tag, body))
     assert result.status is ProgramStatus.FAILED and "not allowed to raise maximum limit" in str(result.error)
     assert_contained(sandbox, result, tag)
+
+
+# ----------------------------------------------------------------------------- nothing outlives its deadline
+WALL_MARGIN_S = 3.0
+"""How far past `wall_s` a program stopped by its wall clock may end, measured around the call: the
+fork and set-up, the kill and reaping, and the start of a fresh worker, on a loaded 2-core box."""
+CLOSE_CHANNEL = "import os\nos.closerange(3, 4096)\n"
+# PTRACE_TRACEME: its worker becomes its tracer (and sees it stop).
+TRACE_AND_STOP = "import ctypes, os, signal\nctypes.CDLL(None).ptrace(0, 0, 0, 0)\n"
+
+
+@pytest.mark.parametrize("body", ["", CLOSE_CHANNEL], ids=["sleeps", "closes_its_channel"])
+def test_the_wall_clock_holds_measured_from_outside(sandbox: Sandbox, tag: str, body: str) -> None:
+    sandbox.run("pass")  # a warm worker: its start is not the program's
+    start = time.monotonic()
+    result = grade(sandbox, tagged(tag, body + "import time\ntime.sleep(10**6)"))
+    elapsed = time.monotonic() - start
+    assert (result.status, result.limit) == (ProgramStatus.TIMEOUT, "wall_s"), result
+    assert LIMITS.wall_s <= elapsed < LIMITS.wall_s + WALL_MARGIN_S, elapsed
+    assert_contained(sandbox, result, tag)
+
+
+def test_a_program_that_stops_under_its_worker_is_killed_whole(sandbox: Sandbox, tag: str) -> None:
+    # It makes its worker its tracer, closes the channel and stops: the worker sees a stopped child.
+    body = f"""
+    import time
+    {CLOSE_CHANNEL.replace(chr(10), "; ")}
+    {TRACE_AND_STOP.replace(chr(10), "; ")}
+    for _ in range(3):
+        if os.fork() == 0:
+            time.sleep(600)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    """
+    worker = sandbox._pool[0].process.pid
+    result = grade(sandbox, tagged(tag, body))
+    assert (result.status, result.limit) == (ProgramStatus.TIMEOUT, "wall_s"), result  # the worker's clock
+    assert alive(tag) == []
+    assert sandbox._pool[0].process.pid != worker, "the worker that saw it serves on"
+    assert_contained(sandbox, result, tag)
+
+
+def test_a_stopped_child_does_not_outlive_its_program(sandbox: Sandbox, tag: str) -> None:
+    body = """
+    import os, signal, time
+    if os.fork() == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(600)
+    time.sleep(0.2)
+    os._exit(0)
+    """
+    result = grade(sandbox, tagged(tag, body))
+    assert result.status is ProgramStatus.CRASHED
+    assert_contained(sandbox, result, tag)
+
+
+def test_nothing_it_plants_reaches_the_next_program(sandbox: Sandbox, tag: str) -> None:
+    # A child keeps writing the file names the worker uses into every directory it can reach while
+    # its parent, traced by the worker, stops with the channel closed.
+    body = f"""
+    import time
+    {CLOSE_CHANNEL.replace(chr(10), "; ")}
+    {TRACE_AND_STOP.replace(chr(10), "; ")}
+    if os.fork() == 0:
+        while True:
+            for path in ('.output', '../.output', '../planted', '/tmp/planted', 'planted'):
+                try:
+                    open(path, 'w').write('x')
+                except OSError:
+                    pass
+            time.sleep(0.01)
+    time.sleep(0.3)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    """
+    assert grade(sandbox, tagged(tag, body)).status is not ProgramStatus.PASSED
+    time.sleep(0.5)  # a survivor would plant its files now
+    assert alive(tag) == []
+    correct = "def add(a, b):\n    return a + b\nimport os\nprint(sorted(os.listdir('.')))\n"
+    after = [grade(sandbox, correct) for _ in range(3)]  # the same worker slot, each time
+    assert [(r.status, r.output) for r in after] == [(ProgramStatus.PASSED, "['.output']\n")] * 3, after
+    assert not Path("/tmp/planted").exists()
+
+
+# ----------------------------------------------------------------------------- a root of its own
+def test_it_reads_nothing_of_the_machine_but_the_interpreter(sandbox: Sandbox, tag: str, tmp_path: Path) -> None:
+    other_user = tmp_path / "other-user.txt"  # world-readable, another user's: only its own root hides it
+    other_user.write_text("theirs")
+    other_user.chmod(0o644)
+    tmp_path.chmod(0o755)
+    if os.geteuid() == 0:
+        os.chown(other_user, 4242, 4242)
+    targets = [REPO / "pyproject.toml", REPO / ".git", Path("/etc/passwd"), Path.home(), Path("/root"), other_user]
+    body = "import json, os\nread = []\n" + "".join(
+        f"try:\n    os.listdir({str(t)!r}) if os.path.isdir({str(t)!r}) else open({str(t)!r}, 'rb').read(1)\n"
+        f"    read.append({str(t)!r})\nexcept OSError:\n    pass\n"
+        for t in targets
+    )
+    body += "host = [p for p in os.listdir('/proc') if p.isdigit() and p != '1']\nprint(json.dumps([read, host]))\n"
+    body += "import collections, ctypes, math\nassert ctypes.CDLL(None).getpid() == 1\n"  # the interpreter works
+    result = grade(sandbox, tagged(tag, body))
+    assert result.status is ProgramStatus.PASSED, result.output
+    assert result.output.strip() == "[[], []]", result.output  # none readable, no process of the machine
+    assert all(t.exists() for t in targets)  # each is there to read, outside
+    assert Isolation.OWN_ROOT in result.isolation
+    assert alive(tag) == []

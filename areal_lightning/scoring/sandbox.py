@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import functools
 import os
+import re
 import select
 import shutil
 import signal
@@ -27,122 +27,25 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from areal_lightning.errors import ArgumentError
 from areal_lightning.scoring.sandbox_isolation import NOBODY_UID
+from areal_lightning.scoring.sandbox_types import ProgramStatus, SandboxLimits, SandboxResult
 from areal_lightning.scoring.sandbox_worker import WORKER_GRACE_S, read_message, write_message
 
 WORKER_START_S = 60.0
 """How long a worker may take to start and answer (imports included) beyond a program's own limit."""
-
-
-class ProgramStatus(str, Enum):
-    """How a program ended: exactly one per program."""
-
-    PASSED = "passed"
-    """It ran to its end (for a graded program: every test passed)."""
-    FAILED = "failed"
-    """It raised an exception (a failed assert, a `SystemExit`) that it did not catch."""
-    TIMEOUT = "timeout"
-    """It ran past its wall-clock or CPU limit and was killed."""
-    CRASHED = "crashed"
-    """It ended otherwise: killed by a signal, or exited (``os._exit``) before its end."""
-    SYNTAX_ERROR = "syntax_error"
-    """It does not compile."""
-    OUT_OF_MEMORY = "out_of_memory"
-    """It raised `MemoryError` (its address-space limit)."""
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """What one program may use. Defaults suit test-graded programming problems.
-
-    Raises:
-        ArgumentError: for a limit that is not a positive number (integer where noted).
-    """
-
-    wall_s: float = 10.0
-    """Wall-clock seconds, set-up excluded; then every process of the program is killed (``timeout``)."""
-    cpu_s: int = 10
-    """CPU seconds (RLIMIT_CPU), an integer."""
-    memory_bytes: int = 1 << 30
-    """Address space of each process (RLIMIT_AS); past it allocations fail (``out_of_memory``)."""
-    max_processes: int = 4
-    """Processes the program may have at once, itself included (RLIMIT_NPROC, counted per program
-    where a user namespace holds; docs/code_evaluation.md)."""
-    max_file_bytes: int = 8 << 20
-    """Largest file it may write (RLIMIT_FSIZE), its captured output included."""
-    max_open_files: int = 64
-    """Open file descriptors (RLIMIT_NOFILE)."""
-    max_output_bytes: int = 64 << 10
-    """stdout and stderr kept in `SandboxResult.output` (the rest is dropped, `truncated` set)."""
-    max_disk_bytes: int = 64 << 20
-    """Space of the temporary directory, a tmpfs of each worker's own where the kernel allows it
-    (set per `Sandbox`: a `run_many` with other limits keeps its sandbox's)."""
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            whole = f.type in (int, "int")
-            if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)) or not value > 0:
-                raise ArgumentError(
-                    "SandboxLimits", f.name, value, "a positive integer" if whole else "a positive number"
-                )
-
-    def as_job(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True)
-class SandboxResult:
-    """How one program ended, and what it printed.
-
-    Attributes:
-        status: its `ProgramStatus`.
-        output: stdout and stderr together, at most `SandboxLimits.max_output_bytes` (decoded, bad
-            bytes replaced); a failure's traceback is here.
-        truncated: whether output was dropped.
-        exit_code: the program process's exit code, or None when a signal ended it.
-        signal: the signal that ended it, or None.
-        wall_s: seconds from its start to its end.
-        error: the program's uncaught exception in one line (``AssertionError``,
-            ``OSError: [Errno 27] File too large``), or None.
-        limit: for a ``timeout``, the `SandboxLimits` field that ended it (``"wall_s"`` or
-            ``"cpu_s"``; None when the worker itself stopped answering).
-        isolation: the `Isolation` protections that held (docs/code_evaluation.md).
-    """
-
-    status: ProgramStatus
-    output: str = ""
-    truncated: bool = False
-    exit_code: int | None = None
-    signal: int | None = None
-    wall_s: float = 0.0
-    error: str | None = None
-    limit: str | None = None
-    isolation: tuple[str, ...] = ()
-
-    @property
-    def passed(self) -> bool:
-        return self.status is ProgramStatus.PASSED
-
-    @classmethod
-    def from_report(cls, report: dict[str, Any]) -> SandboxResult:
-        return cls(
-            status=ProgramStatus(report["status"]),
-            output=report.get("output") or "",
-            truncated=bool(report.get("truncated", False)),
-            exit_code=report.get("exit_code"),
-            signal=report.get("signal"),
-            wall_s=float(report.get("wall_s", 0.0)),
-            error=report.get("error"),
-            limit=report.get("limit"),
-            isolation=tuple(report.get("isolation", ())),
-        )
+__all__ = [
+    "ProgramStatus",
+    "Sandbox",
+    "SandboxLimits",
+    "SandboxResult",
+    "grade_program",
+    "program_with_tests",
+    "run_program",
+]
 
 
 def _clean_environment(base: str) -> dict[str, str]:
@@ -155,6 +58,14 @@ def hidden_homes() -> list[str]:
     return sorted({str(Path.home()), "/root", "/home"})
 
 
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_WORKER_MAIN = (
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); from areal_lightning.scoring.sandbox_worker import main; main()"
+)
+"""The worker imports this very package (a checkout on PYTHONPATH, not another install): with ``-I``
+the interpreter would ignore PYTHONPATH."""
+
+
 class _Worker:
     """One worker process and its pipes."""
 
@@ -164,7 +75,7 @@ class _Worker:
             env["SANDBOX_UID"] = str(sandbox_uid)
         env["SANDBOX_DISK_BYTES"] = str(disk_bytes)
         self.process = subprocess.Popen(
-            [sys.executable, "-I", "-m", "areal_lightning.scoring.sandbox_worker", base, *hidden_homes()],
+            [sys.executable, "-I", "-c", _WORKER_MAIN, _PACKAGE_ROOT, base, *hidden_homes()],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -308,7 +219,7 @@ class Sandbox:
                     continue
                 out[index] = SandboxResult.from_report(report)
                 del busy[slot]
-                if "worker_lost" in report:
+                if "worker_lost" in report or "abnormal" in report:
                     worker.kill()
                     assert self._base is not None
                     self._pool[slot] = _Worker(self._base, self.sandbox_uid, self.limits.max_disk_bytes)
@@ -350,9 +261,17 @@ def run_program(source: str, limits: SandboxLimits | None = None) -> SandboxResu
     return _default_sandbox().run(source, limits)
 
 
+_DEFINES_CHECK = re.compile(r"^(?:async[ \t]+)?def[ \t]+check[ \t]*\(", re.MULTILINE)
+"""A top-level ``def check(`` (HumanEval's tests); one inside a string counts too, which refuses more, never less."""
+
+
 def program_with_tests(program: str, tests: str, entry_point: str | None = None) -> str:
     """The program that grades `program`: the program, then `tests`, then ``check(entry_point)``
     when an entry point is given (HumanEval's tests define ``check(candidate)``).
+
+    Raises:
+        ValueError: for tests that define ``check`` without an entry point to call it with (no
+            test would run: every program would pass).
 
     Example:
         >>> print(program_with_tests("def f(x):\\n    return x", "def check(c):\\n    assert c(1) == 1", "f"))
@@ -365,6 +284,12 @@ def program_with_tests(program: str, tests: str, entry_point: str | None = None)
         check(f)
         <BLANKLINE>
     """
+    if not entry_point and _DEFINES_CHECK.search(tests):
+        raise ValueError(
+            f"program_with_tests: the tests define `check(candidate)` but entry_point is {entry_point!r}: "
+            "give the name of the function `check` is called with (HumanEval's `entry_point`), or give "
+            "tests of plain asserts (MBPP's `test_list`) with entry_point=None"
+        )
     check = f"\ncheck({entry_point})\n" if entry_point else ""
     return f"{program}\n\n{tests}\n{check}"
 
@@ -380,6 +305,9 @@ def grade_program(
             ``check(candidate)`` function (HumanEval's ``test``).
         entry_point: the function ``check`` is called with; None when `tests` are plain asserts.
         limits: the program's `SandboxLimits`; None: the defaults.
+
+    Raises:
+        ValueError: for tests that define ``check`` with no `entry_point` (`program_with_tests`).
 
     Example:
         >>> grade_program("def add(a, b):\\n    return a + b", "assert add(2, 3) == 5").status.value  # doctest: +SKIP

@@ -14,6 +14,7 @@ import os
 import platform
 import resource
 import sys
+import sysconfig
 from collections.abc import Iterable, Sequence
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -29,6 +30,14 @@ _MOUNT_ATTR_RDONLY = 1
 _OPEN_TREE_CLONE = 1
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
 _SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442  # the same number on every architecture
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41}
+_MNT_DETACH = 2
+OLD_ROOT = "/.old-root"
+"""Where the machine's root stays in a worker's own root, detached by each program before it runs."""
+SYSTEM_PATHS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/etc/ld.so.cache", "/etc/localtime")
+"""What a program sees read-only in its own root, beside the interpreter: shared libraries (which
+`ctypes` and C extension modules load), the dynamic linker's cache, the time zone."""
+DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 1, 4, 38, 36
 _CAP_VERSION_3 = 0x20080522
 
@@ -56,9 +65,12 @@ class Isolation:
     NO_CAPABILITIES = "no_capabilities"
     """No capabilities, and no way to gain any (no_new_privs)."""
     OWN_TMPFS = "own_tmpfs"
-    """The temporary directory is a size-capped tmpfs of the worker's own, emptied after each program."""
+    """The temporary directories are in a size-capped tmpfs of the worker's own, one per program."""
+    OWN_ROOT = "own_root"
+    """A root file system of its own: the interpreter, `SYSTEM_PATHS` and `DEVICES` read-only, its
+    temporary directory, its /proc; nothing else of the machine (docs/code_evaluation.md)."""
 
-    ALL = (UID, USER_NS, NET_NS, PID_NS, READONLY_FS, HIDDEN_HOME, PRIVATE_PROC, NO_CAPABILITIES, OWN_TMPFS)
+    ALL = (UID, USER_NS, NET_NS, PID_NS, READONLY_FS, HIDDEN_HOME, PRIVATE_PROC, NO_CAPABILITIES, OWN_TMPFS, OWN_ROOT)
 
 
 def _check(result: int, what: str) -> None:
@@ -164,6 +176,68 @@ def seal_filesystem(writable: str, homes: Iterable[str]) -> list[str]:
     return held
 
 
+def exposed_paths() -> list[str]:
+    """The machine's paths in a program's own root: the interpreter's installation, the virtual
+    environment's site-packages (not the project: an editable install's source stays out) and
+    `SYSTEM_PATHS`, outermost only."""
+    paths = {sys.base_prefix, sys.base_exec_prefix, sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+    paths.update(SYSTEM_PATHS)
+    paths = {p for p in paths if os.path.lexists(p)}
+    return sorted(p for p in paths if not any(q != p and _under(p, q) and not os.path.islink(q) for q in paths))
+
+
+def _expose(root: str, path: str, *, readonly: bool) -> None:
+    target = root + path
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if os.path.islink(path) and not path.startswith("/dev/"):  # /bin -> usr/bin stays a link
+        os.symlink(os.readlink(path), target)
+        return
+    if os.path.isdir(path):
+        os.makedirs(target, exist_ok=True)
+    else:
+        open(target, "w").close()
+    _attach(_clone_tree(os.path.realpath(path)), target)
+    if readonly:
+        _set_readonly(target, True, recursive=True)
+
+
+def _hide_listings(root: str) -> None:
+    """The directories made on the way to an exposed path (/root on the way to an interpreter
+    under it) can be passed through, not listed: execute-only, for their owner too."""
+    for parent, dirs, _ in os.walk(root):
+        dirs[:] = [d for d in dirs if not os.path.ismount(os.path.join(parent, d))]
+        if parent not in (root, root + "/dev"):
+            os.chmod(parent, 0o111)
+
+
+def enter_own_root(area: str, disk_bytes: int) -> None:
+    """Builds a minimal root on a tmpfs mounted at `area` and pivots into it: `exposed_paths` and
+    `DEVICES`, a /proc mount point, and at `area`'s own path a tmpfs of `disk_bytes` for the
+    programs' directories. The machine's root stays at `OLD_ROOT` until each program detaches it."""
+    machine = platform.machine()
+    if machine not in _SYS_PIVOT_ROOT:
+        raise OSError(0, f"pivot_root: unknown system call number on {machine}")
+    _mount(None, b"/", None, _MS_REC | _MS_PRIVATE)
+    _mount(b"tmpfs", area.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=0755,size=1m")
+    for path in exposed_paths():
+        _expose(area, path, readonly=True)
+    for device in DEVICES:
+        _expose(area, device, readonly=False)
+    for directory in ("/proc", OLD_ROOT, area):
+        os.makedirs(area + directory, mode=0o755, exist_ok=True)
+    _hide_listings(area)
+    tmp = f"size={disk_bytes},mode=0700".encode()
+    _mount(b"tmpfs", (area + area).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, tmp)
+    _check(_libc.syscall(_SYS_PIVOT_ROOT[machine], area.encode(), (area + OLD_ROOT).encode()), "pivot_root")
+    os.chdir("/")
+    _set_readonly("/", True, recursive=False)
+
+
+def leave_old_root() -> None:
+    """Detaches the machine's root (`OLD_ROOT`) from this process's mount namespace."""
+    _check(_libc.umount2(OLD_ROOT.encode(), _MNT_DETACH), "umount2")
+
+
 def write_id_maps(uid: int, gid: int) -> None:
     """Maps the user namespace's `uid` and `gid` to themselves (the outside ids of this process)."""
     with open("/proc/self/setgroups", "w") as f:
@@ -211,9 +285,14 @@ def isolate_worker(area: str, homes: Sequence[str], sandbox_uid: int | None, dis
     if Isolation.READONLY_FS not in held:  # a user without root seals it here, in its user namespace
         with contextlib.suppress(OSError):
             held += seal_filesystem(area, homes)
-    with contextlib.suppress(OSError):
-        _mount(b"tmpfs", area.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, f"size={disk_bytes},mode=0700".encode())
-        held.append(Isolation.OWN_TMPFS)
+    try:
+        enter_own_root(area, disk_bytes)
+        held += [Isolation.OWN_ROOT, Isolation.OWN_TMPFS]
+    except OSError:  # the sealed machine's root, and a tmpfs for the programs where it holds
+        with contextlib.suppress(OSError):
+            tmp = f"size={disk_bytes},mode=0700".encode()
+            _mount(b"tmpfs", area.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, tmp)
+            held.append(Isolation.OWN_TMPFS)
     return held
 
 
@@ -246,7 +325,7 @@ def isolate_program(tempdir: str, area: str, held: Sequence[str]) -> list[str]:
     out = []
     if Isolation.PID_NS in held:
         try:
-            if Isolation.READONLY_FS in held and tempdir != area:
+            if Isolation.READONLY_FS in held or Isolation.OWN_ROOT in held:
                 keep = _clone_tree(tempdir)
                 _set_readonly(area, True, recursive=True)
                 _attach(keep, tempdir)
@@ -254,6 +333,8 @@ def isolate_program(tempdir: str, area: str, held: Sequence[str]) -> list[str]:
             out.append(Isolation.PRIVATE_PROC)
         except OSError:
             pass
+    if Isolation.OWN_ROOT in held:
+        leave_old_root()  # refused: the program does not run (``crashed``) rather than see the machine
     prctl(_PR_SET_NO_NEW_PRIVS, 1)
     header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
     data = (ctypes.c_uint32 * 6)()
@@ -276,14 +357,17 @@ def set_limits(limits: dict[str, int]) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def kill_children(own_pid: int) -> None:
-    """Kills and reaps every child of this process (as a subreaper: every descendant left behind)."""
+def kill_children(own_pid: int) -> int:
+    """Kills and reaps every child of this process (as a subreaper: every descendant left behind);
+    returns how many it killed."""
+    killed = 0
     while True:
         try:
             with open(f"/proc/{own_pid}/task/{own_pid}/children") as f:
                 children = [int(p) for p in f.read().split()]
         except OSError:
             children = []
+        killed += len(children)
         for child in children:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, 9)
@@ -294,4 +378,4 @@ def kill_children(own_pid: int) -> None:
             with contextlib.suppress(ChildProcessError):
                 while os.waitpid(-1, os.WNOHANG)[0] > 0:
                     pass
-            return
+            return killed

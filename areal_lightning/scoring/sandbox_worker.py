@@ -165,30 +165,44 @@ def _print_error(err: BaseException) -> None:
 
 
 # ----------------------------------------------------------------------------- the worker's side
-def _wait_program(pid: int, result_r: int, limits: dict[str, Any]) -> tuple[bytes, int, Any, bool]:
-    """Waits for the program until its wall limit, reading its status line; kills it at the limit."""
+def _wait_program(pid: int, result_r: int, limits: dict[str, Any]) -> tuple[bytes, int, Any, bool, bool]:
+    """Waits for the program until its wall limit, reading its status line, then kills its whole
+    tree and reaps it, whatever it did to its descriptors, signals or process state.
+
+    Returns its status line, its wait status and usage, whether the wall clock ended it, and
+    whether its exit was clean (it exited by itself, was never stopped and needed no kill)."""
     deadline = time.monotonic() + limits["wall_s"]
     pidfd = os.pidfd_open(pid)
-    line, timed_out = b"", False
-    while True:
+    line, timed_out, channel = b"", False, [pidfd, result_r]
+    while True:  # only the program's exit or the clock ends this wait, never the channel
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             timed_out = True
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)  # process 1 of its PID namespace: every process in it dies
-                os.killpg(pid, signal.SIGKILL)
             break
-        ready, _, _ = select.select([pidfd, result_r], [], [], remaining)
+        ready, _, _ = select.select(channel, [], [], remaining)
         if result_r in ready:
             chunk = os.read(result_r, 512)
             line += chunk
             if not chunk or len(line) > 4096:
-                ready = [pidfd]  # closed (or flooded): wait for the exit
-        if pidfd in ready:
+                channel = [pidfd]  # closed (or flooded): the exit or the clock, nothing else
+        elif pidfd in ready:
             break
-    _, wait_status, usage = os.wait4(pid, 0)
     os.close(pidfd)
-    return line, wait_status, usage, timed_out
+    clean = not timed_out
+    while True:
+        if not clean or timed_out:
+            _kill_tree(pid)
+        _, wait_status, usage = os.wait4(pid, 0)
+        if os.WIFEXITED(wait_status) or os.WIFSIGNALED(wait_status):
+            return line, wait_status, usage, timed_out, clean
+        clean = False  # stopped (it made us its tracer): killed, then reaped
+
+
+def _kill_tree(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)  # process 1 of its PID namespace: every process in it dies
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 def _status(job: dict[str, Any], line: bytes, wait_status: int, usage: Any, timed_out: bool) -> dict[str, Any]:
@@ -218,11 +232,11 @@ def _status(job: dict[str, Any], line: bytes, wait_status: int, usage: Any, time
 
 
 def run_job(job: dict[str, Any], area: str, held: list[str]) -> dict[str, Any]:
-    """Runs one program (``job["source"]`` under ``job["limits"]``) and returns its report."""
+    """Runs one program (``job["source"]`` under ``job["limits"]``) and returns its report; the
+    report has ``abnormal`` (why) when this worker must not run another program."""
     limits = job["limits"]
     job["nonce"] = os.urandom(16).hex()
-    # The worker's own tmpfs is the program's directory, emptied afterwards; else a directory of its own.
-    tempdir = area if iso.Isolation.OWN_TMPFS in held else tempfile.mkdtemp(prefix="p", dir=area)
+    tempdir = tempfile.mkdtemp(prefix="p", dir=area)  # fresh for each program, removed afterwards
     out_fd = os.open(os.path.join(tempdir, _OUTPUT_NAME), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     result_r, result_w = os.pipe()
     started = time.monotonic()
@@ -237,29 +251,27 @@ def run_job(job: dict[str, Any], area: str, held: list[str]) -> dict[str, Any]:
             finally:
                 os._exit(_CHILD_FAILED)
         os.close(result_w)
-        report = _status(job, *_wait_program(pid, result_r, limits))
+        line, wait_status, usage, timed_out, clean = _wait_program(pid, result_r, limits)
+        report = _status(job, line, wait_status, usage, timed_out)
         report["wall_s"] = time.monotonic() - started
-        iso.kill_children(os.getpid())  # without a PID namespace, whatever it left behind
+        left_behind = iso.kill_children(os.getpid())  # without a PID namespace, whatever it left behind
         output = os.pread(out_fd, limits["max_output_bytes"] + 1, 0)
     finally:
         os.close(result_r)
         os.close(out_fd)
-        _empty(tempdir) if tempdir == area else _remove(tempdir)
+        _remove(tempdir)
+    abnormal = [
+        *(["it did not exit cleanly"] if not clean or report["status"] == "crashed" else []),
+        *([f"{left_behind} of its processes outlived it"] if left_behind else []),
+        *([f"it left {sorted(os.listdir(area))[:3]} in the shared directory"] if os.listdir(area) else []),
+    ]
+    if abnormal:
+        report["abnormal"] = "; ".join(abnormal)
     if not in_pid_ns:
         report["isolation"] = [name for name in report["isolation"] if name != iso.Isolation.PID_NS]
     report["truncated"] = len(output) > limits["max_output_bytes"]
     report["output"] = output[: limits["max_output_bytes"]].decode(errors="replace")
     return report
-
-
-def _empty(path: str) -> None:
-    for entry in os.scandir(path):
-        if entry.is_dir(follow_symlinks=False):
-            _remove(entry.path)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(entry.path)
-    os.chmod(path, 0o700)
 
 
 def _remove(path: str) -> None:
@@ -294,9 +306,13 @@ def main() -> None:
     while (job := read_message(proto_in)) is not None:
         try:
             report = run_job(job, area, held)
-        except Exception as err:  # noqa: BLE001 - the caller records it; the worker serves the next job
-            report = {"status": "crashed", "error": f"{type(err).__name__}: {err}", "isolation": []}
+        except Exception as err:  # noqa: BLE001 - the caller records it and replaces this worker
+            iso.kill_children(os.getpid())
+            error = f"{type(err).__name__}: {err}"
+            report = {"status": "crashed", "error": error, "isolation": [], "abnormal": error}
         write_message(proto_out, report)
+        if "abnormal" in report:
+            break  # whatever it saw may reach the next program: the pool starts a fresh worker
     if iso.Isolation.OWN_TMPFS not in held:
         _remove(area)
 
