@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import tempfile
 from collections.abc import Iterator
@@ -79,6 +80,11 @@ def test_limits_are_checked_and_name_the_field() -> None:
         SandboxLimits(wall_s=0)
     with pytest.raises(ArgumentError, match=r"`Sandbox\(workers=...\)` must be a positive integer, got 0"):
         Sandbox(workers=0)
+    without = r"`Sandbox\(without=...\)` must be a collection of names from \['pid_namespace'\], got \['own_root'\]"
+    with pytest.raises(ArgumentError, match=without):
+        Sandbox(without=["own_root"])
+    with pytest.raises(ArgumentError, match=r"`Sandbox\(directory=...\)` must be an existing directory or None"):
+        Sandbox(directory="/nonexistent/areal-sandbox")
     with pytest.raises(TypeError, match="program sources as strings, got bytes"):
         Sandbox().run_many([b"print(1)"])  # type: ignore[list-item]
 
@@ -123,7 +129,16 @@ def test_close_stops_the_workers_and_removes_their_files() -> None:
 
 
 def test_nothing_is_left_in_the_temporary_directory() -> None:
-    before = set(os.listdir(tempfile.gettempdir()))
-    with Sandbox() as box:
-        box.run("open('x', 'w').write('y')")
-    assert set(os.listdir(tempfile.gettempdir())) - before == set()
+    # A directory of its own (the shared /tmp changes as other jobs work): all the sandbox makes goes there.
+    parent = Path(tempfile.mkdtemp(prefix="areal-sandbox-parent-"))
+    try:
+        parent.chmod(0o755)  # the workers' user passes through it
+        writes = "import os, tempfile\nopen('x', 'w').write('y')\nos.mkdir('d')\ntempfile.mkstemp()\nprint(os.getcwd())"
+        with Sandbox(workers=2, directory=parent) as box:
+            results = box.run_many([writes, writes])
+            assert [r.status for r in results] == [ProgramStatus.PASSED] * 2, results
+            assert all(Path(r.output.strip()).is_relative_to(parent) for r in results), results
+            assert box._base is not None and Path(box._base).parent == parent and os.listdir(parent) != []
+        assert os.listdir(parent) == []
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)

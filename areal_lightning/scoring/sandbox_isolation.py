@@ -38,7 +38,7 @@ SYSTEM_PATHS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/etc/ld.so.cache", 
 """What a program sees read-only in its own root, beside the interpreter: shared libraries (which
 `ctypes` and C extension modules load), the dynamic linker's cache, the time zone."""
 DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
-_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS, _PR_SET_CHILD_SUBREAPER = 1, 4, 38, 36
+_PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS = 4, 38
 _CAP_VERSION_3 = 0x20080522
 
 NOBODY_UID = 65534
@@ -71,6 +71,9 @@ class Isolation:
     temporary directory, its /proc; nothing else of the machine (docs/code_evaluation.md)."""
 
     ALL = (UID, USER_NS, NET_NS, PID_NS, READONLY_FS, HIDDEN_HOME, PRIVATE_PROC, NO_CAPABILITIES, OWN_TMPFS, OWN_ROOT)
+    OPTIONAL = (PID_NS,)
+    """Those a `Sandbox` can be told to go without (`Sandbox(without=...)`), to run as on a kernel
+    that refuses them (its tests do: what the fallback kills must be tested here too)."""
 
 
 def _check(result: int, what: str) -> None:
@@ -81,16 +84,6 @@ def _check(result: int, what: str) -> None:
 
 def prctl(option: int, value: int) -> None:
     _check(_libc.prctl(option, value, 0, 0, 0), f"prctl({option})")
-
-
-def make_subreaper() -> None:
-    """Orphaned descendants of this process are re-parented to it (so that it can kill them)."""
-    prctl(_PR_SET_CHILD_SUBREAPER, 1)
-
-
-def die_with_parent() -> None:
-    """This process gets SIGKILL when its parent ends."""
-    prctl(_PR_SET_PDEATHSIG, 9)
 
 
 def unshare(flags: int) -> None:
@@ -296,43 +289,33 @@ def isolate_worker(area: str, homes: Sequence[str], sandbox_uid: int | None, dis
     return held
 
 
-_SYS_CLONE = {"x86_64": 56, "aarch64": 220, "riscv64": 220}
-_SIGCHLD = 17
-_pylibc = ctypes.PyDLL(None, use_errno=True)  # holds the GIL across the call, as os.fork does
-
-
-def fork_in_new_pid_namespace() -> tuple[int, bool]:
-    """Forks (as `os.fork`) into a new PID and mount namespace, where the child is process 1;
-    `(pid, True)`, or `(pid, False)` from a plain fork where the kernel refuses (0 in the child)."""
-    number = _SYS_CLONE.get(platform.machine())
-    if number is not None:
-        ctypes.pythonapi.PyOS_BeforeFork()
-        pid = _pylibc.syscall(number, CLONE_NEWPID | CLONE_NEWNS | _SIGCHLD, 0, 0, 0, 0)
-        if pid == 0:
-            ctypes.pythonapi.PyOS_AfterFork_Child()
-            return 0, True
-        ctypes.pythonapi.PyOS_AfterFork_Parent()
-        if pid > 0:
-            return pid, True
-    pid = os.fork()
-    return pid, False
-
-
 def isolate_program(tempdir: str, area: str, held: Sequence[str]) -> list[str]:
-    """Run by the program's own process (process 1 of its PID namespace) before the program: leaves
-    only `tempdir` writable of the worker's `area` (when they differ), mounts its own /proc, drops
-    every capability. Returns the `Isolation` names that held."""
+    """Run by the program's own process before the program: leaves only `tempdir` writable of the
+    worker's `area`, mounts its own /proc (in a PID namespace of its own), detaches the machine's
+    root, drops every capability. Returns the `Isolation` names that held.
+
+    Raises:
+        OSError: where its mounts would be its worker's (no mount namespace of its own) under
+            `Isolation.OWN_ROOT`, or where it cannot detach the machine's root: it does not run.
+    """
     out = []
-    if Isolation.PID_NS in held:
+    own_mounts = Isolation.PID_NS in held  # forked into new PID and mount namespaces
+    if not own_mounts:
         try:
-            if Isolation.READONLY_FS in held or Isolation.OWN_ROOT in held:
-                keep = _clone_tree(tempdir)
-                _set_readonly(area, True, recursive=True)
-                _attach(keep, tempdir)
+            unshare(CLONE_NEWNS)  # a plain fork: what it detaches below must stay its worker's
+            own_mounts = True
+        except OSError:
+            if Isolation.OWN_ROOT in held:
+                raise
+    if own_mounts and (Isolation.READONLY_FS in held or Isolation.OWN_ROOT in held):
+        with contextlib.suppress(OSError):
+            keep = _clone_tree(tempdir)
+            _set_readonly(area, True, recursive=True)
+            _attach(keep, tempdir)
+    if Isolation.PID_NS in held:
+        with contextlib.suppress(OSError):
             _mount(b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
             out.append(Isolation.PRIVATE_PROC)
-        except OSError:
-            pass
     if Isolation.OWN_ROOT in held:
         leave_old_root()  # refused: the program does not run (``crashed``) rather than see the machine
     prctl(_PR_SET_NO_NEW_PRIVS, 1)
@@ -355,27 +338,3 @@ def set_limits(limits: dict[str, int]) -> None:
     ):
         resource.setrlimit(name, (limits[key], limits[key]))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-
-def kill_children(own_pid: int) -> int:
-    """Kills and reaps every child of this process (as a subreaper: every descendant left behind);
-    returns how many it killed."""
-    killed = 0
-    while True:
-        try:
-            with open(f"/proc/{own_pid}/task/{own_pid}/children") as f:
-                children = [int(p) for p in f.read().split()]
-        except OSError:
-            children = []
-        killed += len(children)
-        for child in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, 9)
-        for child in children:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(child, 0)
-        if not children:
-            with contextlib.suppress(ChildProcessError):
-                while os.waitpid(-1, os.WNOHANG)[0] > 0:
-                    pass
-            return killed

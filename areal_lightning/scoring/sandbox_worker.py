@@ -2,10 +2,10 @@
 
 Started by `Sandbox` as ``python -I -m areal_lightning.scoring.sandbox_worker BASE_DIR`` with an
 environment that holds nothing of the caller's. It reads jobs (length-prefixed JSON) on stdin and
-answers each on stdout. Per job it forks a supervisor, which isolates itself
-(`sandbox_isolation.isolate_supervisor`), starts the program in its own process, enforces the wall
-clock and reports the program's status; the worker then kills whatever is left and removes the
-program's temporary directory. Forking an interpreter that is already running (and has the usual
+answers each on stdout. Per job it forks the program's process (`sandbox_processes.fork_program`),
+which isolates itself (`sandbox_isolation.isolate_program`) and runs the program; the worker
+enforces the wall clock, kills whatever is left of the program, removes its temporary directory,
+then reports its status. Forking an interpreter that is already running (and has the usual
 modules imported) is what makes a program cost milliseconds rather than an interpreter start.
 Standard library only.
 """
@@ -27,7 +27,7 @@ import traceback
 import types
 from typing import Any
 
-from areal_lightning.scoring import sandbox_isolation as iso
+from areal_lightning.scoring import sandbox_isolation as iso, sandbox_processes as procs
 
 PRELOADED = [
     "array",
@@ -108,7 +108,7 @@ def _run_program(job: dict[str, Any], paths: tuple[str, str], out_fd: int, resul
     """Process 1 of the program's PID namespace: isolates itself, runs the program, writes its status line."""
     tempdir, area = paths
     os.setsid()  # a group of its own
-    iso.die_with_parent()
+    procs.die_with_parent()
     held = held + iso.isolate_program(tempdir, area, held)
     os.chdir(tempdir)
     devnull = os.open(os.devnull, os.O_RDONLY)
@@ -231,9 +231,10 @@ def _status(job: dict[str, Any], line: bytes, wait_status: int, usage: Any, time
     return {"status": status, "exit_code": code, "signal": sig, "isolation": isolation, "limit": limit, "error": error}
 
 
-def run_job(job: dict[str, Any], area: str, held: list[str]) -> dict[str, Any]:
+def run_job(job: dict[str, Any], area: str, held: list[str], proc_fd: int) -> dict[str, Any]:
     """Runs one program (``job["source"]`` under ``job["limits"]``) and returns its report; the
-    report has ``abnormal`` (why) when this worker must not run another program."""
+    report has ``abnormal`` (why) when this worker must not run another program. Every process of
+    the program is dead before it returns (`proc_fd`: the machine's /proc, `procs.open_proc`)."""
     limits = job["limits"]
     job["nonce"] = os.urandom(16).hex()
     tempdir = tempfile.mkdtemp(prefix="p", dir=area)  # fresh for each program, removed afterwards
@@ -241,7 +242,7 @@ def run_job(job: dict[str, Any], area: str, held: list[str]) -> dict[str, Any]:
     result_r, result_w = os.pipe()
     started = time.monotonic()
     try:
-        pid, in_pid_ns = iso.fork_in_new_pid_namespace()
+        pid, in_pid_ns = procs.fork_program(iso.Isolation.PID_NS not in job.get("without", ()))
         if pid == 0:
             try:
                 os.close(result_r)
@@ -254,7 +255,7 @@ def run_job(job: dict[str, Any], area: str, held: list[str]) -> dict[str, Any]:
         line, wait_status, usage, timed_out, clean = _wait_program(pid, result_r, limits)
         report = _status(job, line, wait_status, usage, timed_out)
         report["wall_s"] = time.monotonic() - started
-        left_behind = iso.kill_children(os.getpid())  # without a PID namespace, whatever it left behind
+        left_behind = procs.kill_descendants(proc_fd, os.getpid())  # without a PID namespace, what it left
         output = os.pread(out_fd, limits["max_output_bytes"] + 1, 0)
     finally:
         os.close(result_r)
@@ -298,16 +299,26 @@ def main() -> None:
     os.dup2(devnull, 1)
     area = tempfile.mkdtemp(prefix="w", dir=base)
     os.chmod(area, 0o711)  # programs' directories can be entered, not listed
-    iso.make_subreaper()
+    proc_fd = procs.open_proc()  # before the worker's own root, which has none
+    keeper = os.getpid() if os.geteuid() == 0 and sandbox_uid >= 0 else None
+    if keeper is not None and (worker := os.fork()) != 0:
+        os.close(proto_in)  # the pool sees the end of the worker, not of its keeper
+        os.close(proto_out)
+        procs.keep(worker, proc_fd)
+    procs.make_subreaper()  # not inherited by a fork: set by the keeper and the worker each
     disk_bytes = int(os.environ.get("SANDBOX_DISK_BYTES", str(64 << 20)))
     held = iso.isolate_worker(area, homes, sandbox_uid if sandbox_uid >= 0 else None, disk_bytes)
+    if keeper is not None:  # after the uid drop, which clears it
+        procs.die_with_parent()
+        if os.getppid() != keeper:
+            return  # it died before
     for name in PRELOADED:
         __import__(name)
     while (job := read_message(proto_in)) is not None:
         try:
-            report = run_job(job, area, held)
+            report = run_job(job, area, held, proc_fd)
         except Exception as err:  # noqa: BLE001 - the caller records it and replaces this worker
-            iso.kill_children(os.getpid())
+            procs.kill_descendants(proc_fd, os.getpid())
             error = f"{type(err).__name__}: {err}"
             report = {"status": "crashed", "error": error, "isolation": [], "abnormal": error}
         write_message(proto_out, report)
