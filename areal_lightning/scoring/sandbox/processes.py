@@ -15,7 +15,7 @@ import os
 import platform
 import signal
 
-from areal_lightning.scoring.sandbox_isolation import CLONE_NEWNS, CLONE_NEWPID, prctl
+from areal_lightning.scoring.sandbox.isolation import CLONE_NEWNS, CLONE_NEWPID, prctl
 
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
 _SYS_CLONE = {"x86_64": 56, "aarch64": 220, "riscv64": 220}
