@@ -24,7 +24,7 @@ from typing import Any, cast
 
 import torch
 from torch import nn
-from torchmetrics import MaxMetric, SumMetric
+from torchmetrics import MaxMetric, Metric, SumMetric
 
 from areal_lightning.eval_round import EvalBatch, EvalContext
 from areal_lightning.rl.engines.server.client import Fleet, ServerError
@@ -58,7 +58,7 @@ UNSCORED_KEY = "server/unscored"
 VERSION_POLL_S = 0.5
 
 
-def _count() -> SumMetric:
+def _count() -> Metric:
     return SumMetric(nan_strategy="disable").set_dtype(torch.float64)
 
 

@@ -115,7 +115,9 @@ class ServerPolicy(GeneratesFromScored):
         prompts = [ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids.cpu(), prompt_mask.cpu(), strict=True)]
         stops = [*self.stop, *(s for s in stop if s not in self.stop)]
         sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
-        bodies, routes, position = [], [], {}
+        bodies: list[dict[str, Any]] = []
+        routes: list[int] = []
+        position: dict[int, int] = {}
         for prompt, g in zip(prompts, gens, strict=True):
             # Rows of one prompt share its generator: the k-th of them is the prompt's k-th sample.
             k = position[id(g)] = position.get(id(g), -1) + 1
