@@ -74,7 +74,7 @@ test-fast: $(STAMP)
 
 # The vLLM backend's tests, in the second environment (created when missing); in the main
 # environment the same files skip.
-VLLM_PYTEST := VLLM_TESTS_REQUIRED=1 $(VLLM_PY) -m pytest -q -p no:cacheprovider tests/test_vllm_policy.py tests/test_vllm_round.py
+VLLM_PYTEST := VLLM_TESTS_REQUIRED=1 $(VLLM_PY) -m pytest -q -p no:cacheprovider tests/test_vllm_policy.py tests/test_vllm_round.py tests/test_server_round.py
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_PYTEST)
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # Lightning and W&B load only when a builder that needs them 
     from lightning.pytorch.loggers import Logger
 
     from areal_lightning.callbacks import EvaluationCallback
+    from areal_lightning.rl.engines.server.evaluator import ServerEvaluator
     from areal_lightning.rl.engines.vllm.evaluator import VLLMEvaluator
     from areal_lightning.rl.grpo.module import GRPOModule
     from areal_lightning.rl.policy import Policy
@@ -107,15 +108,20 @@ def build_policy(cfg: Config, task: RLTask) -> Policy:
     return TinyPolicy(tok.vocab_size, p.d_model, p.n_layers, p.n_heads, p.max_len, pad_id=tok.pad_id, eos_id=tok.eos_id)
 
 
-def build_engine_evaluate_fn(cfg: Config) -> VLLMEvaluator | None:
+def build_engine_evaluate_fn(cfg: Config) -> VLLMEvaluator | ServerEvaluator | None:
     """The evaluation's generation engine of ``policy.eval_engine``: a `VLLMEvaluator` for ``vllm``,
-    None (the policy's own `generate`) for ``policy``. The engine itself starts on the first round.
+    a `ServerEvaluator` for ``server``, None (the policy's own `generate`) for ``policy``. The engine
+    itself starts on the first round (the servers are started by the user: docs/servers.md).
 
     Example:
         >>> from areal_lightning.app.config import load_config
         >>> build_engine_evaluate_fn(load_config(None, ["eval_sets.easy.size=5"])) is None
         True
     """
+    if cfg.policy.eval_engine is EvalEngine.SERVER:
+        from areal_lightning.rl.engines.server.evaluator import ServerEvaluator
+
+        return ServerEvaluator(cfg.policy.server.build())
     if cfg.policy.eval_engine is not EvalEngine.VLLM:
         return None
     from areal_lightning.rl.engines.vllm.evaluator import VLLMEvaluator

@@ -13,8 +13,11 @@ def episode_config_problem(cfg: Any) -> str | None:
     evaluation engine; for the tiny arithmetic policy, a feedback message outside its alphabet or a
     last turn that cannot fit ``policy.max_len``."""
     episodes: EpisodeSettings = cfg.episodes
-    if cfg.policy.eval_engine.value == "vllm":
-        return "episodes need policy.eval_engine: policy (the vLLM engine generates single turns only); got vllm"
+    if cfg.policy.eval_engine.value in ("vllm", "server"):
+        engine = cfg.policy.eval_engine.value
+        return (
+            f"episodes need policy.eval_engine: policy (the {engine} engine generates single turns only); got {engine}"
+        )
     if cfg.policy.kind.value != "tiny" or cfg.task.name.value != "arithmetic":
         return None
     from areal_lightning.tasks.arithmetic import ALPHABET, ArithmeticTask, operand_range

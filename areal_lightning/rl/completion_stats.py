@@ -61,7 +61,7 @@ def update_completion_metrics(
     eos_id: int,
     answer_ids: Sequence[int],
     stop_in_text: Tensor | None = None,
-    scores: tuple[Tensor, Tensor, Tensor] | None = None,
+    scores: tuple[Tensor, Tensor | None, Tensor] | None = None,
 ) -> None:
     """Adds one batch of completions to `metrics` (named as `completion_metrics`).
 
@@ -86,12 +86,13 @@ def update_completion_metrics(
     metrics[STOPPED].update(stopped)
     metrics[NO_ANSWER_SHARE].update(torch.tensor([a == NO_ANSWER for a in answer_ids], dtype=torch.bool))
     if scores is None and generation.logprobs is not None:
-        assert generation.entropy is not None and generation.scored is not None
+        assert generation.scored is not None
         scores = (generation.logprobs, generation.entropy, generation.scored)
     if scores is not None:
         logprobs, entropy, mask = scores
         metrics[LOGPROB].update(logprobs.detach().float(), mask)
-        metrics[ENTROPY].update(entropy.detach().float(), mask)
+        if entropy is not None:  # an inference server gives no entropies: completion/entropy stays NaN
+            metrics[ENTROPY].update(entropy.detach().float(), mask)
 
 
 def step_completion_stats(

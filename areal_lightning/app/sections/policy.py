@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from areal_lightning.app.config_errors import ConfigError, at_least, owned_by_key
+from areal_lightning.rl.engines.server.options import ServerKind
 
 
 class PolicyKind(str, Enum):
@@ -19,10 +20,12 @@ class PolicyKind(str, Enum):
 
 class EvalEngine(str, Enum):
     """What the evaluation generates with: ``policy``: the policy's own `generate`; ``vllm``: a vLLM
-    engine fed the trained weights in place (``hf`` policies; docs/vllm.md)."""
+    engine fed the trained weights in place (``hf`` policies; docs/vllm.md); ``server``: OpenAI-compatible
+    inference servers loaded with each round's weights (``hf`` policies; docs/servers.md)."""
 
     POLICY = "policy"
     VLLM = "vllm"
+    SERVER = "server"
 
 
 class ModelDtype(str, Enum):
@@ -70,6 +73,56 @@ class VLLMConfig:
 
 
 @dataclass
+class ServerConfig:
+    """The inference servers of ``policy.eval_engine: server`` (`ServerOptions`; docs/servers.md)."""
+
+    urls: list[str] = field(default_factory=list)
+    """The servers' base URLs (http://host:port), each serving the model; at least one."""
+    model: Optional[str] = None
+    """The served model name (vllm serve --served-model-name)."""
+    snapshot_dir: Optional[str] = None
+    """Where each round's weights are published, a directory every server can read."""
+    kind: ServerKind = ServerKind.VLLM
+    """The servers' weight routes: vllm or sglang (sglang untested here)."""
+    keep_snapshots: int = 2
+    """Published snapshots kept on disk."""
+    max_in_flight: int = 32
+    """Requests in flight per server."""
+    retries: int = 2
+    """Attempts after the first on one server (transport errors and 5xx only), then the next server."""
+    retry_wait_s: float = 0.5
+    """The wait before the first retry, doubled after each."""
+    timeout_base_s: float = 30.0
+    """A request's time limit: this plus timeout_per_token_s per max_new_tokens."""
+    timeout_per_token_s: float = 0.1
+    """See timeout_base_s."""
+    load_timeout_s: float = 600.0
+    """The time limit of a weight load on one server."""
+
+    def check(self, path: str) -> None:
+        with owned_by_key(path):
+            self.build()
+
+    def build(self) -> Any:
+        """The `ServerOptions` of this section."""
+        from areal_lightning.rl.engines.server.options import ServerOptions
+
+        return ServerOptions(
+            urls=list(self.urls),
+            model=self.model or "",
+            snapshot_dir=self.snapshot_dir or "",
+            kind=self.kind,
+            keep_snapshots=self.keep_snapshots,
+            max_in_flight=self.max_in_flight,
+            retries=self.retries,
+            retry_wait_s=self.retry_wait_s,
+            timeout_base_s=self.timeout_base_s,
+            timeout_per_token_s=self.timeout_per_token_s,
+            load_timeout_s=self.load_timeout_s,
+        )
+
+
+@dataclass
 class PolicyConfig:
     """The language model being trained."""
 
@@ -104,13 +157,17 @@ class PolicyConfig:
     """What evaluation generates with: policy (its own generate) or vllm (kind: hf only; docs/vllm.md)."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """hf with eval_engine: vllm: how the engine is built."""
+    server: ServerConfig = field(default_factory=ServerConfig)
+    """hf with eval_engine: server: the inference servers (docs/servers.md)."""
 
     def check(self, path: str) -> None:
         self.vllm.check(f"{path}.vllm")
-        if self.eval_engine is EvalEngine.VLLM and self.kind is not PolicyKind.HF:
+        if self.eval_engine is EvalEngine.SERVER:
+            self.server.check(f"{path}.server")
+        if self.eval_engine is not EvalEngine.POLICY and self.kind is not PolicyKind.HF:
             raise ConfigError(
-                f"{path}.eval_engine: vllm needs {path}.kind: hf (vLLM serves transformers models), "
-                f"got kind: {self.kind.value}; set kind: hf and path, or eval_engine: policy"
+                f"{path}.eval_engine: {self.eval_engine.value} needs {path}.kind: hf (vLLM serves transformers "
+                f"models), got kind: {self.kind.value}; set kind: hf and path, or eval_engine: policy"
             )
         for name in ("d_model", "n_layers", "n_heads", "max_len"):
             at_least(f"{path}.{name}", getattr(self, name), 1)

@@ -31,7 +31,8 @@ class Generation:
         logprobs: ``[B, max_new_tokens]`` float32, the raw log-probability of each sampled token,
             0 elsewhere; None when the engine gave no scores.
         entropy: ``[B, max_new_tokens]`` float32, the raw entropy of each sampled token's
-            distribution (nats), 0 elsewhere; None when the engine gave no scores.
+            distribution (nats), 0 elsewhere; None when the engine gave no scores, or gave
+            log-probabilities only (an inference server: `rl.engines.server`).
         scored: ``[B, max_new_tokens]`` bool, the tokens that were sampled (an EOS appended after a
             stop string and the padding are not); None without scores.
     """

@@ -1,0 +1,240 @@
+"""Evaluation through two real `vllm serve` processes of a tiny Llama (the vLLM CPU build), on
+127.0.0.1: a round gives the same metrics and completions through two servers, one server and the
+in-process vLLM engine; new weights between rounds reach both servers; a server killed in the
+middle of a round leaves the round's results unchanged (its requests go to the other); a server
+restarted with other weights is reloaded before the next round, and one that claims the round's
+version while holding other weights fails the round. The servers start once for the module and
+their process groups are killed at its end."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from hf_models import save_tiny_llama, write_gsm8k
+from server_helpers import SERVED_NAME, Server, free_port
+from vllm_helpers import HIDDEN, require_vllm
+
+from areal_lightning.rl.engines.server.evaluator import FAILED_KEY, FAILOVERS_KEY, WEIGHTS_STEP_KEY
+from areal_lightning.rl.engines.server.weights import VersionError
+
+require_vllm()
+pytestmark = pytest.mark.timeout(2400)  # two servers start in 5-6 min each on the loaded 2-core box
+
+PROMPTS = 6
+ENGINE_ONLY = ("completion/entropy", "server/", "vllm/")
+"""Metrics only one engine has: servers give no entropies; each engine's own counters."""
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    tmp = tmp_path_factory.mktemp("servers")
+    model = save_tiny_llama(tmp / "model", hidden=HIDDEN, digit_bias=2.0)
+    other = save_tiny_llama(tmp / "other", seed=1, hidden=HIDDEN, digit_bias=2.0)
+    servers = [Server(model, free_port(), tmp / f"server{i}.log").start() for i in range(2)]
+    try:
+        for server in servers:
+            server.wait_ready()
+        yield SimpleNamespace(
+            tmp=tmp, model=model, other=other, data=write_gsm8k(tmp / "test.jsonl", PROMPTS), servers=servers
+        )
+    finally:
+        for server in servers:
+            server.kill()
+
+
+def _config(fleet: Any, engine: str, urls: list[str]) -> Any:
+    from areal_lightning.app.config import load_config
+
+    return load_config(
+        None,
+        [
+            "policy.kind=hf",
+            f"policy.path={fleet.model}",
+            f"policy.eval_engine={engine}",
+            "policy.vllm.max_model_len=256",
+            "policy.vllm.max_num_seqs=32",
+            f"policy.server.urls=[{','.join(urls)}]",
+            f"policy.server.model={SERVED_NAME}",
+            f"policy.server.snapshot_dir={fleet.tmp / 'snapshots'}",
+            "policy.server.retry_wait_s=0.2",
+            "task.name=math",
+            f"task.path={fleet.data}",
+            "task.verifier=numeric",
+            f"eval_sets.sampled.path={fleet.data}",
+            "eval_sets.sampled.n_samples=3",
+            "eval_sets.sampled.temperature=1.0",
+            "eval_sets.sampled.max_new_tokens=8",
+            "eval_sets.sampled.batch_size=2",
+            f"eval_sets.greedy.path={fleet.data}",
+            "eval_sets.greedy.temperature=0.0",
+            "eval_sets.greedy.max_new_tokens=8",
+            "logger.wandb.mode=disabled",
+            f"output_dir={fleet.tmp / 'run'}",
+        ],
+    )
+
+
+def _module(fleet: Any, engine: str = "server", urls: list[str] | None = None) -> tuple[Any, Any]:
+    from areal_lightning.app.builders import build_module
+
+    cfg = _config(fleet, engine, [s.url for s in fleet.servers] if urls is None else urls)
+    return cfg, build_module(cfg)
+
+
+def _round(cfg: Any, module: Any, step: int = 0) -> list[Any]:
+    from areal_lightning.app.builders import build_eval_sets
+    from areal_lightning.callbacks.async_evaluator import module_evaluate
+    from areal_lightning.eval_round import run_round
+
+    return run_round(
+        module, build_eval_sets(cfg), module_evaluate, seed=cfg.seed, global_step=step, epoch=0, max_table_rows=PROMPTS
+    )
+
+
+def _shared(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in metrics.items() if not any(p in k for p in ENGINE_ONLY)}
+
+
+def assert_same_results(a: list[Any], b: list[Any]) -> None:
+    """The same metrics to the last digit (NaN where both are NaN) and the same completions."""
+    assert [r.dataset for r in a] == [r.dataset for r in b]
+    for x, y in zip(a, b, strict=True):
+        mx, my = _shared(x.metrics), _shared(y.metrics)
+        assert mx.keys() == my.keys()
+        differ = {k: (mx[k], my[k]) for k in mx if not (mx[k] == my[k] or (math.isnan(mx[k]) and math.isnan(my[k])))}
+        assert not differ, f"{x.dataset}: {differ}"
+        assert [r["completion"] for r in x.table_rows] == [r["completion"] for r in y.table_rows]
+
+
+def _versions(fleet: Any) -> list[str]:
+    return [httpx.get(f"{s.url}/weight_info", timeout=30).json()["weight_version"] for s in fleet.servers]
+
+
+@pytest.fixture(scope="module")
+def reference(fleet: Any) -> list[Any]:
+    """The round at step 0 through both servers."""
+    cfg, module = _module(fleet)
+    try:
+        return _round(cfg, module)
+    finally:
+        module.engine_evaluate_fn.close()
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_two_servers_one_server_and_the_in_process_engine_give_the_same_round(fleet: Any, reference: list[Any]) -> None:
+    sampled = next(r for r in reference if r.dataset == "sampled")
+    assert sampled.metrics[WEIGHTS_STEP_KEY] == 0 and sampled.metrics[FAILED_KEY] == 0
+    assert not math.isnan(sampled.metrics["completion/logprob"])  # the servers' log-probabilities
+    assert math.isnan(sampled.metrics["completion/entropy"])  # servers give none: null, not made up
+    assert len(set(_versions(fleet))) == 1 and _versions(fleet)[0].startswith("step-000000000-")
+    cfg, one = _module(fleet, urls=[fleet.servers[1].url])
+    try:
+        assert_same_results(reference, _round(cfg, one))
+    finally:
+        one.engine_evaluate_fn.close()
+    cfg, in_process = _module(fleet, engine="vllm")
+    try:
+        assert_same_results(reference, _round(cfg, in_process))
+    finally:
+        in_process.engine_evaluate_fn.close()
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_new_weights_between_rounds_reach_every_server(fleet: Any, reference: list[Any]) -> None:
+    from transformers import AutoModelForCausalLM
+
+    cfg, module = _module(fleet)
+    other = AutoModelForCausalLM.from_pretrained(fleet.other, dtype=torch.float32)
+    try:
+        module.policy.model.load_state_dict(other.state_dict())
+        after = _round(cfg, module, step=1)
+        versions = _versions(fleet)
+        assert len(set(versions)) == 1 and versions[0].startswith("step-000000001-")
+        assert all(r.metrics[WEIGHTS_STEP_KEY] == 1 for r in after)
+        greedy = next(r for r in after if r.dataset == "greedy")
+        before = next(r for r in reference if r.dataset == "greedy")
+        assert [r["completion"] for r in greedy.table_rows] != [r["completion"] for r in before.table_rows]
+    finally:
+        module.engine_evaluate_fn.close()
+    cfg, in_process = _module(fleet, engine="vllm")
+    try:
+        in_process.policy.model.load_state_dict(other.state_dict())
+        assert_same_results(after, _round(cfg, in_process, step=1))
+    finally:
+        in_process.engine_evaluate_fn.close()
+
+
+def _kill_when_busy(server: Server, done: threading.Event) -> None:
+    """Kills `server` once it has requests running (polling its Prometheus metrics)."""
+    while not done.is_set():
+        try:
+            text = httpx.get(f"{server.url}/metrics", timeout=5).text
+        except httpx.HTTPError:
+            return
+        running = [ln for ln in text.splitlines() if ln.startswith("vllm:num_requests_running")]
+        if running and float(running[0].split()[-1]) > 0:
+            server.kill()
+            return
+        time.sleep(0.05)
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_a_server_killed_mid_round_leaves_the_results_unchanged(fleet: Any, reference: list[Any]) -> None:
+    cfg, module = _module(fleet)
+    victim = fleet.servers[1]
+    done = threading.Event()
+    killer = threading.Thread(target=_kill_when_busy, args=(victim, done))
+    try:
+        killer.start()
+        results = _round(cfg, module)
+    finally:
+        done.set()
+        killer.join()
+        module.engine_evaluate_fn.close()
+    assert victim.proc is None, "the server was not killed during the round"
+    assert_same_results(reference, results)
+    assert sum(r.metrics[FAILOVERS_KEY] for r in results) > 0
+    assert sum(r.metrics[FAILED_KEY] for r in results) > 0
+    # Every completion counted once: as many samples as without the kill (3 and 4 per prompt).
+    assert [r.num_samples for r in results] == [r.num_samples for r in reference] == [PROMPTS * 3, PROMPTS * 4]
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_a_server_restarted_with_other_weights_is_caught(fleet: Any, reference: list[Any]) -> None:
+    from areal_lightning.eval_round import EvalRoundError
+
+    restarted = fleet.servers[1]
+    restarted.kill()
+    restarted.model = fleet.other
+    restarted.start().wait_ready()
+    cfg, module = _module(fleet)
+    try:
+        # It holds other weights under vLLM's starting version: the round loads its own first.
+        assert _versions(fleet)[1] != _versions(fleet)[0]
+        assert_same_results(reference, _round(cfg, module))
+        # Other weights under the round's own version: the checksums tell them apart.
+        version = _versions(fleet)[0]
+        httpx.post(
+            f"{restarted.url}/collective_rpc",
+            json={"method": "reload_weights", "kwargs": {"weights_path": str(fleet.other)}},
+            timeout=300,
+        ).raise_for_status()
+        httpx.post(
+            f"{restarted.url}/update_weight_version", json={"new_version": version}, timeout=30
+        ).raise_for_status()
+        with pytest.raises(EvalRoundError, match="different weights") as caught:
+            _round(cfg, module)
+        assert isinstance(caught.value.__cause__, VersionError) or "VersionError" in str(caught.value)
+    finally:
+        module.engine_evaluate_fn.close()
