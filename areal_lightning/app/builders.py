@@ -26,7 +26,6 @@ if TYPE_CHECKING:  # Lightning and W&B load only when a builder that needs them 
     from lightning.pytorch.callbacks import Callback
     from lightning.pytorch.loggers import Logger
 
-    from areal_lightning.app.sections.eval_sets import EvalSetConfig
     from areal_lightning.callbacks import EvaluationCallback
     from areal_lightning.rl.engines.vllm.evaluator import VLLMEvaluator
     from areal_lightning.rl.grpo.module import GRPOModule
@@ -170,8 +169,11 @@ def build_eval_sets(cfg: Config, task: RLTask | None = None) -> list[EvalSet]:
     out = []
     samples: Sequence[Any]
     for name, es in cfg.eval_sets.items():
-        if es.harness is not None:
-            out.append(build_harness_eval_set(name, es, cfg.seed))
+        if es.harness is not None:  # an lm-evaluation-harness task (docs/harness.md)
+            from areal_lightning.rl.harness.tasks import harness_eval_set
+
+            harness = harness_eval_set(name, es.harness.spec(), es.batch_size, es.max_batch_cost)
+            out.append(subsample(harness, es.subsample.build(cfg.seed)) if es.subsample is not None else harness)
             continue
         if es.is_file_set and cfg.task.name is TaskName.CODE:
             from areal_lightning.tasks.code import CodeTask
@@ -220,25 +222,6 @@ def build_eval_sets(cfg: Config, task: RLTask | None = None) -> list[EvalSet]:
             eval_set = subsample(eval_set, es.subsample.build(cfg.seed))
         out.append(eval_set)
     return out
-
-
-def build_harness_eval_set(name: str, es: EvalSetConfig, seed: int) -> EvalSet:
-    """The eval set of an lm-evaluation-harness task: its documents, with the task's own sampling
-    (no `SamplingParams`); a document's cost is its prompt's length."""
-    from areal_lightning.rl.harness import HARNESS_OPTION, load_task
-
-    assert es.harness is not None
-    spec = es.harness.spec()
-    eval_set = EvalSet(
-        name=name,
-        samples=load_task(spec)[1],
-        batch_size=es.batch_size,
-        cost_fn=lambda d: float(len(d.prompt)),
-        key_fn=lambda d: d.key,
-        max_batch_cost=es.max_batch_cost,
-        options={HARNESS_OPTION: spec.as_options()},
-    )
-    return subsample(eval_set, es.subsample.build(seed)) if es.subsample is not None else eval_set
 
 
 def build_callback(

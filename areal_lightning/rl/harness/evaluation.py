@@ -27,11 +27,9 @@ from areal_lightning.metrics.constants import NO_ANSWER
 from areal_lightning.rl.completion_stats import completion_metrics, update_completion_metrics
 from areal_lightning.rl.harness.generation import Decoding, generate_requests
 from areal_lightning.rl.harness.metric import HarnessAggregate, Statistic
-from areal_lightning.rl.harness.tasks import GENERATE_UNTIL, HarnessDoc, HarnessSpec, load_task
+from areal_lightning.rl.harness.tasks import GENERATE_UNTIL, HARNESS_OPTION, HarnessDoc, HarnessSpec, load_task
 from areal_lightning.rl.rollout_eval import metric_names_of
 
-HARNESS_OPTION = "harness"
-"""`EvalSet.options` key holding the eval set's `HarnessSpec` (as plain values)."""
 INVALID_RESPONSE = "[invalid]"
 """What the harness's regex filters answer when they find nothing (counted in completion/no_answer)."""
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+HARNESS_OPTION = "harness"
+"""`EvalSet.options` key holding the eval set's `HarnessSpec` (as plain values)."""
 HARNESS_FEWSHOT_SEED = 1234
 """`simple_evaluate`'s default `fewshot_random_seed`: the same few-shot examples as the harness's own runs."""
 DEFAULT_BOOTSTRAP_ITERS = 100_000
@@ -222,3 +224,19 @@ def load_task(spec: HarnessSpec) -> tuple[Any, list[HarnessDoc]]:
 def output_type(spec: HarnessSpec) -> str:
     """The task's output type (``generate_until``, ``multiple_choice`` ...)."""
     return str(load_task(spec)[0].OUTPUT_TYPE)
+
+
+def harness_eval_set(name: str, spec: HarnessSpec, batch_size: int, max_batch_cost: float | None) -> Any:
+    """The eval set of a harness task: its documents, with the task's own sampling (no `SamplingParams`,
+    `HARNESS_OPTION` in its options); a document's cost is its prompt's length."""
+    from areal_lightning.eval_round import EvalSet
+
+    return EvalSet(
+        name=name,
+        samples=load_task(spec)[1],
+        batch_size=batch_size,
+        cost_fn=lambda d: float(len(d.prompt)),
+        key_fn=lambda d: d.key,
+        max_batch_cost=max_batch_cost,
+        options={HARNESS_OPTION: spec.as_options()},
+    )
