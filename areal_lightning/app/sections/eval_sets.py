@@ -57,6 +57,12 @@ class HarnessConfig:
     def spec(self) -> HarnessSpec:
         return HarnessSpec(self.task, self.task_file, self.num_fewshot, self.limit, self.bootstrap_iters)
 
+    def scores_choices(self) -> bool:
+        """Whether the task scores choices' log-probabilities (multiple choice) instead of generating."""
+        from areal_lightning.rl.harness.tasks import LOGLIKELIHOOD_TYPES, output_type
+
+        return output_type(self.spec()) in LOGLIKELIHOOD_TYPES
+
     def check(self, path: str) -> None:
         if self.task is None and self.task_file is None:
             raise ConfigError(f"{path} needs task (a task of lm-eval's registry) or task_file (a task YAML file)")
@@ -65,14 +71,14 @@ class HarnessConfig:
         at_least(f"{path}.bootstrap_iters", self.bootstrap_iters, 0)
         from areal_lightning.rl.harness import HarnessTaskError, load_task
         from areal_lightning.rl.harness.evaluation import unsupported_type
-        from areal_lightning.rl.harness.tasks import GENERATE_UNTIL
 
         try:
             task, _ = load_task(self.spec())
         except HarnessTaskError as err:
             raise ConfigError(f"{path}: {err}") from None
-        if task.OUTPUT_TYPE != GENERATE_UNTIL:
-            raise ConfigError(f"{path}: {unsupported_type(self.spec(), task.OUTPUT_TYPE)}")
+        refused = unsupported_type(self.spec(), task.OUTPUT_TYPE)
+        if refused is not None:
+            raise ConfigError(f"{path}: {refused}")
 
 
 @dataclass

@@ -10,6 +10,10 @@ function. Logged beside them: ``<metric>_stderr,<filter>`` (the harness's standa
 completion statistics of every completion, and ``pass@k,<filter>`` for k in 1 and the task's
 ``repeats`` where the task samples each document more than once (a repeat passes when the task's
 first metric scores it above 0 on its own).
+
+A multiple-choice (``multiple_choice``, ``loglikelihood``) task's requests are scored instead: each
+choice's continuation log-probability under the HF policy's model (`loglikelihood`), then the
+same filters, `process_results` (``acc``, ``acc_norm`` ...) and aggregation; no completion statistics.
 """
 
 from __future__ import annotations
@@ -26,19 +30,31 @@ from areal_lightning.metrics import PassAtK
 from areal_lightning.metrics.constants import NO_ANSWER
 from areal_lightning.rl.completion_stats import completion_metrics, update_completion_metrics
 from areal_lightning.rl.harness.generation import Decoding, generate_requests
+from areal_lightning.rl.harness.loglikelihood import score_requests
 from areal_lightning.rl.harness.metric import HarnessAggregate, Statistic
-from areal_lightning.rl.harness.tasks import GENERATE_UNTIL, HARNESS_OPTION, HarnessDoc, HarnessSpec, load_task
+from areal_lightning.rl.harness.tasks import (
+    GENERATE_UNTIL,
+    HARNESS_OPTION,
+    LOGLIKELIHOOD_TYPES,
+    MULTIPLE_CHOICE,
+    HarnessDoc,
+    HarnessSpec,
+    load_task,
+)
 from areal_lightning.rl.rollout_eval import metric_names_of
 
 INVALID_RESPONSE = "[invalid]"
 """What the harness's regex filters answer when they find nothing (counted in completion/no_answer)."""
 
 
-def unsupported_type(spec: HarnessSpec, output_type: str) -> str:
-    """Why a task of `output_type` is refused: only generative tasks run (``generate_until``)."""
+def unsupported_type(spec: HarnessSpec, output_type: str) -> str | None:
+    """Why a task of `output_type` is refused (None: it runs): generative tasks and the scoring of
+    choices (``multiple_choice``, ``loglikelihood``) run; rolling perplexities do not."""
+    if output_type == GENERATE_UNTIL or output_type in LOGLIKELIHOOD_TYPES:
+        return None
     return (
-        f"{spec.described} is a {output_type} task; eval sets run generate_until tasks only "
-        "(scoring prompt log-probabilities is not supported yet): choose a generative task"
+        f"{spec.described} is a {output_type} task; eval sets run {GENERATE_UNTIL} and "
+        f"{'/'.join(LOGLIKELIHOOD_TYPES)} tasks (no rolling perplexity yet): choose one of those"
     )
 
 
@@ -71,9 +87,10 @@ def logged_names(spec: HarnessSpec) -> list[str]:
     if repeats > 1:
         at_k = [f"{PassAtK.symbol}{k}" for k in sorted({1, repeats})]
         names += [f"{p},{f.name}{suffix}" for p in at_k for suffix in ("", "/stderr") for f in task._filters]
+    if task.OUTPUT_TYPE != GENERATE_UNTIL:
+        return sorted(names)
     max_gen_toks = Decoding.of(dict(docs[0].requests[0].args[1]), "").max_gen_toks
-    factories = completion_metrics(max_gen_toks)
-    return sorted(names + metric_names_of(factories))
+    return sorted(names + metric_names_of(completion_metrics(max_gen_toks)))
 
 
 def _fresh(doc: HarnessDoc) -> list[Any]:
@@ -117,6 +134,34 @@ def _per_repeat(task: Any, docs: Sequence[HarnessDoc], requests: Sequence[list[A
     return out
 
 
+def _record(
+    task: Any, batch: EvalBatch, values: dict[str, list[float]], ctx: EvalContext, metrics: dict[str, Any]
+) -> None:
+    """Each document's ``<metric>,<filter>`` values into the round's aggregates and outcomes."""
+    doc_ids = [d.doc_id for d in batch.samples]
+    for name, column in values.items():
+        kept = [(i, v) for i, v in zip(doc_ids, column, strict=True) if v == v]  # a NaN: the task omitted it
+        stderr = name.replace(",", "_stderr,", 1)
+        for key in (name, stderr):
+            if key in metrics and kept:
+                metrics[key].update([i for i, _ in kept], [v for _, v in kept])
+        ctx.record_outcomes(name, batch.indices, torch.tensor(column, dtype=torch.float64).nan_to_num(0.0))
+
+
+def _record_rows(
+    task: Any, batch: EvalBatch, values: dict[str, list[float]], ctx: EvalContext, completions: Sequence[str]
+) -> None:
+    first = next(iter(values), None)
+    for row, (index, doc) in enumerate(zip(batch.indices, batch.samples, strict=True)):
+        ctx.record_sample(
+            index,
+            prompt=doc.prompt,
+            completion=completions[row],
+            answer=str(task.doc_to_target(doc.doc)),
+            reward=values[first][row] if first is not None else float("nan"),
+        )
+
+
 def _evaluate_batch(module: Any, task: Any, batch: EvalBatch, ctx: EvalContext, metrics: dict[str, Any]) -> None:
     docs: list[HarnessDoc] = list(batch.samples)
     requests = [_fresh(d) for d in docs]
@@ -129,14 +174,7 @@ def _evaluate_batch(module: Any, task: Any, batch: EvalBatch, ctx: EvalContext, 
         rs[0].resps = texts[row * repeats : (row + 1) * repeats]
     per_repeat = _per_repeat(task, docs, requests, repeats)
     values = _score_docs(task, docs, requests)
-    doc_ids = [d.doc_id for d in docs]
-    for name, column in values.items():
-        kept = [(i, v) for i, v in zip(doc_ids, column, strict=True) if v == v]  # a NaN: the task omitted it
-        stderr = name.replace(",", "_stderr,", 1)
-        for key in (name, stderr):
-            if key in metrics and kept:
-                metrics[key].update([i for i, _ in kept], [v for _, v in kept])
-        ctx.record_outcomes(name, batch.indices, torch.tensor(column, dtype=torch.float64).nan_to_num(0.0))
+    _record(task, batch, values, ctx, metrics)
     if repeats > 1:
         for filter_name, correct in per_repeat.items():
             if filter_name != "answers":
@@ -145,33 +183,62 @@ def _evaluate_batch(module: Any, task: Any, batch: EvalBatch, ctx: EvalContext, 
     answer_ids = [NO_ANSWER if a == INVALID_RESPONSE else 0 for a in per_repeat["answers"]]
     update_completion_metrics(metrics, generation, int(module.policy.eos_id), answer_ids)
     ctx.num_samples += len(texts)
-    first = next(iter(values), None)
-    for row, (index, doc) in enumerate(zip(batch.indices, docs, strict=True)):
-        ctx.record_sample(
-            index,
-            prompt=doc.prompt,
-            completion=texts[row * repeats],
-            answer=str(task.doc_to_target(doc.doc)),
-            reward=values[first][row] if first is not None else float("nan"),
-        )
+    _record_rows(task, batch, values, ctx, texts[::repeats])
+
+
+def _evaluate_choices(module: Any, task: Any, batch: EvalBatch, ctx: EvalContext, metrics: dict[str, Any]) -> None:
+    """A batch of a multiple-choice task: every choice of every document scored in one forward."""
+    docs: list[HarnessDoc] = list(batch.samples)
+    requests = [_fresh(d) for d in docs]
+    flat = [r for rs in requests for r in rs]
+    where = f"eval set {ctx.dataset!r}"
+    scored = score_requests(module.policy, module.tokenizer.tokenizer, [r.args for r in flat], ctx.device, where)
+    for request, result in zip(flat, scored, strict=True):
+        request.resps = [result]
+    values = _score_docs(task, docs, requests)
+    _record(task, batch, values, ctx, metrics)
+    ctx.num_samples += len(docs)
+    chosen = []
+    for rs in requests:
+        best = max(range(len(rs)), key=lambda i: rs[i].resps[0][0])
+        chosen.append(str(rs[best].args[1]))
+    _record_rows(task, batch, values, ctx, chosen)
 
 
 def harness_reference(doc: HarnessDoc) -> str:
-    """The document's target as the task writes it (`doc_to_target`): the integrity check's gold completion."""
+    """The document's target as the task writes it (`doc_to_target`; a multiple-choice task's gold
+    choice's text): the integrity check's gold completion."""
     task, _ = load_task(doc.spec)
     target = task.doc_to_target(doc.doc)
     if isinstance(target, list):
         target = target[0]
+    if task.OUTPUT_TYPE == MULTIPLE_CHOICE and isinstance(target, int):
+        choices = task.doc_to_choice(doc.doc)
+        in_range = 0 <= target < len(choices)
+        return str(choices[target]) if in_range else f"<gold index {target} of {len(choices)} choices>"
     return str(target)
+
+
+def _picked(task: Any, doc: HarnessDoc, completion: str) -> list[Any]:
+    """The document's requests answered as if the model put all its mass on `completion`'s choice."""
+    requests = _fresh(doc)
+    for r in requests:
+        hit = str(r.args[1]).strip() == completion.strip()
+        r.resps = [(0.0 if hit else -1.0, hit)]
+    return requests
 
 
 def harness_grade(completions: Sequence[str], docs: Sequence[HarnessDoc]) -> list[bool]:
     """Whether the task's own filters and first metric score each completion above 0 under at least one
-    filter (a target may be graded by one extraction only: GSM8K's "#### 8" format and the bare "8")."""
+    filter (a target may be graded by one extraction only: GSM8K's "#### 8" format and the bare "8");
+    for a multiple-choice task, the completion taken as the choice the model picks."""
     task, _ = load_task(docs[0].spec)
-    requests = [_fresh(d) for d in docs]
-    for rs, completion in zip(requests, completions, strict=True):
-        rs[0].resps = [completion]
+    if task.OUTPUT_TYPE == GENERATE_UNTIL:
+        requests = [_fresh(d) for d in docs]
+        for rs, completion in zip(requests, completions, strict=True):
+            rs[0].resps = [completion]
+    else:
+        requests = [_picked(task, d, c) for d, c in zip(docs, completions, strict=True)]
     values = _score_docs(task, docs, requests)
     first = next(iter(task.aggregation()))
     columns = [values[f"{first},{f.name}"] for f in task._filters if f"{first},{f.name}" in values]
@@ -188,12 +255,17 @@ def harness_evaluate(module: Any, batches: Sequence[EvalBatch], ctx: EvalContext
     spec = harness_spec(ctx.options)
     assert spec is not None, "harness_evaluate runs harness eval sets only"
     task, docs = load_task(spec)
-    if task.OUTPUT_TYPE != GENERATE_UNTIL:
-        raise ValueError(unsupported_type(spec, task.OUTPUT_TYPE))
+    refused = unsupported_type(spec, task.OUTPUT_TYPE)
+    if refused is not None:
+        raise ValueError(refused)
     metrics = _metrics(task, spec, ctx)
-    max_gen_toks = Decoding.of(dict(docs[0].requests[0].args[1]), "").max_gen_toks
-    for name, factory in completion_metrics(max_gen_toks).items():
-        metrics[name] = ctx.metric(name, factory)
+    evaluate_batch = _evaluate_batch
+    if task.OUTPUT_TYPE == GENERATE_UNTIL:
+        max_gen_toks = Decoding.of(dict(docs[0].requests[0].args[1]), "").max_gen_toks
+        for name, factory in completion_metrics(max_gen_toks).items():
+            metrics[name] = ctx.metric(name, factory)
+    else:
+        evaluate_batch = _evaluate_choices
     for batch in batches:
-        _evaluate_batch(module, task, batch, ctx, metrics)
+        evaluate_batch(module, task, batch, ctx, metrics)
     return {}

@@ -25,6 +25,7 @@ HARNESS_FEWSHOT_SEED = 1234
 DEFAULT_BOOTSTRAP_ITERS = 100_000
 """`simple_evaluate`'s default `bootstrap_iters` (the standard error of a median or a perplexity)."""
 GENERATE_UNTIL = "generate_until"
+MULTIPLE_CHOICE = "multiple_choice"
 LOGLIKELIHOOD_TYPES = ("loglikelihood", "multiple_choice")
 NUMERIC_AGGREGATIONS = ("mean", "median", "perplexity", "nanmean")
 """Aggregations of one number per document: reduced exactly from the documents' values gathered over ranks."""
