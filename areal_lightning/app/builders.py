@@ -175,6 +175,12 @@ def build_eval_sets(cfg: Config, task: RLTask | None = None) -> list[EvalSet]:
     out = []
     samples: Sequence[Any]
     for name, es in cfg.eval_sets.items():
+        if es.harness is not None:  # an lm-evaluation-harness task (docs/harness.md)
+            from areal_lightning.rl.harness.tasks import harness_eval_set
+
+            harness = harness_eval_set(name, es.harness.spec(), es.batch_size, es.max_batch_cost)
+            out.append(subsample(harness, es.subsample.build(cfg.seed)) if es.subsample is not None else harness)
+            continue
         if es.is_file_set and cfg.task.name is TaskName.CODE:
             from areal_lightning.tasks.code import CodeTask
 

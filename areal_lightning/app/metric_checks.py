@@ -57,6 +57,10 @@ def check_metric_names(
 
 
 def _metric_names(episodes: EpisodeSettings | None, es: EvalSetConfig, single_turn: Any, labels: Any) -> list[str]:
+    if es.harness is not None:
+        from areal_lightning.rl.harness.evaluation import logged_names
+
+        return logged_names(es.harness.spec())
     if episodes is None:
         return list(single_turn(es.n_samples, labels, es.ks))
     return logged_episode_metrics(episodes, es.n_samples)

@@ -20,7 +20,7 @@ import functools
 import logging
 import traceback
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -162,17 +162,10 @@ def _never() -> bool:
     return False
 
 
-def metric_names(n_samples: int, labels: Sequence[ScoreLabels] = (), ks: Sequence[int] | None = None) -> list[str]:
-    """Every name a round of the default evaluation logs for an eval set (``reward/mean``, ``pass@4`` ...,
-    ``completion/length/mean`` ..., and the counts of a task's `labels`), for the eval set's `ks`, known
-    before any round runs, so that a threshold on a metric it never logs is refused up front.
-
-    Example:
-        >>> metric_names(4)[:3], "pass@4/stderr" in metric_names(4), "pass@2" in metric_names(4, ks=[2, 4])
-        (['accuracy', 'accuracy/ci_high', 'accuracy/ci_low'], True, True)
-    """
+def metric_names_of(factories: Mapping[str, Callable[[], Metric]]) -> list[str]:
+    """The names the metrics of `factories` log (a mapping result logs ``<name>/<key>`` for each key)."""
     names = []
-    for name, factory in default_metrics(n_samples, ks).items():
+    for name, factory in factories.items():
         metric = factory()
         # Local names only: config checks run on one rank at times (a resumed run's copy of the config
         # on rank 0, the watcher's W&B config on rank 0), where a synced compute() would wait in a
@@ -184,6 +177,19 @@ def metric_names(n_samples: int, labels: Sequence[ScoreLabels] = (), ks: Sequenc
             value = metric.compute()
         keys = value.keys() if isinstance(value, dict) else [name]
         names += [key if key == name else f"{name}/{key}" for key in keys]
+    return names
+
+
+def metric_names(n_samples: int, labels: Sequence[ScoreLabels] = (), ks: Sequence[int] | None = None) -> list[str]:
+    """Every name a round of the default evaluation logs for an eval set (``reward/mean``, ``pass@4`` ...,
+    ``completion/length/mean`` ..., and the counts of a task's `labels`), for the eval set's `ks`, known
+    before any round runs, so that a threshold on a metric it never logs is refused up front.
+
+    Example:
+        >>> metric_names(4)[:3], "pass@4/stderr" in metric_names(4), "pass@2" in metric_names(4, ks=[2, 4])
+        (['accuracy', 'accuracy/ci_high', 'accuracy/ci_low'], True, True)
+    """
+    names = metric_names_of(default_metrics(n_samples, ks))
     return sorted(names + [name for group in labels for name in group.names()])
 
 

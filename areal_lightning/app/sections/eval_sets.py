@@ -11,6 +11,7 @@ from areal_lightning.app.sections.task import TaskName
 from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.eval_round.sampling_params import SamplingParams
 from areal_lightning.eval_round.subsample import Subsample
+from areal_lightning.rl.harness.tasks import HarnessSpec
 from areal_lightning.tasks.math_answers import AnswerFormat
 
 
@@ -35,6 +36,49 @@ class SubsampleConfig:
             stratify_by=self.stratify_by,
             seed=seed if self.seed is None else self.seed,
         )
+
+
+@dataclass
+class HarnessConfig:
+    """An lm-evaluation-harness task as the eval set (docs/harness.md): its documents, prompts,
+    generation arguments, filters and metrics; the sampling keys of the eval set do not apply."""
+
+    task: Optional[str] = None
+    """A task of the installed lm-eval's registry (gsm8k); with task_file, one task of the file (null: its only one)."""
+    task_file: Optional[str] = None
+    """A task YAML file of yours (local data: dataset_path: json, dataset_kwargs.data_files); null: the registry."""
+    num_fewshot: Optional[int] = None
+    """Few-shot examples per prompt; null: the task's own (as lm-eval's --num_fewshot)."""
+    limit: Optional[int] = None
+    """The first `limit` documents only; null: every document (as lm-eval's --limit)."""
+    bootstrap_iters: int = 100_000
+    """Bootstrap draws of a median's or perplexity's standard error (as lm-eval's --bootstrap_iters)."""
+
+    def spec(self) -> HarnessSpec:
+        return HarnessSpec(self.task, self.task_file, self.num_fewshot, self.limit, self.bootstrap_iters)
+
+    def scores_choices(self) -> bool:
+        """Whether the task scores choices' log-probabilities (multiple choice) instead of generating."""
+        from areal_lightning.rl.harness.tasks import LOGLIKELIHOOD_TYPES, output_type
+
+        return output_type(self.spec()) in LOGLIKELIHOOD_TYPES
+
+    def check(self, path: str) -> None:
+        if self.task is None and self.task_file is None:
+            raise ConfigError(f"{path} needs task (a task of lm-eval's registry) or task_file (a task YAML file)")
+        at_least(f"{path}.num_fewshot", self.num_fewshot, 0, allow_none=True)
+        at_least(f"{path}.limit", self.limit, 1, allow_none=True)
+        at_least(f"{path}.bootstrap_iters", self.bootstrap_iters, 0)
+        from areal_lightning.rl.harness import HarnessTaskError, load_task
+        from areal_lightning.rl.harness.evaluation import unsupported_type
+
+        try:
+            task, _ = load_task(self.spec())
+        except HarnessTaskError as err:
+            raise ConfigError(f"{path}: {err}") from None
+        refused = unsupported_type(self.spec(), task.OUTPUT_TYPE)
+        if refused is not None:
+            raise ConfigError(f"{path}: {refused}")
 
 
 @dataclass
@@ -81,6 +125,8 @@ class EvalSetConfig:
     so that no single batch outweighs a rank's share; null: batches by count only."""
     subsample: Optional[SubsampleConfig] = None
     """Evaluate a stratified subset, e.g. {max_prompts: 50} or {fraction: 0.25}; null: every prompt."""
+    harness: Optional[HarnessConfig] = None
+    """An lm-evaluation-harness task as this eval set, e.g. {task: gsm8k} or {task_file: my_task.yaml}; null: ours."""
 
     @property
     def is_file_set(self) -> bool:
@@ -92,6 +138,12 @@ class EvalSetConfig:
             if getattr(self, name) is not None:
                 at_least(f"{path}.{name}", getattr(self, name), 1)
         at_least(f"{path}.n_samples", self.n_samples, 1)
+        if self.harness is not None and (self.path is not None or self.digits is not None):
+            raise ConfigError(
+                f"{path} has harness and {'path' if self.path is not None else 'digits'}; give one of them"
+            )
+        if self.harness is not None:
+            self.harness.check(f"{path}.harness")
         if self.path is not None and self.digits is not None:
             raise ConfigError(f"{path} has both digits (an arithmetic set) and path (a file set); give one of them")
         if self.path is not None and task is TaskName.CODE:
