@@ -46,9 +46,20 @@ class GateWriter(Callback):
         self.path = path
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self.write(trainer.global_step)
+
+    def write(self, step: int) -> None:
         # Replaced whole, never truncated in place: the worker must not read a half-written file.
-        self.path.with_suffix(".tmp").write_text(str(trainer.global_step))
+        self.path.with_suffix(".tmp").write_text(str(step))
         self.path.with_suffix(".tmp").replace(self.path)
+
+
+class GateOpensAtTheEnd(GateWriter):
+    """`GateWriter`, and at the end of training one step more than it ran: before the evaluation
+    callback's own ``on_train_end`` (listed after this one), which waits for the round in flight."""
+
+    def on_train_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self.write(trainer.global_step + 1)
 
 
 def gated_probe(module: Any, batches: Any, ctx: Any) -> dict[str, Any]:
@@ -148,6 +159,24 @@ def test_training_advances_while_a_round_is_in_flight_and_a_busy_round_is_skippe
     skipped = event_rows(read_history(tmp_path), "skipped")
     assert [(e["step"], e["running_step"], e["trigger"]) for e in skipped] == [(8, 4, ["steps"])]
     assert callback.evaluated_steps == [4, 10]
+    _no_worker_left(callback)
+
+
+@pytest.mark.process
+def test_the_last_steps_round_skipped_while_busy_is_the_end_round_of_the_final_weights(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    callback = EvaluationCallback(
+        _gated_set(gate, gate_step=4, open_at=9), gated_probe, schedule={"freq_steps": 4}, execution={"mode": "async"}
+    )
+    # The round of step 4 runs until training has ended: the round due at step 8, the last, is skipped.
+    make_trainer(tmp_path, [GateOpensAtTheEnd(gate), callback], 8).fit(CountingModule(epoch_len=5))
+    skipped = event_rows(read_history(tmp_path), "skipped")
+    assert [(e["step"], e["running_step"], e["trigger"]) for e in skipped] == [(8, 4, ["steps", "end"])]
+    # The end round evaluates the final weights once, recorded at the last step.
+    rows = eval_rows(read_history(tmp_path))
+    assert [(r["step"], r["trigger"]) for r in rows] == [(4, ["steps"]), (8, ["end"])]
+    assert metric_by_step(tmp_path, "w") == [(4, 4.0), (8, 8.0)]
+    assert callback.evaluated_steps == [4, 8]
     _no_worker_left(callback)
 
 

@@ -14,8 +14,8 @@ from areal_lightning.app.config import ConfigError, load_config
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round import SamplingParams
 from areal_lightning.eval_round.sharding import sample_seeds
-from areal_lightning.rl.episodes.environments import AREAL_RETRY_FEEDBACK, EpisodeView, RetryEnvironment
-from areal_lightning.rl.episodes.runner import Episode, run_episodes
+from areal_lightning.rl.episodes.environments import AREAL_RETRY_FEEDBACK, EpisodeView, Feedback, RetryEnvironment
+from areal_lightning.rl.episodes.runner import Episode, run_episodes, turn_seed
 from areal_lightning.rl.episodes.settings import EpisodeSettings
 from areal_lightning.rl.policy import TinyPolicy
 from areal_lightning.tasks.arithmetic import ArithmeticTask, Sample
@@ -212,3 +212,54 @@ def test_lockstep_generation_runs_every_turn_for_every_episode_and_changes_no_ep
     rows_per_call.clear()
     assert _summary(run_episodes(policy, TOK, env, samples, seeds, **kwargs)) == _summary(lockstep)
     assert rows_per_call[0] == 18 and rows_per_call[-1] < 18  # finished episodes are left out
+
+
+class ContextBlindDigits:
+    """A policy of its own that writes digits drawn from each row's generator alone, whatever the
+    conversation: two turns that sampled from the same seed write the same completion."""
+
+    def __init__(self) -> None:
+        self.digits = torch.tensor([TOK.encode(d)[-1] for d in "0123456789"])
+
+    def generate(self, prompt_ids, prompt_mask, *, max_new_tokens, generators, **sampling) -> torch.Tensor:
+        draws = [torch.randint(len(self.digits), (max_new_tokens,), generator=g) for g in generators]
+        return self.digits[torch.stack(draws)]
+
+
+class NeverDone:
+    """Every completion is wrong: "=" and another try, until the turn limit."""
+
+    uses_tools = False
+
+    def first_prompt(self, sample: Sample) -> str:
+        return sample.prompt
+
+    def respond(self, views: Sequence[EpisodeView]) -> list[Feedback]:
+        return [Feedback(0.0, done=False, observation="=", correct=False) for _ in views]
+
+
+def test_each_turn_samples_from_its_own_seed_of_the_samples_seed_the_episode_and_the_turn() -> None:
+    policy, env = ContextBlindDigits(), NeverDone()
+    samples = TASK.make_samples("turn-seeds", digits=1, size=4)
+    seeds = sample_seeds(5, "episodes", [s.index for s in samples])
+    together = _run(policy, env, samples, seeds, max_turns=4, max_new_tokens=6)  # 3 episodes a sample
+    assert [e.turns for e in together] == [4] * 12
+
+    def drawn(seed: int) -> list[int]:
+        g = torch.Generator().manual_seed(seed)
+        return policy.digits[torch.randint(10, (6,), generator=g)].tolist()
+
+    for e in together:
+        assert e.completion_ids == [drawn(turn_seed(e.seed, e.number, t)) for t in range(4)]
+    # Every turn of every episode wrote its own draw: no two turns (of one episode or of two) share a seed.
+    written = [tuple(ids) for e in together for ids in e.completion_ids]
+    assert len(set(written)) == len(written) == 48
+
+    # The same on any rank, alone or in a batch: one sample at a time, two shards, or reversed.
+    def run(part: slice) -> list[Episode]:
+        return _run(policy, env, samples[part], seeds[part], max_turns=4, max_new_tokens=6)
+
+    alone = [e for i in range(4) for e in run(slice(i, i + 1))]
+    shards = [*run(slice(0, 2)), *run(slice(2, 4))]
+    backwards = run(slice(None, None, -1))
+    assert _summary(alone) == _summary(shards) == _summary(together) == sorted(_summary(backwards))

@@ -163,6 +163,12 @@ class SafeWandbLogger(WandbLogger):
 
     def _start_run(self) -> Any:
         _prepare_save_dir(self.save_dir)
+        if self._wandb_init.get("dir") is not None:
+            # The W&B service that writes the run's transaction log may be another process's, with
+            # another working directory: a process started by one that runs W&B (a sweep agent, a
+            # notebook, a test runner) inherits its WANDB_SERVICE and joins it. A relative dir
+            # would then be resolved there: the log lands elsewhere, or nowhere.
+            self._wandb_init["dir"] = os.path.abspath(self._wandb_init["dir"])
         if "resume_from" not in self._wandb_init:
             return self._init_run()
         try:
