@@ -16,7 +16,9 @@ from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 from typing_extensions import override
 
 from areal_lightning.app.config import Config, EvalEngine, PolicyKind, TaskName, lightning_precision, to_dict
+from areal_lightning.app.eval_prompts import distinct_prompts, held_out_prompts
 from areal_lightning.app.runs import CHECKPOINT_DIRNAME, CSV_DIRNAME, LAST_CHECKPOINT, RunIdentity
+from areal_lightning.callbacks.integrity_checks import DUPLICATES_OPTION
 from areal_lightning.eval_round import EvalSet, EvaluateFn
 from areal_lightning.eval_round.subsample import subsample
 from areal_lightning.rl.make_environment import episode_values
@@ -32,12 +34,6 @@ if TYPE_CHECKING:  # Lightning and W&B load only when a builder that needs them 
     from areal_lightning.rl.protocols import RLTask
     from areal_lightning.rl.vllm_evaluator import VLLMEvaluator
     from areal_lightning.tracking.wandb_logger import SafeWandbLogger
-
-
-ARITHMETIC_EVAL_SIZE = 200
-"""Prompts of an arithmetic eval set whose `size` is null."""
-DEFAULT_DIGITS = 1
-"""Operand digits of an arithmetic eval set whose `digits` is null."""
 
 
 def build_task(cfg: Config) -> RLTask:
@@ -77,7 +73,8 @@ def build_task(cfg: Config) -> RLTask:
         )
     from areal_lightning.tasks.arithmetic import ArithmeticTask
 
-    return ArithmeticTask(train_digits=t.train_digits, train_size=t.train_size, seed=cfg.seed)
+    held_out = held_out_prompts(cfg) if t.hold_out_eval else set()
+    return ArithmeticTask(train_digits=t.train_digits, train_size=t.train_size, seed=cfg.seed, held_out=held_out)
 
 
 def build_policy(cfg: Config, task: RLTask) -> Policy:
@@ -157,7 +154,8 @@ TOKEN_SCORES = "token_scores"
 def build_eval_sets(cfg: Config, task: RLTask | None = None) -> list[EvalSet]:
     """The config's eval sets, in config order: arithmetic sets made by `task` when it is an
     `ArithmeticTask` (else by the config's arithmetic task), file sets read from their ``path``
-    with the task's prompt style (the first ``size`` rows, or all). A sample's cost is its prompt length.
+    with the task's prompt style (the first ``size`` distinct prompts, or all: a row that repeats an earlier
+    prompt is dropped, and the integrity check reports it). A sample's cost is its prompt length.
 
     Example:
         >>> from areal_lightning.app.config import load_config
@@ -169,13 +167,14 @@ def build_eval_sets(cfg: Config, task: RLTask | None = None) -> list[EvalSet]:
     out = []
     samples: Sequence[Any]
     for name, es in cfg.eval_sets.items():
+        dropped: list[tuple[int, int]] = []
         if es.is_file_set and cfg.task.name is TaskName.CODE:
             from areal_lightning.tasks.code import CodeTask
 
             assert es.path is not None
             # Only the samples are used: programs are graded by the module's task (its sandbox).
             code = CodeTask(es.path, prompt_style=cfg.task.prompt_style, prompt_template=cfg.task.prompt_template)
-            samples = code.samples()[: es.size]
+            samples, dropped = distinct_prompts(code.samples(), es.size)
         elif es.is_file_set:
             from areal_lightning.tasks.math import MathTask
 
@@ -191,13 +190,13 @@ def build_eval_sets(cfg: Config, task: RLTask | None = None) -> list[EvalSet]:
                 prompt_template=cfg.task.prompt_template,
                 verifier="numeric",
             )
-            samples = reader.samples()[: es.size]
+            samples, dropped = distinct_prompts(reader.samples(), es.size)
         else:
             from areal_lightning.tasks.arithmetic import ArithmeticTask
 
             if not isinstance(task, ArithmeticTask):
                 task = ArithmeticTask(cfg.task.train_digits, cfg.task.train_size, cfg.seed)
-            samples = task.make_samples(name, es.digits or DEFAULT_DIGITS, es.size or ARITHMETIC_EVAL_SIZE)
+            samples = task.make_samples(name, es.arithmetic_digits, es.arithmetic_size())
         eval_set = EvalSet(
             name=name,
             samples=samples,
@@ -209,6 +208,7 @@ def build_eval_sets(cfg: Config, task: RLTask | None = None) -> list[EvalSet]:
             # Episode settings change every result: in the fingerprint, the result cache keys them.
             options={
                 **({} if es.token_scores else {TOKEN_SCORES: False}),
+                **({DUPLICATES_OPTION: dropped} if dropped else {}),  # the integrity check reports them
                 **({"episodes": episode_values(cfg.episodes)} if cfg.episodes is not None else {}),
             },
         )

@@ -1,0 +1,54 @@
+"""Which prompts an eval set counts, and which training never sees: a prompt counts once (file sets
+drop a repeated row, `distinct_prompts`), and the arithmetic eval sets' prompts are held out of
+training (`held_out_prompts`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from areal_lightning.app.config import Config
+
+
+def held_out_prompts(cfg: Config) -> set[str]:
+    """The prompts of the config's arithmetic eval sets of ``task.train_digits`` digits: the training
+    prompts never include them (``task.hold_out_eval``).
+
+    Example:
+        >>> from areal_lightning.app.config import load_config
+        >>> len(held_out_prompts(load_config(None, ["eval_sets.easy.size=5", "eval_sets.hard.digits=2"])))
+        5
+    """
+    from areal_lightning.tasks.arithmetic import ArithmeticTask
+
+    maker = ArithmeticTask(seed=cfg.seed)
+    return {
+        sample.prompt
+        for name, es in cfg.eval_sets.items()
+        if not es.is_file_set and es.arithmetic_digits == cfg.task.train_digits
+        for sample in maker.make_samples(name, es.arithmetic_digits, es.arithmetic_size())
+    }
+
+
+def distinct_prompts(samples: Sequence[Any], size: int | None) -> tuple[list[Any], list[tuple[int, int]]]:
+    """The first `size` samples (all: None) with distinct prompts, in file order, and the rows dropped on
+    the way as repeats, as (row, row of its first occurrence), 1-based: a prompt counts once.
+
+    Example:
+        >>> from types import SimpleNamespace as S
+        >>> kept, dropped = distinct_prompts([S(prompt=p) for p in "abacd"], 3)
+        >>> [s.prompt for s in kept], dropped
+        (['a', 'b', 'c'], [(3, 1)])
+    """
+    first: dict[str, int] = {}
+    kept, dropped = [], []
+    for row, sample in enumerate(samples, start=1):
+        if size is not None and len(kept) == size:
+            break
+        if sample.prompt in first:
+            dropped.append((row, first[sample.prompt]))
+            continue
+        first[sample.prompt] = row
+        kept.append(sample)
+    return kept, dropped
