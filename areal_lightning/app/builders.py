@@ -73,7 +73,7 @@ def build_task(cfg: Config) -> RLTask:
         )
     from areal_lightning.tasks.arithmetic import ArithmeticTask
 
-    held_out = held_out_prompts(cfg) if t.hold_out_eval else set()
+    held_out = held_out_prompts(cfg.eval_sets, t.train_digits, cfg.seed) if t.hold_out_eval else set()
     return ArithmeticTask(train_digits=t.train_digits, train_size=t.train_size, seed=cfg.seed, held_out=held_out)
 
 

@@ -4,29 +4,27 @@ training (`held_out_prompts`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-if TYPE_CHECKING:
-    from areal_lightning.app.config import Config
+from areal_lightning.app.sections.eval_sets import EvalSetConfig
+from areal_lightning.tasks.arithmetic import ArithmeticTask
 
 
-def held_out_prompts(cfg: Config) -> set[str]:
-    """The prompts of the config's arithmetic eval sets of ``task.train_digits`` digits: the training
-    prompts never include them (``task.hold_out_eval``).
+def held_out_prompts(eval_sets: Mapping[str, EvalSetConfig], train_digits: int, seed: int) -> set[str]:
+    """The prompts of the arithmetic eval sets of `train_digits` digits (as `build_eval_sets` draws
+    them with the run's `seed`): the training prompts never include them (``task.hold_out_eval``).
 
     Example:
-        >>> from areal_lightning.app.config import load_config
-        >>> len(held_out_prompts(load_config(None, ["eval_sets.easy.size=5", "eval_sets.hard.digits=2"])))
+        >>> sets = {"easy": EvalSetConfig(digits=1, size=5), "hard": EvalSetConfig(digits=2, size=5)}
+        >>> len(held_out_prompts(sets, train_digits=1, seed=1))
         5
     """
-    from areal_lightning.tasks.arithmetic import ArithmeticTask
-
-    maker = ArithmeticTask(seed=cfg.seed)
+    maker = ArithmeticTask(seed=seed)
     return {
         sample.prompt
-        for name, es in cfg.eval_sets.items()
-        if not es.is_file_set and es.arithmetic_digits == cfg.task.train_digits
+        for name, es in eval_sets.items()
+        if not es.is_file_set and es.arithmetic_digits == train_digits
         for sample in maker.make_samples(name, es.arithmetic_digits, es.arithmetic_size())
     }
 

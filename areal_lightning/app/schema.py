@@ -72,7 +72,8 @@ class Config:
 
     def _check_training_left(self) -> None:
         """Eval sets held out of training (``task.hold_out_eval``) must leave training some problems."""
-        from areal_lightning.tasks.arithmetic import distinct_problems
+        from areal_lightning.app.eval_prompts import held_out_prompts
+        from areal_lightning.tasks.arithmetic import ArithmeticTask, distinct_problems
 
         if self.task.name is not TaskName.ARITHMETIC or not self.task.hold_out_eval:
             return
@@ -80,10 +81,8 @@ class Config:
         same = {n: es for n, es in self.eval_sets.items() if es.arithmetic_digits == digits}
         if sum(es.arithmetic_size() for es in same.values()) < distinct_problems(digits):
             return  # they cannot hold every problem out
-        from areal_lightning.app.builders import build_task
-
         try:
-            build_task(self)
+            ArithmeticTask(digits, self.task.train_size, self.seed, held_out_prompts(same, digits, self.seed))
         except ValueError:
             sizes = ", ".join(f"eval_sets.{n}.size={es.arithmetic_size()}" for n, es in same.items())
             raise ConfigError(
