@@ -111,15 +111,16 @@ def _draws(
     """`size` operand pairs drawn uniformly, never a prompt in `skip`; with `distinct`, never one twice
     (the caller checks that there are enough)."""
     low, high = operand_range(digits)
-    seen: set[tuple[int, int]] = set()
+    seen: set[int] = set()  # a * (high + 1) + b: an int a pair, for large sets
     while size:
-        pair = rng.randint(low, high), rng.randint(low, high)
-        if f"{pair[0]}+{pair[1]}=" in skip or pair in seen:
+        a, b = rng.randint(low, high), rng.randint(low, high)
+        key = a * (high + 1) + b
+        if key in seen or (skip and f"{a}+{b}=" in skip):
             continue
         if distinct:
-            seen.add(pair)
+            seen.add(key)
         size -= 1
-        yield pair
+        yield a, b
 
 
 def operand_range(digits: int) -> tuple[int, int]:
