@@ -64,6 +64,7 @@ def _config(args: argparse.Namespace) -> Any:
         None,
         [
             f"eval_sets.easy.size={args.eval_size}",
+            "eval_sets.easy.digits=2",  # 8100 distinct problems: one digit has only 100
             f"eval_sets.hard.size={args.eval_size}",
             f"eval_sets.easy.n_samples={args.n_samples}",
             f"eval_sets.hard.n_samples={args.n_samples}",

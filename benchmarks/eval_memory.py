@@ -37,7 +37,9 @@ def child(size: int, rounds: int) -> dict[str, Any]:
     from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     torch.set_num_threads(1)
-    cfg = load_config(None, [f"eval_sets.easy.size={size}", "eval_sets.easy.n_samples=1", "grpo.warmup_steps=0"])
+    # Three-digit operands: 810,000 distinct problems, enough for every size (an eval set counts each once).
+    overrides = [f"eval_sets.easy.size={size}", "eval_sets.easy.digits=3", "eval_sets.easy.n_samples=1"]
+    cfg = load_config(None, [*overrides, "grpo.warmup_steps=0"])
     module = build_module(cfg)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / _MB
     start = time.perf_counter()

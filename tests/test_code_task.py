@@ -120,7 +120,7 @@ def test_a_row_without_tests_is_refused_with_its_fields(tmp_path: Path) -> None:
     path.write_text(json.dumps({"text": "add", "code": "x"}) + "\n")
     with pytest.raises(
         ValueError,
-        match=r"row 0 of .*bad.jsonl has no tests \(field 'test' or 'test_list'\); fields present: code, text",
+        match=r"bad.jsonl, line 1: the row has no tests \(field 'test' or 'test_list'\); fields present: code, text",
     ):
         read_code_problems(path)
     with pytest.raises(FileNotFoundError, match="no such file"):
@@ -135,3 +135,46 @@ def test_answer_ids_group_the_same_program() -> None:
     assert task.answer_id("    return 1") != task.answer_id("    return 2")
     assert extract_program("```py\nx = 1\n```") == "x = 1\n"
     assert extract_program("```python\nunclosed = 1\n") == "unclosed = 1\n"  # cut by max_new_tokens
+
+
+HEADER = 'def double(x: int) -> int:\n    """Twice x."""\n'
+CHECK = "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(0) == 0\n"
+
+
+def _humaneval_file(path: Path, *rows: dict) -> Path:
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_a_check_without_entry_point_is_called_with_the_headers_only_function(tmp_path: Path) -> None:
+    # The newcomer's file: HumanEval's shape without entry_point. Before, check was never called and
+    # every program that compiled passed.
+    row = {"task_id": "mine/0", "prompt": HEADER, "test": CHECK, "canonical_solution": "    return 2 * x\n"}
+    task = CodeTask(_humaneval_file(tmp_path / "mine.jsonl", row))
+    assert task.problems[0].entry_point == "double"
+    (sample,) = task.samples()
+    completions = ["    return 2 * x\n", "    return x + 1\n", "    return None\n"]
+    assert [s.reward for s in task.score_many(completions, [sample.answer] * 3)] == [1.0, 0.0, 0.0]
+    task.sandbox.close()
+
+
+def test_a_check_with_no_function_to_call_is_refused_at_load_naming_file_line_and_fields(tmp_path: Path) -> None:
+    helper = HEADER + "    return helper(x)\n\n\ndef helper(x: int) -> int:\n"
+    rows = [
+        {"task_id": "ok/0", "prompt": HEADER, "test": CHECK, "entry_point": "double"},
+        {"task_id": "two/1", "prompt": helper, "test": CHECK},  # two top-level functions: which one?
+    ]
+    path = _humaneval_file(tmp_path / "two.jsonl", *rows)
+    with pytest.raises(
+        ValueError,
+        match=r"two.jsonl, line 2: its test defines check\(candidate\) but the row has no entry_point, and its "
+        r"prompt defines 2 top-level functions \(double, helper\) to call check with; fields present: prompt, task_id, "
+        r"test\. Add the function's name as entry_point",
+    ):
+        read_code_problems(path)
+    words = _humaneval_file(tmp_path / "words.jsonl", {"text": "Double a number.", "test": CHECK})
+    with pytest.raises(ValueError, match=r"words.jsonl, line 1: .* its prompt defines no top-level function to call"):
+        CodeTask(words)
+    # MBPP-style asserts need no entry point, and call the function themselves.
+    mbpp = _humaneval_file(tmp_path / "mbpp.jsonl", {"text": "Double.", "test_list": ["assert double(2) == 4"]})
+    assert read_code_problems(mbpp)[0].entry_point is None

@@ -98,7 +98,8 @@ def test_grpo_modules_grader_that_fails_its_own_gold_is_an_event_with_the_rows(t
     task = PaddingBlindTask(train_digits=2, train_size=8, seed=0)
     eval_set = EvalSet("sums", [Sample(i, f"{i}+{i + 1}=", f"{2 * i + 1:02d}") for i in range(7)])
     events = _integrity(tmp_path, _grpo(task), [eval_set])
-    overlap, gold = events
+    overlap, gold, duplicates = events  # the null-program check: skipped (arithmetic has no null program)
+    assert (duplicates["check"], duplicates["status"], duplicates["prompts"]) == ("duplicates", "ok", 7)
     assert (overlap["check"], overlap["status"], overlap["exact"], overlap["prompts"]) == ("overlap", "ok", 0, 7)
     assert (gold["check"], gold["dataset"], gold["status"], gold["action"]) == ("gold", "sums", "found", "warn")
     assert (gold["graded"], gold["failed"], gold["indices"]) == (7, 5, [0, 1, 2, 3, 4])  # sums 01 .. 09
@@ -118,7 +119,11 @@ def test_fail_stops_the_fit_before_its_first_step(tmp_path: Path) -> None:
         _integrity(tmp_path, module, [EvalSet("probe", ["1+1=", "3 + 4 =", "9+9="])], "fail")
     assert float(module.w) == 0.0  # no optimizer step ran
     records = read_history(tmp_path)
-    assert eval_rows(records) == [] and [e["status"] for e in event_rows(records, "integrity")] == ["found"]
+    assert eval_rows(records) == []
+    assert [(e["check"], e["status"]) for e in event_rows(records, "integrity")] == [
+        ("overlap", "found"),
+        ("duplicates", "ok"),
+    ]
 
 
 def test_a_users_own_module_offers_what_it_can_and_the_rest_is_skipped(
@@ -126,7 +131,9 @@ def test_a_users_own_module_offers_what_it_can_and_the_rest_is_skipped(
 ) -> None:
     module = CountingModule()
     with caplog.at_level(logging.INFO, logger="areal_lightning.callbacks.integrity"):
-        assert _integrity(tmp_path / "plain", module, [EvalSet("probe", [1.0, 2.0])]) == []
+        plain = _integrity(tmp_path / "plain", module, [EvalSet("probe", [1.0, 2.0])])
+    # Only the duplicates check needs nothing of the module (a sample's text is its prompt).
+    assert [(e["check"], e["status"], e["prompts"]) for e in plain] == [("duplicates", "ok", 2)]
     assert "integrity check skipped: eval set 'probe': training prompts not checked: CountingModule offers no " in (
         caplog.text
     )
@@ -136,7 +143,7 @@ def test_a_users_own_module_offers_what_it_can_and_the_rest_is_skipped(
     module.integrity_reference = lambda s: str(s)  # type: ignore[attr-defined]
     module.integrity_grade = lambda cs, ss: [c == str(s) for c, s in zip(cs, ss, strict=True)]  # type: ignore[attr-defined]
     events = _integrity(tmp_path / "offers", module, [EvalSet("probe", [1.0, 2.0])])
-    assert [(e["check"], e["status"]) for e in events] == [("overlap", "found"), ("gold", "ok")]
+    assert [(e["check"], e["status"]) for e in events] == [("overlap", "found"), ("gold", "ok"), ("duplicates", "ok")]
     assert events[0]["indices"] == [0] and events[1]["graded"] == 2
 
 
@@ -150,7 +157,7 @@ def test_a_grader_that_raises_on_its_gold_is_a_finding_not_a_crash(tmp_path: Pat
     module = CountingModule()
     module.integrity_reference = lambda s: str(s)  # type: ignore[attr-defined]
     module.integrity_grade = lambda cs, ss: 1 / 0  # type: ignore[attr-defined]
-    (gold,) = _integrity(tmp_path, module, [EvalSet("probe", [1.0])])  # the overlap check: skipped
+    gold, _ = _integrity(tmp_path, module, [EvalSet("probe", [1.0])])  # the overlap check: skipped
     assert gold["status"] == "found" and "the gold check raised ZeroDivisionError: division by zero" in gold["message"]
 
 
@@ -185,7 +192,9 @@ def test_fit_with_integrity_fail_exits_2_naming_the_overlap(tmp_path: Path, caps
         "grpo": {"warmup_steps": 0, "prompts_per_step": 4, "group_size": 2},
         "policy": {"d_model": 16, "n_layers": 1},
         "trainer": {"max_steps": 2},
-        "eval_sets": {"easy": {"digits": 1, "size": 30}},  # one-digit sums: most are training prompts too
+        # Training drawn from every one-digit sum (not held out): most eval prompts are training prompts too.
+        "task": {"hold_out_eval": False},
+        "eval_sets": {"easy": {"digits": 1, "size": 30}},
         "evaluator": {"integrity": "fail", "eval_before_train": True},
         "logger": {"csv": False},
     }
@@ -200,4 +209,89 @@ def test_fit_with_integrity_fail_exits_2_naming_the_overlap(tmp_path: Path, caps
     assert [(e["check"], e["status"]) for e in event_rows(records, "integrity")] == [
         ("overlap", "found"),
         ("gold", "ok"),
+        ("duplicates", "ok"),
     ]
+
+
+VACUOUS_ROWS = [
+    {
+        "task_id": "real/0",
+        "prompt": "def inc(x):\n    'x plus one.'\n",
+        "test": "def check(f):\n    assert f(1) == 2\n",
+        "entry_point": "inc",
+        "canonical_solution": "    return x + 1\n",
+    },
+    # The bug: its check asserts nothing about the candidate; a function returning None passes.
+    {
+        "task_id": "hollow/1",
+        "prompt": "def dec(x):\n    'x minus one.'\n",
+        "test": "def check(f):\n    assert f\n",
+        "entry_point": "dec",
+        "canonical_solution": "    return x - 1\n",
+    },
+    {
+        "task_id": "mbpp/2",
+        "text": "Triple a number.",
+        "test_list": ["assert triple(2) == 6"],
+        "code": "def triple(x):\n    return 3 * x\n",
+    },
+]
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("style", ["completion", "instruction"])
+def test_a_vacuous_test_is_found_by_grading_a_null_program_in_the_sandbox(tmp_path: Path, style: str) -> None:
+    from areal_lightning.tasks.code import CodeTask
+
+    path = tmp_path / "vacuous.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in VACUOUS_ROWS) + "\n")
+    task = CodeTask(path, prompt_style=style)
+    module = CountingModule()
+    module.integrity_null = task.null_completion  # type: ignore[attr-defined]
+    module.integrity_reference = task.reference_completion  # type: ignore[attr-defined]
+    module.integrity_grade = lambda cs, ss: [  # type: ignore[attr-defined]  # GRPOModule's, over the task's sandbox
+        s.reward == 1.0 for s in task.score_many(list(cs), [x.answer for x in ss])
+    ]
+    try:
+        events = _integrity(tmp_path / "run", module, [EvalSet("code", task.samples())])
+    finally:
+        task.sandbox.close()
+    by_check = {e["check"]: e for e in events}
+    assert by_check["gold"]["status"] == "ok" and by_check["gold"]["graded"] == 3  # every reference passes
+    vacuous = by_check["vacuous"]
+    assert (vacuous["status"], vacuous["action"], vacuous["graded"], vacuous["passed"]) == ("found", "warn", 3, 1)
+    assert (vacuous["task_ids"], vacuous["indices"]) == (["hollow/1"], [1])
+    assert vacuous["message"] == (
+        "eval set 'code': a null program (the function returning None) passes the tests of 1 of 3 problems "
+        "(['hollow/1']): their tests test nothing, and every program passes them"
+    )
+
+
+def test_grpo_modules_null_program_is_the_tasks_and_arithmetic_has_none(tmp_path: Path) -> None:
+    task = ArithmeticTask(train_digits=2, train_size=8, seed=0)
+    events = _integrity(tmp_path, _grpo(task), [EvalSet("sums", list(task.make_samples("sums", 1, 5)))])
+    assert [(e["check"], e["status"]) for e in events] == [("overlap", "ok"), ("gold", "ok"), ("duplicates", "ok")]
+
+
+def test_duplicate_prompts_are_reported_and_a_file_sets_are_dropped_at_load(tmp_path: Path) -> None:
+    from areal_lightning.app.eval_prompts import distinct_prompts
+    from areal_lightning.callbacks.integrity_checks import DUPLICATES_OPTION
+
+    rows = [Sample(i, p, "02") for i, p in enumerate(["1+1=", "0+2=", "1+1=", "2+0=", "0+2="])]
+    kept, dropped = distinct_prompts(rows, None)
+    assert [s.prompt for s in kept] == ["1+1=", "0+2=", "2+0="] and dropped == [(3, 1), (5, 2)]
+    module = CountingModule()
+    loaded = EvalSet("file", kept, options={DUPLICATES_OPTION: dropped})  # as build_eval_sets makes it
+    own = EvalSet("own", rows)  # a user's own set, duplicates kept
+    events = {e["dataset"]: e for e in _integrity(tmp_path, module, [loaded, own]) if e["check"] == "duplicates"}
+    assert (events["file"]["status"], events["file"]["dropped_rows"], events["file"]["prompts"]) == (
+        "found",
+        [[3, 1], [5, 2]],
+        3,
+    )
+    assert events["file"]["message"] == (
+        "eval set 'file': 2 rows of its file repeat an earlier prompt and were dropped at load (row 3 (= row 1), "
+        "row 5 (= row 2)): it counts its 3 distinct prompts"
+    )
+    assert (events["own"]["status"], events["own"]["indices"], events["own"]["repeated"]) == ("found", [2, 4], 2)
+    assert "2 of its 5 samples repeat an earlier prompt (#2 (= #0), #4 (= #1))" in events["own"]["message"]

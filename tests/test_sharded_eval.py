@@ -28,6 +28,7 @@ TIMEOUT_S = 90.0
 UNEVEN_SETS = (("three_batches", 5, 2), ("one_batch", 3, 8))
 ODD_SET_OVERRIDES = [
     "eval_sets.odd.size=101",
+    "eval_sets.odd.digits=2",  # 101 distinct problems: one digit has only 100
     "eval_sets.odd.n_samples=3",
     "eval_sets.odd.batch_size=8",
     "eval_sets.odd.temperature=1.0",
@@ -146,8 +147,8 @@ def _mismatched_sets(rank: int, world_size: int, overrides_by_rank: list[list[st
 @pytest.mark.ddp
 def test_ranks_with_different_eval_data_fail_with_the_fingerprint_error() -> None:
     size_differs = [
-        ["eval_sets.odd.size=101", "eval_sets.common.size=5"],
-        ["eval_sets.odd.size=100", "eval_sets.common.size=5", "eval_sets.extra.size=3"],
+        ["eval_sets.odd.size=101", "eval_sets.odd.digits=2", "eval_sets.common.size=5"],
+        ["eval_sets.odd.size=100", "eval_sets.odd.digits=2", "eval_sets.common.size=5", "eval_sets.extra.size=3"],
     ]
     messages = run_ddp(_mismatched_sets, 2, size_differs, timeout_s=TIMEOUT_S)
     assert messages[0] == messages[1]  # both ranks raise, with the same message

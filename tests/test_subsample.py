@@ -18,7 +18,7 @@ from areal_lightning.eval_round.subsample import allocate, stratified_indices
 from areal_lightning.tasks.arithmetic import ArithmeticTask
 from areal_lightning.tracking.history import eval_rows, read_history
 
-OVERRIDES = ["eval_sets.easy.size=200", "eval_sets.easy.batch_size=7", "eval_sets.easy.subsample.max_prompts=30"]
+OVERRIDES = ["eval_sets.easy.size=80", "eval_sets.easy.batch_size=7", "eval_sets.easy.subsample.max_prompts=30"]
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ def test_subset_is_stable_and_its_seed_matters() -> None:
 
 def test_arithmetic_eval_set_keeps_the_share_of_two_digit_sums() -> None:
     cfg = load_config(None, OVERRIDES)
-    full = ArithmeticTask(seed=cfg.seed).make_samples("easy", 1, 200)
+    full = ArithmeticTask(seed=cfg.seed).make_samples("easy", 1, 80)
     (subset,) = build_eval_sets(cfg, ArithmeticTask(seed=cfg.seed))
     share = sum(s.stratum == "sum2" for s in full) / len(full)
     assert len(subset.samples) == 30

@@ -11,12 +11,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lightning.pytorch.callbacks import RichProgressBar
-from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
-from typing_extensions import override
-
 from areal_lightning.app.config import Config, EvalEngine, PolicyKind, TaskName, lightning_precision, to_dict
+from areal_lightning.app.eval_prompts import distinct_prompts, held_out_prompts
+from areal_lightning.app.progress_bar import progress_bar
 from areal_lightning.app.runs import CHECKPOINT_DIRNAME, CSV_DIRNAME, LAST_CHECKPOINT, RunIdentity
+from areal_lightning.callbacks.integrity_checks import DUPLICATES_OPTION
 from areal_lightning.eval_round import EvalSet, EvaluateFn
 from areal_lightning.eval_round.subsample import subsample
 from areal_lightning.rl.episodes.make_environment import episode_values
@@ -33,12 +32,6 @@ if TYPE_CHECKING:  # Lightning and W&B load only when a builder that needs them 
     from areal_lightning.rl.policy import Policy
     from areal_lightning.rl.protocols import RLTask
     from areal_lightning.tracking.wandb_logger import SafeWandbLogger
-
-
-ARITHMETIC_EVAL_SIZE = 200
-"""Prompts of an arithmetic eval set whose `size` is null."""
-DEFAULT_DIGITS = 1
-"""Operand digits of an arithmetic eval set whose `digits` is null."""
 
 
 def build_task(cfg: Config) -> RLTask:
@@ -78,7 +71,8 @@ def build_task(cfg: Config) -> RLTask:
         )
     from areal_lightning.tasks.arithmetic import ArithmeticTask
 
-    return ArithmeticTask(train_digits=t.train_digits, train_size=t.train_size, seed=cfg.seed)
+    held_out = held_out_prompts(cfg.eval_sets, t.train_digits, cfg.seed) if t.hold_out_eval else set()
+    return ArithmeticTask(train_digits=t.train_digits, train_size=t.train_size, seed=cfg.seed, held_out=held_out)
 
 
 def build_policy(cfg: Config, task: RLTask) -> Policy:
@@ -163,7 +157,8 @@ TOKEN_SCORES = "token_scores"
 def build_eval_sets(cfg: Config, task: RLTask | None = None) -> list[EvalSet]:
     """The config's eval sets, in config order: arithmetic sets made by `task` when it is an
     `ArithmeticTask` (else by the config's arithmetic task), file sets read from their ``path``
-    with the task's prompt style (the first ``size`` rows, or all). A sample's cost is its prompt length.
+    with the task's prompt style (the first ``size`` distinct prompts, or all: a row that repeats an earlier
+    prompt is dropped, and the integrity check reports it). A sample's cost is its prompt length.
 
     Example:
         >>> from areal_lightning.app.config import load_config
@@ -181,13 +176,14 @@ def build_eval_sets(cfg: Config, task: RLTask | None = None) -> list[EvalSet]:
             harness = harness_eval_set(name, es.harness.spec(), es.batch_size, es.max_batch_cost)
             out.append(subsample(harness, es.subsample.build(cfg.seed)) if es.subsample is not None else harness)
             continue
+        dropped: list[tuple[int, int]] = []
         if es.is_file_set and cfg.task.name is TaskName.CODE:
             from areal_lightning.tasks.code import CodeTask
 
             assert es.path is not None
             # Only the samples are used: programs are graded by the module's task (its sandbox).
             code = CodeTask(es.path, prompt_style=cfg.task.prompt_style, prompt_template=cfg.task.prompt_template)
-            samples = code.samples()[: es.size]
+            samples, dropped = distinct_prompts(code.samples(), es.size)
         elif es.is_file_set:
             from areal_lightning.tasks.math import MathTask
 
@@ -203,13 +199,13 @@ def build_eval_sets(cfg: Config, task: RLTask | None = None) -> list[EvalSet]:
                 prompt_template=cfg.task.prompt_template,
                 verifier="numeric",
             )
-            samples = reader.samples()[: es.size]
+            samples, dropped = distinct_prompts(reader.samples(), es.size)
         else:
             from areal_lightning.tasks.arithmetic import ArithmeticTask
 
             if not isinstance(task, ArithmeticTask):
                 task = ArithmeticTask(cfg.task.train_digits, cfg.task.train_size, cfg.seed)
-            samples = task.make_samples(name, es.digits or DEFAULT_DIGITS, es.size or ARITHMETIC_EVAL_SIZE)
+            samples = task.make_samples(name, es.arithmetic_digits, es.arithmetic_size())
         eval_set = EvalSet(
             name=name,
             samples=samples,
@@ -221,6 +217,7 @@ def build_eval_sets(cfg: Config, task: RLTask | None = None) -> list[EvalSet]:
             # Episode settings change every result: in the fingerprint, the result cache keys them.
             options={
                 **({} if es.token_scores else {TOKEN_SCORES: False}),
+                **({DUPLICATES_OPTION: dropped} if dropped else {}),  # the integrity check reports them
                 **({"episodes": episode_values(cfg.episodes)} if cfg.episodes is not None else {}),
             },
         )
@@ -338,24 +335,6 @@ def build_loggers(
     if wandb_logger is not None:
         loggers.append(wandb_logger)
     return loggers
-
-
-class EpochBar(RichProgressBar):
-    """Lightning's Rich bar (its default where rich is installed), showing ``Epoch N`` when no
-    ``max_epochs`` is set: Lightning 2.6 shows ``Epoch N/-2`` there (its issue #21925)."""
-
-    @override
-    def _get_train_description(self, current_epoch: int) -> str:
-        max_epochs = self.trainer.max_epochs
-        if max_epochs is not None and max_epochs >= 0:
-            return super()._get_train_description(current_epoch)
-        return f"{f'Epoch {current_epoch}':{len(self.validation_description)}}"
-
-
-def progress_bar(enabled: bool) -> list[RichProgressBar]:
-    """The commands' progress bar: an `EpochBar`, or none when the bar is off or rich is missing
-    (then Lightning picks its own)."""
-    return [EpochBar()] if enabled and _RICH_AVAILABLE else []
 
 
 def build_trainer(

@@ -59,6 +59,7 @@ class Config:
         for name, eval_set in self.eval_sets.items():
             eval_set.check(f"eval_sets.{name}", self.task.name)
         self._check_kinds_agree()
+        self._check_training_left()
         if self.episodes is not None:
             with owned_by_key("episodes"):
                 self.episodes.validate()
@@ -68,6 +69,27 @@ class Config:
         self._check_sequence_lengths()
         check_metric_names(self.evaluator.decisions, self.eval_sets, self.task.name, self.episodes)
         check_lightning_names(self.trainer, "trainer")  # last: it imports Lightning
+
+    def _check_training_left(self) -> None:
+        """Eval sets held out of training (``task.hold_out_eval``) must leave training some problems."""
+        from areal_lightning.app.eval_prompts import held_out_prompts
+        from areal_lightning.tasks.arithmetic import ArithmeticTask, distinct_problems
+
+        if self.task.name is not TaskName.ARITHMETIC or not self.task.hold_out_eval:
+            return
+        digits = self.task.train_digits
+        same = {n: es for n, es in self.eval_sets.items() if es.arithmetic_digits == digits}
+        if sum(es.arithmetic_size() for es in same.values()) < distinct_problems(digits):
+            return  # they cannot hold every problem out
+        try:
+            ArithmeticTask(digits, self.task.train_size, self.seed, held_out_prompts(same, digits, self.seed))
+        except ValueError:
+            sizes = ", ".join(f"eval_sets.{n}.size={es.arithmetic_size()}" for n, es in same.items())
+            raise ConfigError(
+                f"the eval sets of {digits}-digit additions ({sizes}) hold every one of the "
+                f"{distinct_problems(digits)} problems out of training (task.hold_out_eval: true): give them "
+                "smaller sizes, or set task.hold_out_eval: false to train on the eval prompts too"
+            ) from None
 
     def _check_sequence_lengths(self) -> None:
         """The longest prompt plus its completion must fit policy.max_len, or every round would fail."""

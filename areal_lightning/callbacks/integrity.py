@@ -1,12 +1,12 @@
 """`check_integrity` (the `IntegrityChecks` follow-up runs it): at the start of every fit, before the
-first training step, look for training prompts in the eval sets and for reference answers the task's
-own grader fails (the checks of `callbacks.integrity_checks`), and record each finding as an
-``integrity`` event of the eval history.
+first training step, look for training prompts in the eval sets, reference answers the task's own
+grader fails, tests that a null program passes and prompts an eval set holds twice (the checks of
+`callbacks.integrity_checks`), and record each finding as an ``integrity`` event of the eval history.
 
 ``warn`` (the default) records and warns; ``fail`` also stops the fit with `IntegrityError` when a
 check finds a problem; ``off`` checks nothing. The module being fit offers what the checks read
-(`IntegritySource`: its training prompts, an eval sample's prompt, its reference completion and
-the grader); a check it offers nothing for is skipped (a log line, no event).
+(`IntegritySource`: its training prompts, an eval sample's prompt, its reference and null
+completions, and the grader); a check it offers nothing for is skipped (a log line, no event).
 """
 
 from __future__ import annotations
@@ -18,7 +18,15 @@ from typing import Any
 import lightning as L
 
 from areal_lightning.callbacks.choices import IntegrityAction
-from areal_lightning.callbacks.integrity_checks import NGRAM, IntegrityError, find_overlap, grade_references
+from areal_lightning.callbacks.integrity_checks import (
+    DUPLICATES_OPTION,
+    NGRAM,
+    IntegrityError,
+    find_duplicates,
+    find_overlap,
+    grade_nulls,
+    grade_references,
+)
 from areal_lightning.eval_round import EvalSet
 from areal_lightning.tracking.recorder import EvalRecorder
 
@@ -27,8 +35,9 @@ log = logging.getLogger(__name__)
 OK, FOUND, SKIPPED = "ok", "found", "skipped"
 """A finding's ``status``: nothing found, a problem found (or the check itself failed), not checked
 (logged only: events hold ``ok`` and ``found``)."""
-OVERLAP, GOLD = "overlap", "gold"
-"""An integrity event's ``check``: training prompts in the eval set, reference answers the grader fails."""
+OVERLAP, GOLD, VACUOUS, DUPLICATES = "overlap", "gold", "vacuous", "duplicates"
+"""An integrity event's ``check``: training prompts in the eval set, reference answers the grader fails,
+tests a null program passes, prompts the eval set holds more than once."""
 MAX_ROWS_NAMED = 10
 """Failing rows a message names (the event's ``indices`` hold them all)."""
 
@@ -93,6 +102,54 @@ def _gold(eval_set: EvalSet, module: Any) -> dict[str, Any]:
     return _finding(GOLD, eval_set.name, FOUND, message, **fields)
 
 
+def _vacuous(eval_set: EvalSet, module: Any) -> dict[str, Any]:
+    where = f"eval set {eval_set.name!r}"
+    null, grade = getattr(module, "integrity_null", None), getattr(module, "integrity_grade", None)
+    if not (callable(null) and callable(grade)):
+        why = f"{type(module).__name__} offers no integrity_null() and integrity_grade()"
+        return _finding(VACUOUS, eval_set.name, SKIPPED, f"{where}: tests not tried on a null program: {why}")
+    g = grade_nulls(eval_set.samples, null, grade)
+    fields: dict[str, Any] = dict(graded=g.graded, passed=len(g.passed), indices=g.passed, task_ids=g.task_ids)
+    if not g.graded:
+        return _finding(VACUOUS, eval_set.name, SKIPPED, f"{where}: the task has no null program to grade", **fields)
+    if not g.passed:
+        message = f"{where}: a null program (returning None) fails the tests of all {g.graded} problems"
+        return _finding(VACUOUS, eval_set.name, OK, message, **fields)
+    ids = f"{g.task_ids[:MAX_ROWS_NAMED]}{' ...' if len(g.passed) > MAX_ROWS_NAMED else ''}"
+    message = (
+        f"{where}: a null program (the function returning None) passes the tests of {len(g.passed)} of {g.graded} "
+        f"problems ({ids}): their tests test nothing, and every program passes them"
+    )
+    return _finding(VACUOUS, eval_set.name, FOUND, message, **fields)
+
+
+def _duplicates(eval_set: EvalSet, module: Any) -> dict[str, Any]:
+    where = f"eval set {eval_set.name!r}"
+    prompt = getattr(module, "integrity_prompt", None) or sample_prompt
+    repeats = find_duplicates([prompt(x) for x in eval_set.samples])
+    dropped = [list(pair) for pair in eval_set.options.get(DUPLICATES_OPTION, ())]
+    fields: dict[str, Any] = dict(prompts=len(eval_set.samples), repeated=len(repeats), dropped=len(dropped))
+    fields.update(indices=sorted(repeats), dropped_rows=dropped)
+    if not repeats and not dropped:
+        message = f"{where}: its {len(eval_set.samples)} prompts are distinct"
+        return _finding(DUPLICATES, eval_set.name, OK, message, **fields)
+    parts = []
+    if dropped:
+        rows = ", ".join(f"row {row} (= row {first})" for row, first in dropped[:MAX_ROWS_NAMED])
+        parts.append(
+            f"{len(dropped)} rows of its file repeat an earlier prompt and were dropped at load ({rows}"
+            f"{' ...' if len(dropped) > MAX_ROWS_NAMED else ''}): it counts its {len(eval_set.samples)} "
+            "distinct prompts"
+        )
+    if repeats:
+        pairs = ", ".join(f"#{i} (= #{first})" for i, first in list(repeats.items())[:MAX_ROWS_NAMED])
+        parts.append(
+            f"{len(repeats)} of its {len(eval_set.samples)} samples repeat an earlier prompt ({pairs}): each counts "
+            "once per sample in num_prompts and the intervals; give each prompt once"
+        )
+    return _finding(DUPLICATES, eval_set.name, FOUND, f"{where}: " + "; ".join(parts), **fields)
+
+
 def _guarded(check: str, eval_set: EvalSet, run: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
     """A check's finding; a check that raises is a finding too (a grader that cannot grade its own gold)."""
     try:
@@ -103,7 +160,7 @@ def _guarded(check: str, eval_set: EvalSet, run: Callable[..., dict[str, Any]], 
 
 
 def integrity_findings(module: Any, eval_sets: Sequence[EvalSet]) -> list[dict[str, Any]]:
-    """Both checks of every eval set, as event fields (``check``, ``dataset``, ``status``, ``message``, ...)."""
+    """Every check of every eval set, as event fields (``check``, ``dataset``, ``status``, ``message``, ...)."""
     findings = []
     train: Sequence[str] | None = None
     read_train = getattr(module, "integrity_train_prompts", None)
@@ -118,7 +175,8 @@ def integrity_findings(module: Any, eval_sets: Sequence[EvalSet]) -> list[dict[s
     for eval_set in eval_sets:
         if not unreadable:
             findings.append(_guarded(OVERLAP, eval_set, _overlap, train, module))
-        findings.append(_guarded(GOLD, eval_set, _gold, module))
+        for check, run in ((GOLD, _gold), (VACUOUS, _vacuous), (DUPLICATES, _duplicates)):
+            findings.append(_guarded(check, eval_set, run, module))
     return findings
 
 

@@ -8,6 +8,9 @@
   is compared by exact match only.
 * Reference answers the task's own grader fails (`grade_references`): each eval sample's gold
   completion, as the task writes it (``reference_completion``), must be graded correct.
+* Vacuous tests (`grade_nulls`): each eval sample's null completion (a code task's null program,
+  the header with a body returning None) must be graded wrong: tests it passes test nothing.
+* Prompts an eval set holds more than once (`find_duplicates`): each would count twice.
 
 The module being fit offers what the checks read through `IntegritySource`; the callback never
 imports the task.
@@ -26,6 +29,9 @@ NGRAM = 13
 MAX_EXAMPLES = 5
 """Examples a finding shows (its counts and indices cover every row)."""
 MAX_TEXT_CHARS = 300
+DUPLICATES_OPTION = "duplicate_rows"
+"""`EvalSet.options` key: the rows a loader dropped as repeats of an earlier prompt, as (row, first row)
+pairs, 1-based; the duplicates check reports them."""
 _PUNCTUATION = str.maketrans({c: " " for c in string.punctuation})
 
 
@@ -46,6 +52,11 @@ class IntegritySource(Protocol):
 
     def integrity_reference(self, sample: Any) -> str | None:
         """A completion of the eval sample that its grader must score correct; None: no gold answer."""
+        ...
+
+    def integrity_null(self, sample: Any) -> str | None:
+        """A completion of the eval sample that solves nothing (a code task's null program: the
+        function returning None), which a sound grader scores wrong; None: the task has none."""
         ...
 
     def integrity_grade(self, completions: Sequence[str], samples: Sequence[Any]) -> Sequence[bool]:
@@ -174,3 +185,49 @@ def grade_references(
                 example["answer"] = _clip(str(answer))
             out.examples.append(example)
     return out
+
+
+@dataclass
+class NullGrades:
+    """The eval samples whose null completion the grader scored correct (their tests test nothing)."""
+
+    graded: int
+    passed: list[int] = field(default_factory=list)
+    task_ids: list[str] = field(default_factory=list)
+
+
+def grade_nulls(
+    samples: Sequence[Any],
+    null: Callable[[Any], str | None],
+    grade: Callable[[Sequence[str], Sequence[Any]], Sequence[bool]],
+) -> NullGrades:
+    """Grades each sample's null completion with the task's grader, all in one call; a sample's task id
+    is its ``task_id`` attribute, else its index.
+
+    Example:
+        >>> vacuous = lambda cs, ss: [s == "assert True" for s in ss]
+        >>> g = grade_nulls(["assert f(1) == 2", "assert True"], lambda s: "pass", vacuous)
+        >>> g.graded, g.passed, g.task_ids
+        (2, [1], ['1'])
+    """
+    nulls = [(i, s, program) for i, s in enumerate(samples) if (program := null(s)) is not None]
+    verdicts = list(grade([p for _, _, p in nulls], [s for _, s, _ in nulls])) if nulls else []
+    if len(verdicts) != len(nulls):
+        raise ValueError(f"the grader returned {len(verdicts)} verdicts for {len(nulls)} null programs")
+    out = NullGrades(graded=len(nulls))
+    for (i, sample, _), correct in zip(nulls, verdicts, strict=True):
+        if correct:
+            out.passed.append(i)
+            out.task_ids.append(str(getattr(sample, "task_id", i)))
+    return out
+
+
+def find_duplicates(prompts: Sequence[str]) -> dict[int, int]:
+    """{index of a prompt seen before: index of its first occurrence}, prompts compared exactly.
+
+    Example:
+        >>> find_duplicates(["1+1=", "2+2=", "1+1=", "1+1="])
+        {2: 0, 3: 0}
+    """
+    first: dict[str, int] = {}
+    return {i: first[p] for i, p in enumerate(prompts) if first.setdefault(p, i) != i}

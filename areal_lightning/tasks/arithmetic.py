@@ -9,7 +9,7 @@ from __future__ import annotations
 import operator
 import random
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import overload
 
@@ -81,6 +81,48 @@ class ArithmeticSamples(Sequence[Sample]):
         return Sample(index=i, prompt=f"{a}+{b}=", answer=str(a + b).zfill(self._width))
 
 
+def distinct_problems(digits: int) -> int:
+    """How many distinct additions of two `digits`-digit operands there are (one digit: 10 x 10).
+
+    Example:
+        >>> distinct_problems(1), distinct_problems(2)
+        (100, 8100)
+    """
+    low, high = operand_range(digits)
+    return (high - low + 1) ** 2
+
+
+def _operands(digits: int) -> str:
+    low, high = operand_range(digits)
+    return f"{low}-{high}"
+
+
+def _holds_every_problem(prompts: frozenset[str], digits: int) -> bool:
+    """Whether `prompts` hold every problem of `digits` digits (only possible with as many prompts)."""
+    if len(prompts) < distinct_problems(digits):
+        return False
+    low, high = operand_range(digits)
+    return all(f"{a}+{b}=" in prompts for a in range(low, high + 1) for b in range(low, high + 1))
+
+
+def _draws(
+    rng: random.Random, digits: int, size: int, skip: frozenset[str], distinct: bool = True
+) -> Iterator[tuple[int, int]]:
+    """`size` operand pairs drawn uniformly, never a prompt in `skip`; with `distinct`, never one twice
+    (the caller checks that there are enough)."""
+    low, high = operand_range(digits)
+    seen: set[int] = set()  # a * (high + 1) + b: an int a pair, for large sets
+    while size:
+        a, b = rng.randint(low, high), rng.randint(low, high)
+        key = a * (high + 1) + b
+        if key in seen or (skip and f"{a}+{b}=" in skip):
+            continue
+        if distinct:
+            seen.add(key)
+        size -= 1
+        yield a, b
+
+
 def operand_range(digits: int) -> tuple[int, int]:
     """Smallest and largest operand with `digits` digits (one digit includes 0)."""
     if digits < 1:
@@ -100,6 +142,12 @@ class ArithmeticTask:
         train_digits: operand digits of the training prompts.
         train_size: number of training prompts (a finite set, iterated in epochs).
         seed: seeds the training set and every eval set (each also by its name).
+        held_out: prompts the training set never holds (e.g. every eval set's prompts): training
+            draws from the other problems.
+
+    Raises:
+        ValueError: for digits or a size below 1, or when `held_out` holds every problem of
+            `train_digits` digits.
 
     Example:
         >>> task = ArithmeticTask(train_digits=1, train_size=4, seed=0)
@@ -115,13 +163,21 @@ class ArithmeticTask:
     retry_feedback = "="
     """What a retry environment shows after a wrong answer (the alphabet has no letters): "again, =" ."""
 
-    def __init__(self, train_digits: int = 1, train_size: int = 256, seed: int = 0) -> None:
+    def __init__(
+        self, train_digits: int = 1, train_size: int = 256, seed: int = 0, held_out: Iterable[str] = ()
+    ) -> None:
         operand_range(train_digits)  # validates
         if train_size < 1:
             raise ValueError(f"task.train_size must be a positive integer, got {train_size}")
         self.train_digits = train_digits
         self.train_size = train_size
         self.seed = seed
+        self.held_out = frozenset(held_out)
+        if _holds_every_problem(self.held_out, train_digits):
+            raise ValueError(
+                f"every one of the {distinct_problems(train_digits)} {train_digits}-digit problems is held out of "
+                "training: hold out fewer (smaller eval sets of that many digits)"
+            )
         self.tokenizer = CharTokenizer(ALPHABET)
 
     def max_answer_len(self, digits: int) -> int:
@@ -129,17 +185,37 @@ class ArithmeticTask:
         return len(str(2 * operand_range(digits)[1]))
 
     def make_samples(self, name: str, digits: int, size: int) -> ArithmeticSamples:
-        """`size` problems with `digits`-digit operands, the same for the same (seed, name)."""
-        low, high = operand_range(digits)
+        """`size` distinct problems with `digits`-digit operands, drawn without replacement, the same
+        for the same (seed, name): each prompt is counted once.
+
+        Raises:
+            ValueError: when `size` exceeds `distinct_problems(digits)`, naming that number.
+
+        Example:
+            >>> samples = ArithmeticTask().make_samples("all", digits=1, size=100)
+            >>> len({s.prompt for s in samples})
+            100
+        """
+        distinct = distinct_problems(digits)
+        if not 1 <= size <= distinct:
+            raise ValueError(
+                f"an eval set of {size} {digits}-digit additions: there are only {distinct} distinct problems "
+                f"(operands {_operands(digits)}); give a size from 1 to {distinct}"
+            )
         rng = random.Random(f"{self.seed}/{name}/{digits}")  # str seeds hash with sha512: stable across runs
         left, right = array("q"), array("q")
-        for _ in range(size):
-            left.append(rng.randint(low, high))
-            right.append(rng.randint(low, high))
+        for a, b in _draws(rng, digits, size, frozenset()):
+            left.append(a)
+            right.append(b)
         return ArithmeticSamples(left, right, self.max_answer_len(digits))
 
     def train_samples(self) -> list[Sample]:
-        return list(self.make_samples("train", self.train_digits, self.train_size))
+        """`train_size` training problems of `train_digits`-digit operands, drawn with replacement
+        (training repeats them anyway, epoch after epoch) from every problem that is not held out."""
+        rng = random.Random(f"{self.seed}/train/{self.train_digits}")
+        width = self.max_answer_len(self.train_digits)
+        pairs = _draws(rng, self.train_digits, self.train_size, self.held_out, distinct=False)
+        return [Sample(i, f"{a}+{b}=", str(a + b).zfill(width)) for i, (a, b) in enumerate(pairs)]
 
     def reward(self, completion: str, answer: str) -> float:
         """Exact match of the completion (up to EOS) with the answer."""

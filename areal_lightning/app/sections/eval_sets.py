@@ -12,7 +12,15 @@ from areal_lightning.eval_round.eval_set import EvalSet
 from areal_lightning.eval_round.sampling_params import SamplingParams
 from areal_lightning.eval_round.subsample import Subsample
 from areal_lightning.rl.harness.tasks import HarnessSpec
+from areal_lightning.tasks.arithmetic import distinct_problems
 from areal_lightning.tasks.math_answers import AnswerFormat
+
+ARITHMETIC_EVAL_SIZE = 200
+"""Prompts of an arithmetic eval set whose `size` is null, when it has that many distinct problems ..."""
+DEFAULT_SHARE = 5
+"""... else a fifth of them: the rest stay for training (the eval sets' prompts are held out of it)."""
+DEFAULT_DIGITS = 1
+"""Operand digits of an arithmetic eval set whose `digits` is null."""
 
 
 @dataclass
@@ -98,7 +106,9 @@ class EvalSetConfig:
     stratum_field: Optional[str] = None
     """File sets: the field each problem's stratum comes from (e.g. level); null: the file's name."""
     size: Optional[int] = None
-    """Number of prompts; null: 200 for arithmetic sets, every row for file sets (else the first `size` rows)."""
+    """Number of prompts, each distinct: arithmetic sets draw without replacement, at most every distinct
+    problem (one digit: 100), null: 200 or a fifth of the distinct problems when that is fewer (one digit:
+    20); file sets: null: every row, else the first `size` rows (a prompt repeated in the file counts once)."""
     n_samples: int = 4
     """Completions sampled per prompt."""
     ks: Optional[list[int]] = None
@@ -128,6 +138,16 @@ class EvalSetConfig:
     harness: Optional[HarnessConfig] = None
     """An lm-evaluation-harness task as this eval set, e.g. {task: gsm8k} or {task_file: my_task.yaml}; null: ours."""
 
+    def arithmetic_size(self) -> int:
+        """An arithmetic set's number of prompts: its `size`, or the default of its `digits`."""
+        if self.size is not None:
+            return self.size
+        return min(ARITHMETIC_EVAL_SIZE, distinct_problems(self.arithmetic_digits) // DEFAULT_SHARE)
+
+    @property
+    def arithmetic_digits(self) -> int:
+        return self.digits or DEFAULT_DIGITS
+
     @property
     def is_file_set(self) -> bool:
         """Whether the set's problems come from a file (`path`) rather than the arithmetic task."""
@@ -146,6 +166,13 @@ class EvalSetConfig:
             self.harness.check(f"{path}.harness")
         if self.path is not None and self.digits is not None:
             raise ConfigError(f"{path} has both digits (an arithmetic set) and path (a file set); give one of them")
+        if self.path is None and task is TaskName.ARITHMETIC and self.size is not None:
+            digits, distinct = self.arithmetic_digits, distinct_problems(self.arithmetic_digits)
+            if self.size > distinct:
+                raise ConfigError(
+                    f"{path}.size is {self.size}, but there are only {distinct} distinct {digits}-digit additions"
+                    f", and an eval set counts each prompt once; give a size from 1 to {distinct}"
+                )
         if self.path is not None and task is TaskName.CODE:
             check_code_source(f"{path}.path", self.path)
         elif self.path is not None:

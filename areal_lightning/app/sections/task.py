@@ -36,7 +36,11 @@ class TaskConfig:
     train_digits: int = 1
     """arithmetic: digits of the operands of training prompts."""
     train_size: int = 256
-    """arithmetic: training prompts, a finite set iterated in epochs."""
+    """arithmetic: training prompts, a finite set iterated in epochs (drawn with replacement)."""
+    hold_out_eval: bool = True
+    """arithmetic: training never draws a prompt of an eval set (of train_digits digits): the eval sets
+    measure problems the policy was not trained on; false: training draws from every problem (and the
+    integrity check at fit start reports the overlap)."""
     path: Optional[str] = None
     """math: the training file, .jsonl, .json or .parquet (every row is a training prompt); code:
     humaneval or a .jsonl file of problems in HumanEval's or MBPP's shape."""

@@ -228,6 +228,12 @@ class GRPOModule(L.LightningModule):
         reference = getattr(self.task, "reference_completion", None)
         return reference(sample) if callable(reference) else None
 
+    def integrity_null(self, sample: Any) -> str | None:
+        """The task's null completion of an eval sample (its `null_completion`: a program that solves
+        nothing); None when it has none."""
+        null = getattr(self.task, "null_completion", None)
+        return null(sample) if callable(null) else None
+
     def integrity_grade(self, completions: Sequence[str], samples: Sequence[Any]) -> list[bool]:
         """Whether the task's own grader (its reward) scores each completion correct for its sample."""
         if samples and isinstance(samples[0], HarnessDoc):
