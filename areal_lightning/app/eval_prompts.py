@@ -40,7 +40,8 @@ def distinct_prompts(samples: Sequence[Any], size: int | None) -> tuple[list[Any
         (['a', 'b', 'c'], [(3, 1)])
     """
     first: dict[str, int] = {}
-    kept, dropped = [], []
+    kept: list[Any] = []
+    dropped: list[tuple[int, int]] = []
     for row, sample in enumerate(samples, start=1):
         if size is not None and len(kept) == size:
             break
