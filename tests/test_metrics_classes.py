@@ -226,15 +226,37 @@ def test_accuracy_metric_hand_made_threshold_is_strict_as_in_seed() -> None:
 def test_accuracy_metric_random_against_reference(threshold: float, confidence: float) -> None:
     rng = np.random.default_rng(5)
     metric = AccuracyMetric(threshold=threshold, confidence=confidence, nan_strategy=0.0)
-    successes = total = 0
+    successes = total = prompts = 0
     for _ in range(12):
         batch = random_rewards(rng, int(rng.integers(0, 5)), 4).astype(np.float32)
         metric.update(torch.tensor(batch))
         successes += int((np.nan_to_num(batch, nan=0.0) > np.float32(threshold)).sum())
         total += batch.size
-    low, high = ref_wilson(successes, total, confidence)
+        prompts += batch.shape[0]  # a row is one prompt's samples: the interval counts prompts
+    low, high = ref_wilson(successes / total * prompts, prompts, confidence)
     expected = {"accuracy": successes / total, "ci_low": low, "ci_high": high}
     assert nan_equal(as_floats(metric.compute()), expected)
+
+
+def test_accuracy_interval_counts_prompts_not_their_samples() -> None:
+    # Two prompts, four samples each: one always solved, one never. Eight samples, but two things
+    # measured: the interval is that of 1 success in 2 trials, not of 4 in 8.
+    metric = AccuracyMetric()
+    metric.update(torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]]))
+    out = as_floats(metric.compute())
+    assert out["accuracy"] == 0.5
+    assert (out["ci_low"], out["ci_high"]) == pytest.approx(ref_wilson(1, 2))
+    assert out["ci_high"] - out["ci_low"] > 1.4 * (ref_wilson(4, 8)[1] - ref_wilson(4, 8)[0])
+    flat = AccuracyMetric()  # one sample a prompt: eight prompts
+    flat.update(torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]))
+    assert (as_floats(flat.compute())["ci_low"], as_floats(flat.compute())["ci_high"]) == pytest.approx(
+        ref_wilson(4, 8)
+    )
+    dropped = AccuracyMetric(nan_strategy="ignore")  # a prompt whose every reward is dropped is not counted
+    dropped.update(torch.tensor([[1.0, 0.0], [math.nan, math.nan], [1.0, 1.0]]))
+    assert (as_floats(dropped.compute())["ci_low"], as_floats(dropped.compute())["ci_high"]) == pytest.approx(
+        ref_wilson(0.75 * 2, 2)
+    )
 
 
 def test_accuracy_metric_nan_strategy_and_empty() -> None:

@@ -80,6 +80,10 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/test_metrics_classes.py::test_accuracy_metric_nan_strategy_and_empty",
         ],
     ),
+    "intervals": (
+        "areal_lightning/metrics/intervals.py",
+        ["tests/test_metrics_functional.py", "tests/test_metrics_functional_edges.py", "tests/test_metrics_classes.py"],
+    ),
     "exact": (
         "areal_lightning/metrics/exact.py",
         ["tests/test_exact_sums.py", "tests/test_exact_sums_edges.py", "tests/test_exact_sums_device.py"],

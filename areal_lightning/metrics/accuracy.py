@@ -1,4 +1,5 @@
-"""AccuracyMetric: share of samples whose reward is above a threshold, with a Wilson interval."""
+"""AccuracyMetric: share of samples whose reward is above a threshold, with a Wilson interval that counts
+each prompt once."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from torch import Tensor
 
 from areal_lightning.metrics.checks import NanStrategy, _apply_nan_strategy, _check_confidence, _check_nan_strategy
 from areal_lightning.metrics.float64_states import Float64StateMetric
-from areal_lightning.metrics.functional import wilson_interval
+from areal_lightning.metrics.intervals import prompt_wilson_interval
 
 DEFAULT_THRESHOLD: float = 0.8
 """A sample succeeds when its reward is above 0.8 (``rewards > 0.8``)."""
@@ -23,7 +24,10 @@ class AccuracyMetric(Float64StateMetric):
     """Share of samples with ``reward > threshold`` (strictly), plus its Wilson score interval.
 
     Rewards are assumed normalised to [0, 1], so ``threshold`` must lie in
-    [0, 1]. States are two float64 sums (successes, samples), exact under DDP.
+    [0, 1]. A row of a 2-D ``rewards`` is one prompt's samples: the interval counts prompts, not
+    samples (`prompt_wilson_interval`: the samples of one prompt are not independent); a 1-D
+    ``rewards`` is one sample a prompt. States are three float64 sums (successes, samples, prompts),
+    exact under DDP.
 
     Args:
         threshold: finite number in [0, 1]; a sample is correct when its reward is above it.
@@ -53,6 +57,7 @@ class AccuracyMetric(Float64StateMetric):
 
     num_correct: Tensor
     num_samples: Tensor
+    num_prompts: Tensor
     threshold: float
     confidence: float
     nan_strategy: NanStrategy
@@ -77,10 +82,17 @@ class AccuracyMetric(Float64StateMetric):
         self.nan_strategy = _check_nan_strategy(nan_strategy, "AccuracyMetric")
         self.add_state("num_correct", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("num_samples", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("num_prompts", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, rewards: Tensor) -> None:
-        """Count the samples of ``rewards`` (any shape) whose reward is above the threshold."""
+        """Count the samples of ``rewards`` whose reward is above the threshold, and the prompts they
+        came from: the rows of a 2-D (or higher) ``rewards``, each value of a 1-D one."""
+        rows = torch.as_tensor(rewards).detach()
+        rows = rows.flatten(1) if rows.dim() >= 2 else rows.reshape(-1, 1)
         values = _apply_nan_strategy(rewards, self.nan_strategy, "AccuracyMetric.update")
+        # A prompt counts when a sample of it counts: all of its rewards dropped as NaN, it does not.
+        dropping = self.nan_strategy in ("ignore", "warn")
+        self.num_prompts += int((~torch.isnan(rows)).any(dim=1).sum()) if dropping else rows.shape[0]
         # Compare in the rewards' own dtype, as a plain `rewards > 0.8` does: a float32 reward of
         # 0.8 is not above 0.8 (in float64 it would be 0.800000012 > 0.8).
         self.num_correct += (values > self.threshold).sum().to(self.num_correct.device)
@@ -93,5 +105,5 @@ class AccuracyMetric(Float64StateMetric):
             torch.full_like(self.num_samples, math.nan),
             self.num_correct / self.num_samples.clamp_min(1),
         )
-        low, high = wilson_interval(self.num_correct, self.num_samples, self.confidence)
+        low, high = prompt_wilson_interval(self.num_correct, self.num_samples, self.num_prompts, self.confidence)
         return {"accuracy": accuracy, "ci_low": low, "ci_high": high}

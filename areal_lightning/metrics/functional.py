@@ -17,12 +17,15 @@ from torch import Tensor
 from areal_lightning.metrics.checks import (
     _as_2d,
     _check_binary,
-    _check_confidence,
     _check_k,
     _check_k_le_n,
     _check_rewards_2d,
 )
 from areal_lightning.metrics.constants import NO_ANSWER, AdvantageStd
+from areal_lightning.metrics.intervals import (
+    prompt_wilson_interval as prompt_wilson_interval,
+    wilson_interval as wilson_interval,
+)
 
 ADVANTAGE_EPS: float = 1e-6
 """Added to a group's std before dividing, so that near-constant groups do not explode."""
@@ -312,55 +315,3 @@ def mean_at_n(values: Tensor) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- Wilson interval
-def wilson_interval(
-    successes: float | Tensor, total: float | Tensor, confidence: float = 0.95
-) -> tuple[Tensor, Tensor]:
-    """Wilson score interval for a proportion ``successes / total`` (float64, elementwise).
-
-    Unlike the normal approximation it stays inside [0, 1] and behaves at 0 and ``total``
-    successes. ``total == 0`` gives the uninformative interval (0.0, 1.0). Both arguments are
-    counts: a fraction (e.g. a proportion passed instead of a count) is rejected, not rounded.
-
-    Args:
-        successes: whole number of successes, ``0 <= successes <= total``.
-        total: whole number of trials, ``>= 0``.
-        confidence: two-sided confidence level in (0, 1).
-
-    Returns:
-        ``(low, high)``, float64 tensors of the broadcast shape of the inputs.
-
-    Raises:
-        ValueError: if ``confidence`` is outside (0, 1), ``total`` is not a whole number >= 0, or
-            ``successes`` is not a whole number in [0, total].
-
-    Example:
-        >>> low, high = wilson_interval(8, 10)
-        >>> round(low.item(), 4), round(high.item(), 4)
-        (0.4902, 0.9433)
-    """
-    confidence = _check_confidence(confidence, "wilson_interval")
-    s = torch.as_tensor(successes, dtype=torch.float64)
-    t = torch.as_tensor(total, dtype=torch.float64, device=s.device)
-    s, t = torch.broadcast_tensors(s, t)  # type: ignore[no-untyped-call]  # torch leaves it unannotated
-    bad_t = ~(torch.isfinite(t) & (t >= 0) & (t == t.floor()))
-    if bad_t.any():  # report the first offending value, not a whole tensor
-        raise ValueError(
-            f"`wilson_interval(total=...)` must be a whole number >= 0 (a count of trials), got {t[bad_t][0].item()}"
-        )
-    bad_s = ~(torch.isfinite(s) & (s >= 0) & (s <= t) & (s == s.floor()))
-    if bad_s.any():
-        raise ValueError(
-            f"`wilson_interval(successes=...)` must be a whole number in [0, total], "
-            f"got successes={s[bad_s][0].item()}, total={t[bad_s][0].item()}"
-        )
-    z = torch.special.ndtri(torch.tensor(0.5 + confidence / 2, dtype=torch.float64, device=s.device))
-    safe_t = t.clamp_min(1)  # changes total == 0 only, whose interval is replaced below
-    p = s / safe_t
-    z2n = z * z / safe_t
-    center = (p + z2n / 2) / (1 + z2n)
-    half = z * torch.sqrt(p * (1 - p) / safe_t + z2n / (4 * safe_t)) / (1 + z2n)
-    # The bounds are exactly 0 / 1 at 0 / total successes; pin them so rounding does not leak.
-    low = torch.where(s == 0, torch.zeros_like(p), (center - half).clamp(0, 1))
-    high = torch.where(s == t, torch.ones_like(p), (center + half).clamp(0, 1))
-    empty = t == 0
-    return torch.where(empty, 0.0, low), torch.where(empty, 1.0, high)

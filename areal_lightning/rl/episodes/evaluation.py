@@ -46,7 +46,7 @@ def _update(
     for k in sorted({1, n}):
         metrics[f"pass@{k}"].update(solved)
     for t in range(1, settings.max_turns + 1):
-        metrics[success_key(t)].update(first)
+        metrics[success_key(t)].update(first.view(prompts, n))
     metrics[TURNS_KEY].update(torch.tensor([float(e.turns) for e in episodes], dtype=torch.float64))
     if TOOL_KEYS[0] in metrics:
         for key, attr in zip(TOOL_KEYS, ("called", "error", "timeout"), strict=True):
