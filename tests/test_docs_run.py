@@ -145,9 +145,10 @@ SETUP: dict[str, Callable[[Path], None]] = {
     "README.md": _demo_run,
     "eval_history.md": _demo_run,
     "hf_models.md": _local_model_and_data,
+    "harness.md": _local_model_and_data,
 }
-NEEDS = {"hf_models.md": ("transformers",), "eval_history.md": ("pandas",)}
-SLOW = {"README.md", "evaluate_watch.md", "hf_models.md", "eval_history.md"}
+NEEDS = {"hf_models.md": ("transformers",), "eval_history.md": ("pandas",), "harness.md": ("transformers", "lm_eval")}
+SLOW = {"README.md", "evaluate_watch.md", "hf_models.md", "eval_history.md", "harness.md"}
 # Every block the docs mark as not runnable here: a new mark is a decision, taken here too.
 GRADERS_BLOCK = """\
 from areal_lightning.rl.model_graders import GradedTask, JudgeGrader, RewardModelGrader

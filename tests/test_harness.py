@@ -111,6 +111,14 @@ def gen_task(root: Path, model: Path, train: Path, num_fewshot: int) -> Path:
     return write_task(root, data, train, f"gen{num_fewshot}", num_fewshot)
 
 
+def probed_gen_task(files, num_fewshot: int) -> Path:
+    """`gen_task` once per module (the probe costs a harness run)."""
+    key = f"gen{num_fewshot}"
+    if key not in files:
+        files[key] = gen_task(files["root"], files["model"], files["train"], num_fewshot)
+    return files[key]
+
+
 def write_choices(path: Path, n: int, labels: list[int] | None = None, offset: int = 0) -> Path:
     rows = []
     for i in range(offset, offset + n):
@@ -204,12 +212,13 @@ def assert_equal_to_harness(files, task_file: Path) -> dict[str, Any]:
 
 @pytest.mark.parametrize("num_fewshot", [0, 1])
 def test_greedy_results_equal_simple_evaluate_metric_by_metric(files, num_fewshot):
-    task_file = gen_task(files["root"], files["model"], files["train"], num_fewshot)
-    out = assert_equal_to_harness(files, task_file)
+    out = assert_equal_to_harness(files, probed_gen_task(files, num_fewshot))
     rows = out["ours"]["rows"]
     for s in out["samples"]:  # the completion itself, cut at the task's stop strings as HFLM cuts it
         assert rows[s["doc_id"]]["completion"] == s["resps"][0][0], s["doc_id"]
     assert out["ours"]["completion/length/mean"] > 0
+    # The completions that hit the stop string "77" end there during generation, not only when decoded.
+    assert out["ours"]["completion/truncated"] < 1
 
 
 @pytest.mark.parametrize("num_fewshot", [0, 1])
@@ -218,6 +227,9 @@ def test_multiple_choice_equals_simple_evaluate(files, num_fewshot):
     out = assert_equal_to_harness(files, task_file)
     assert {"acc,none", "acc_norm,none", "acc_stderr,none"} <= set(out["ours"])
     assert not any(k.startswith("completion/") for k in out["ours"])  # nothing is generated
+    for s in out["samples"]:  # each choice's log-probability (float32 sums; our batches are padded, HFLM's not)
+        theirs = [r[0][0] for r in s["resps"]]
+        assert out["ours"]["rows"][s["doc_id"]]["choice_logprobs"] == pytest.approx(theirs, rel=1e-5), s["doc_id"]
 
 
 def test_multiple_choice_refused_for_vllm_engine(files):
@@ -295,3 +307,36 @@ def test_integrity_of_a_multiple_choice_task(files):
     assert all(module.integrity_grade(references, docs))
     wrong = [d.doc["choices"][(label + 1) % 4] for d, label in zip(docs, labels, strict=True)]
     assert not any(module.integrity_grade(wrong, docs))
+
+
+def sampled_task(root: Path, data: Path, train: Path, name: str, temperature: float) -> Path:
+    """The generative task, each document sampled 4 times (`repeats: 4`) at `temperature`."""
+    path = write_task(root, data, train, name, 0)
+    text = path.read_text().replace("do_sample: false", f"do_sample: true, temperature: {temperature}")
+    path.write_text(text + "repeats: 4\n")
+    return path
+
+
+def test_pass_at_k_of_a_task_that_samples_each_document_several_times(files):
+    from areal_lightning.rl.harness import HarnessSpec
+    from areal_lightning.rl.harness.evaluation import logged_names
+
+    probed = probed_gen_task(files, 0)  # targets some of whose greedy answers are right
+    root, data, train = files["root"], probed.with_suffix(".jsonl"), files["train"]
+    # Near-greedy sampling: the 4 repeats of a document are its greedy completion, so pass@1 and
+    # pass@4 are the greedy exact match under each filter (the task's metric scores the first repeat).
+    near_greedy = sampled_task(root, data, train, "sampled_cold", 1e-4)
+    cold = evaluate_config(config_overrides(files, near_greedy))
+    for f in ("first-digit", "last-number"):
+        assert cold[f"pass@1,{f}"] == cold[f"pass@4,{f}"] == cold[f"exact_match,{f}"], f
+        assert 0 < cold[f"pass@1,{f}"] < 1, f
+    hot_task = sampled_task(root, data, train, "sampled_hot", 1.0)
+    hot = evaluate_config(config_overrides(files, hot_task))
+    assert sorted(k for k in hot if k not in ("num_prompts", "rows", "outcomes")) == logged_names(
+        HarnessSpec(task_file=str(hot_task))
+    )
+    for f in ("first-digit", "last-number"):
+        assert hot[f"pass@1,{f}"] <= hot[f"pass@4,{f}"] <= 1, f
+    assert hot["pass@4,first-digit"] > hot["pass@1,first-digit"]  # the samples differ: more tries find more
+    again = evaluate_config(config_overrides(files, hot_task))
+    assert {k: again[k] for k in hot if k.startswith("pass@")} == {k: hot[k] for k in hot if k.startswith("pass@")}

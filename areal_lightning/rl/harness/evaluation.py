@@ -31,7 +31,7 @@ from areal_lightning.metrics.constants import NO_ANSWER
 from areal_lightning.rl.completion_stats import completion_metrics, update_completion_metrics
 from areal_lightning.rl.harness.generation import Decoding, generate_requests
 from areal_lightning.rl.harness.loglikelihood import score_requests
-from areal_lightning.rl.harness.metric import HarnessAggregate, Statistic
+from areal_lightning.rl.harness.metric import FilterPassAtK, HarnessAggregate, Statistic
 from areal_lightning.rl.harness.tasks import (
     GENERATE_UNTIL,
     HARNESS_OPTION,
@@ -134,9 +134,7 @@ def _per_repeat(task: Any, docs: Sequence[HarnessDoc], requests: Sequence[list[A
     return out
 
 
-def _record(
-    task: Any, batch: EvalBatch, values: dict[str, list[float]], ctx: EvalContext, metrics: dict[str, Any]
-) -> None:
+def _record(batch: EvalBatch, values: dict[str, list[float]], ctx: EvalContext, metrics: dict[str, Any]) -> None:
     """Each document's ``<metric>,<filter>`` values into the round's aggregates and outcomes."""
     doc_ids = [d.doc_id for d in batch.samples]
     for name, column in values.items():
@@ -149,8 +147,14 @@ def _record(
 
 
 def _record_rows(
-    task: Any, batch: EvalBatch, values: dict[str, list[float]], ctx: EvalContext, completions: Sequence[str]
+    task: Any,
+    batch: EvalBatch,
+    values: dict[str, list[float]],
+    ctx: EvalContext,
+    completions: Sequence[str],
+    columns: Sequence[dict[str, Any]] | None = None,
 ) -> None:
+    """The samples table's rows (`columns`: more of them per document)."""
     first = next(iter(values), None)
     for row, (index, doc) in enumerate(zip(batch.indices, batch.samples, strict=True)):
         ctx.record_sample(
@@ -159,6 +163,7 @@ def _record_rows(
             completion=completions[row],
             answer=str(task.doc_to_target(doc.doc)),
             reward=values[first][row] if first is not None else float("nan"),
+            **(columns[row] if columns is not None else {}),
         )
 
 
@@ -174,12 +179,13 @@ def _evaluate_batch(module: Any, task: Any, batch: EvalBatch, ctx: EvalContext, 
         rs[0].resps = texts[row * repeats : (row + 1) * repeats]
     per_repeat = _per_repeat(task, docs, requests, repeats)
     values = _score_docs(task, docs, requests)
-    _record(task, batch, values, ctx, metrics)
+    _record(batch, values, ctx, metrics)
     if repeats > 1:
         for filter_name, correct in per_repeat.items():
             if filter_name != "answers":
                 for k in sorted({1, repeats}):
-                    ctx.metric(f"pass@{k},{filter_name}", functools.partial(PassAtK, k, stderr=True)).update(correct)
+                    factory = functools.partial(FilterPassAtK, k, filter_name)
+                    ctx.metric(f"{PassAtK.symbol}{k},{filter_name}", factory).update(correct)
     answer_ids = [NO_ANSWER if a == INVALID_RESPONSE else 0 for a in per_repeat["answers"]]
     update_completion_metrics(metrics, generation, int(module.policy.eos_id), answer_ids)
     ctx.num_samples += len(texts)
@@ -196,13 +202,13 @@ def _evaluate_choices(module: Any, task: Any, batch: EvalBatch, ctx: EvalContext
     for request, result in zip(flat, scored, strict=True):
         request.resps = [result]
     values = _score_docs(task, docs, requests)
-    _record(task, batch, values, ctx, metrics)
+    _record(batch, values, ctx, metrics)
     ctx.num_samples += len(docs)
-    chosen = []
-    for rs in requests:
-        best = max(range(len(rs)), key=lambda i: rs[i].resps[0][0])
-        chosen.append(str(rs[best].args[1]))
-    _record_rows(task, batch, values, ctx, chosen)
+    logprobs = [[float(r.resps[0][0]) for r in rs] for rs in requests]
+    chosen = [
+        str(rs[max(range(len(rs)), key=lps.__getitem__)].args[1]) for rs, lps in zip(requests, logprobs, strict=True)
+    ]
+    _record_rows(task, batch, values, ctx, chosen, [{"choice_logprobs": lps} for lps in logprobs])
 
 
 def harness_reference(doc: HarnessDoc) -> str:

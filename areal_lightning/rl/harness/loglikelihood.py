@@ -72,7 +72,8 @@ def score_requests(
     logp = torch.log_softmax(policy.model(ids.to(device)).logits, dim=-1).cpu()
     out = []
     for i, (row, (_, continuation)) in enumerate(zip(rows, encoded, strict=True)):
-        scored = logp[i, len(row) - len(continuation) : len(row)]  # the logits that predict each continuation token
+        # The positions whose logits predict the continuation's tokens.
+        scored = logp[i, len(row) - len(continuation) : len(row)]
         tokens = torch.tensor(continuation, dtype=torch.long)
         greedy = bool((scored.argmax(dim=-1) == tokens).all())
         out.append((float(scored.gather(-1, tokens[:, None]).squeeze(-1).sum()), greedy))

@@ -18,6 +18,8 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
+from areal_lightning.metrics import PassAtK
+
 
 class Statistic(Enum):
     VALUE = "value"
@@ -48,6 +50,8 @@ class HarnessAggregate(Metric):
 
     full_state_update = False
     higher_is_better = None
+    doc_ids: list[Tensor]
+    values: list[Tensor]
 
     def __init__(
         self, aggregation: str, statistic: Statistic = Statistic.VALUE, bootstrap_iters: int = 100_000
@@ -77,3 +81,24 @@ class HarnessAggregate(Metric):
         if stderr is None or len(items) < 2:
             return torch.tensor(math.nan, dtype=torch.float64)
         return torch.tensor(float(stderr(items)), dtype=torch.float64)
+
+
+class FilterPassAtK(PassAtK):
+    """Unbiased pass@k of the documents' repeats under one filter of the task, logged as
+    ``pass@k,<filter>`` and ``pass@k,<filter>/stderr`` (a repeat passes when the task's first metric
+    scores it above 0).
+
+    Example:
+        >>> m = FilterPassAtK(2, "strict-match")
+        >>> m.update(torch.tensor([[True, False, False], [False, False, False]]))
+        >>> {k: round(float(v), 4) for k, v in m.compute().items()}
+        {'pass@2,strict-match': 0.3333, 'stderr': 0.3333}
+    """
+
+    def __init__(self, k: int, filter_name: str) -> None:
+        super().__init__(k, stderr=True)
+        self.filter_name = filter_name
+
+    @property
+    def name(self) -> str:
+        return f"{self.symbol}{self.k},{self.filter_name}"

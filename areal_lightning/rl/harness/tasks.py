@@ -143,7 +143,7 @@ def _build(spec: HarnessSpec) -> Any:
             "list them with `lm-eval ls tasks`, or give the task's YAML file as task_file"
         )
     else:
-        name = spec.task
+        name = str(spec.task)
     try:
         with offline():
             tasks = manager.load(name)["tasks"]
