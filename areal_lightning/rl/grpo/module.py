@@ -223,9 +223,11 @@ class GRPOModule(L.LightningModule):
         return reference(sample) if callable(reference) else None
 
     def integrity_grade(self, completions: Sequence[str], samples: Sequence[Any]) -> list[bool]:
-        """Whether the task's own grader (its reward) scores each completion correct for its sample."""
-        scores = score_texts(self.task, completions, [s.answer for s in samples])
-        return [s.reward >= CORRECT_REWARD for s in scores]
+        """Whether the grader that decides correctness in evaluation (a judge where the task has one,
+        else the verifier) scores each completion correct for its sample, given its prompt as there."""
+        prompts = [self.integrity_prompt(s) for s in samples]
+        scores = score_texts(self.task, completions, [s.answer for s in samples], prompts)
+        return [s.reward >= CORRECT_REWARD if s.correct is None else s.correct for s in scores]
 
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
