@@ -51,7 +51,7 @@ def test_a_code_config_builds_its_task_and_eval_sets(files: dict[str, Path]) -> 
         (["policy.kind=tiny", "policy.path=null"], r"task.name: code needs policy.kind: hf"),
         (["task.path=null"], r"task.path is required for task.name: code; give humaneval or a local .jsonl file"),
         (["task.path=nowhere.jsonl"], r"task.path 'nowhere.jsonl' does not exist; give humaneval or a local .jsonl"),
-        (["eval_sets.humaneval.path=BAD"], r"eval_sets.humaneval.path: row 0 of .*bad.jsonl has no tests"),
+        (["eval_sets.humaneval.path=BAD"], r"eval_sets.humaneval.path: row 1 of .*bad.jsonl lacks tests"),
         (
             ["eval_sets.humaneval.path=null", "eval_sets.humaneval.digits=1"],
             r"eval_sets.humaneval has no path \(an arithmetic set\), but task.name is code",

@@ -120,7 +120,7 @@ def test_a_row_without_tests_is_refused_with_its_fields(tmp_path: Path) -> None:
     path.write_text(json.dumps({"text": "add", "code": "x"}) + "\n")
     with pytest.raises(
         ValueError,
-        match=r"row 0 of .*bad.jsonl has no tests \(field 'test' or 'test_list'\); fields present: code, text",
+        match=r"row 1 of .*bad.jsonl lacks tests \(field 'test' or 'test_list'\); fields present: code, text",
     ):
         read_code_problems(path)
     with pytest.raises(FileNotFoundError, match="no such file"):

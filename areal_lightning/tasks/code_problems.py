@@ -116,8 +116,8 @@ def problem_from_row(row: dict[str, Any], index: int, where: str) -> CodeProblem
     problem, tests = _first(row, ("prompt", "text")), _first(row, ("test", "test_list"))
     if problem is None or tests is None:
         missing = "a problem (field 'prompt' or 'text')" if problem is None else "tests (field 'test' or 'test_list')"
-        raise ValueError(
-            f"row {index} of {where} has no {missing}; fields present: {', '.join(sorted(row))}. A code problem "
+        raise ValueError(  # rows counted from 1, as editors count lines
+            f"row {index + 1} of {where} lacks {missing}; fields present: {', '.join(sorted(row))}. A code problem "
             "has HumanEval's fields (prompt, test, entry_point) or MBPP's (text, test_list)"
         )
     if isinstance(tests, list):
