@@ -16,6 +16,7 @@ from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 from typing_extensions import override
 
 from areal_lightning.app.config import Config, EvalEngine, PolicyKind, TaskName, lightning_precision, to_dict
+from areal_lightning.app.console import task_summary_metrics
 from areal_lightning.app.runs import CHECKPOINT_DIRNAME, CSV_DIRNAME, LAST_CHECKPOINT, RunIdentity
 from areal_lightning.eval_round import EvalSet, EvaluateFn
 from areal_lightning.eval_round.subsample import subsample
@@ -242,7 +243,9 @@ def build_callback(
     ev = cfg.evaluator
     groups = {"schedule": ev.schedule, "execution": ev.execution, "rounds": ev.rounds, "decisions": ev.decisions}
     run = {"output_dir": cfg.output_dir, "seed": cfg.seed, "run_id": cfg.run_id}
-    return EvaluationCallback(eval_sets, evaluate_fn, **{**groups, **run, **overrides})
+    callback = EvaluationCallback(eval_sets, evaluate_fn, **{**groups, **run, **overrides})
+    callback.recorder.summary_metrics = task_summary_metrics(cfg)  # the task's metrics on the console
+    return callback
 
 
 def build_wandb_logger(

@@ -122,6 +122,9 @@ class MathTask:
         (1.0, 0.0)
     """
 
+    summary_metrics = ("accuracy", "reward/mean")
+    """The metrics of each round's line in the console."""
+
     def __init__(
         self,
         path: str | Path,
