@@ -127,3 +127,53 @@ def test_grader_arguments_are_checked(models: Path) -> None:
         RewardModelGrader(models / "rm", batch_size=0)
     with pytest.raises(ArgumentError, match="`GradedTask"):
         GradedTask(object())
+
+
+def test_a_reward_model_path_must_be_a_local_classification_model(models: Path, tmp_path: Path) -> None:
+    import json
+
+    from areal_lightning.rl.model_graders import RewardModelGrader
+
+    never = r"no such local directory; graders never download models"
+    with pytest.raises(ArgumentError, match=r"`RewardModelGrader\(path='.*nowhere'\)`: " + never):
+        RewardModelGrader(tmp_path / "nowhere")
+    with pytest.raises(ArgumentError, match=r"`RewardModelGrader\(path='OpenAssistant/reward-model'\)`: " + never):
+        RewardModelGrader("OpenAssistant/reward-model")  # a hub name: refused here, not looked up
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ArgumentError, match=r"the directory has no config.json, so it holds no saved model"):
+        RewardModelGrader(tmp_path / "empty")
+    head = r"head \(`...ForSequenceClassification`\); its config.json names \['LlamaForCausalLM'\]"
+    with pytest.raises(ArgumentError, match=head):
+        RewardModelGrader(models / "policy")  # a plain language model
+    # A causal LM's weights under a config that claims a classification head: the head would be random.
+    relabelled = tmp_path / "relabelled"
+    save_tiny_llama(relabelled)
+    config = json.loads((relabelled / "config.json").read_text())
+    (relabelled / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaForSequenceClassification"]}))
+    with pytest.raises(ArgumentError, match=r"its weights lack \['score.weight'\], which would be random"):
+        RewardModelGrader(relabelled)
+
+
+def test_a_judge_is_a_policy_or_the_path_of_a_local_model(models: Path, tmp_path: Path) -> None:
+    from areal_lightning.rl.engines.hf.policy import HFPolicy
+    from areal_lightning.rl.model_graders import JudgeGrader
+
+    judge = JudgeGrader(str(models / "judge"))  # loaded as an HFPolicy, its weights frozen
+    assert isinstance(judge.policy, HFPolicy) and not any(p.requires_grad for p in judge.policy.parameters())
+    assert judge.judge(["Q"], ["8"], ["8"]) == [None]  # this random judge writes no verdict
+    with pytest.raises(ArgumentError, match=r"`JudgeGrader\(policy='.*nowhere'\)`: no such local directory"):
+        JudgeGrader(tmp_path / "nowhere")
+    with pytest.raises(ArgumentError, match=r"`JudgeGrader\(policy=...\)` must be an HFPolicy or the path of a local"):
+        JudgeGrader(42)  # type: ignore[arg-type]
+
+
+def test_the_gold_check_grades_with_the_grader_that_decides_correctness(models: Path) -> None:
+    from areal_lightning.callbacks.integrity_checks import grade_references
+
+    plain, _ = build(models, "none")
+    judged, _ = build(models, "judge")  # a judge that never writes a verdict: nothing is correct
+    samples = plain.task.samples()
+    by_verifier = grade_references(samples, plain.integrity_reference, plain.integrity_grade, plain.integrity_prompt)
+    by_judge = grade_references(samples, judged.integrity_reference, judged.integrity_grade, judged.integrity_prompt)
+    assert by_verifier.graded == by_judge.graded == PROMPTS
+    assert by_verifier.failed == [] and by_judge.failed == list(range(PROMPTS))

@@ -69,7 +69,7 @@ def test_each_missing_model_or_file_names_its_key(overrides: list[str], match: s
 def test_a_missing_field_names_its_key_and_the_fields_present(files) -> None:
     with pytest.raises(
         ConfigError,
-        match=r"eval_sets.gsm8k.question_field 'problem' is not a field of row 0 of .*"
+        match=r"eval_sets.gsm8k.question_field 'problem' is not a field of row 1 of .*"
         r"test.jsonl; fields present: answer, level, question",
     ):
         load_config(None, _math(files, "eval_sets.gsm8k.question_field=problem"))
@@ -80,7 +80,7 @@ def test_a_missing_field_names_its_key_and_the_fields_present(files) -> None:
 
 
 def test_a_file_without_answers_of_the_format_names_the_row(files) -> None:
-    with pytest.raises(ConfigError, match=r"eval_sets.gsm8k.answer_format boxed: row 0 of .* has no such answer"):
+    with pytest.raises(ConfigError, match=r"eval_sets.gsm8k.answer_format boxed: row 1 of .* has no such answer"):
         load_config(None, _math(files, "eval_sets.gsm8k.answer_format=boxed"))
 
 

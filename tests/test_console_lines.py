@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from doc_blocks import ROOT, blocks
-from procs import on_a_terminal, round_lines_glued
+from procs import ANSI, on_a_terminal, round_lines_glued
 
 from areal_lightning.app.builders import build_module
 from areal_lightning.app.config import load_config
@@ -70,8 +70,18 @@ def test_fit_on_a_terminal_shows_each_epoch_without_minus_two_and_no_third_party
     assert steps == {0, 2, 4, 6}
     assert shown.count(MARKER) == len(steps) and round_lines_glued(shown) == []
     assert re.search(r"Epoch 2\b", shown) and "/-2" not in shown  # max_epochs unset (Lightning shows 2/-2)
-    for noise in ("litlogger", "litmodels", "LeafSpec"):
-        assert noise not in shown, noise
+    wandb_noise = ("Tracking run with wandb", "Run history:", "Run summary:", "wandb sync", "wandb: ")
+    for noise in ("litlogger", "litmodels", "LeafSpec", "GPU available", "TPU available", *wandb_noise):
+        assert noise not in shown.replace("upload it with: wandb sync", ""), noise
+    plain = [line for line in re.split(r"[\r\n]+", ANSI.sub("", shown)) if line.strip()]
+    (sync,) = [line for line in plain if line.startswith("W&B: ")] or [shown[-2000:]]  # W&B's one line
+    assert re.fullmatch(r"W&B: offline run in (\S+); upload it with: wandb sync \1", sync), sync
+    assert Path(sync.split()[-1]).is_dir()
+    # The round lines: the task's metrics (arithmetic: accuracy and reward), within the pty's 80 columns.
+    starts = [i for i, line in enumerate(plain) if line.startswith(MARKER)]
+    for i in starts:
+        assert "easy: accuracy=" in plain[i] + plain[i + 1] and "reward/mean=" in plain[i] + plain[i + 1], plain[i]
+        assert len(plain[i]) <= 80 and "completion/entropy" not in plain[i]
 
 
 def test_a_run_shorter_than_its_warm_up_says_so(watch_log: list[logging.LogRecord], tmp_path: Path) -> None:

@@ -129,7 +129,7 @@ def test_missing_file_field_and_bad_options_are_named(tmp_path, gsm8k):
     with pytest.raises(FileNotFoundError, match=r"`MathTask\(path='.*nope.jsonl'\)`: no such file"):
         MathTask(tmp_path / "nope.jsonl")
     with pytest.raises(
-        ValueError, match=r"row 0 of .* has no field 'problem'; fields present: \['answer', 'question'\]"
+        ValueError, match=r"row 1 of .* has no field 'problem'; fields present: \['answer', 'question'\]"
     ):
         MathTask(gsm8k, question_field="problem")
     with pytest.raises(ValueError, match=r"has no field 'level'; fields present"):

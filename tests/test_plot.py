@@ -243,7 +243,7 @@ def test_errors_name_what_was_wrong_and_what_is_accepted(runs: dict[str, Path], 
         plot_runs([runs["mt2"] / HISTORY_FILENAME])
     with pytest.raises(
         PlotError,
-        match=r"no run has metric 'acuracy'; metrics in the history: "
+        match=r"no run has metric 'acuracy'. Did you mean 'accuracy'\? Metrics in the history: "
         r"accuracy, pass@4, reward/mean$",
     ):
         plot_runs([runs["mt2"]], metric="acuracy")
@@ -282,7 +282,7 @@ def test_cli_prints_the_path_or_the_error_with_status_2(
     assert err.startswith("areal-lightning plot: error: run directory") and "does not exist" in err
 
     assert plot_main(_cli([str(runs["mt2"]), "--metric", "nope"])) == 2
-    assert "metrics in the history: accuracy, pass@4, reward/mean" in capsys.readouterr().err
+    assert "Metrics in the history: accuracy, pass@4, reward/mean" in capsys.readouterr().err
 
     path = runs["mt4"] / HISTORY_FILENAME
     path.write_text(path.read_text() + '{"step": 5')

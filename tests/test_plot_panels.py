@@ -48,8 +48,8 @@ def test_the_command_takes_the_metric_flag_more_than_once(tmp_path: Path, capsys
     assert capsys.readouterr().out.strip() == str(out) and out.is_file()
     assert main(["plot", str(mt2), "--metric", "success@1", "--metric", "sucess@2"]) == 2
     assert (
-        "no run has metric 'sucess@2'; metrics in the history: reward/mean, success@1, success@2"
-        in capsys.readouterr().err
+        "no run has metric 'sucess@2'. Did you mean 'success@2' or 'success@1'? Metrics in the history: "
+        "reward/mean, success@1, success@2" in capsys.readouterr().err
     )
 
 

@@ -55,6 +55,8 @@ def test_each_thing_a_run_writes_marks_the_directory_as_used(tmp_path: Path) -> 
 
 def test_the_used_directory_message_names_what_was_found_and_the_three_ways_on(tmp_path: Path) -> None:
     out = tmp_path / "trial-2"
+    _use(out / "checkpoints")
+    (out / "checkpoints" / "step2.ckpt").write_text("x")
     assert used_dir_message(out, ["config.yaml", "checkpoints"], "trial-2") == (
         f"output_dir {str(out)!r} already holds a run (config.yaml, checkpoints); nothing was written. Either "
         "start a new run with another trial_name=... (or output_dir=...), or resume this one with "
@@ -62,6 +64,17 @@ def test_the_used_directory_message_names_what_was_found_and_the_three_ways_on(t
         "next free trial directory beside it (trial-3, ...)"
     )
     assert used_dir_message(out, ["csv"], "trial").endswith("beside it (trial-1, ...)")
+
+
+def test_a_run_that_stopped_before_its_first_checkpoint_is_not_offered_as_a_resume(tmp_path: Path) -> None:
+    out = tmp_path / "trial0"
+    _use(out / "checkpoints")  # Lightning made the folder; the run died before it saved anything
+    assert used_dir_message(out, ["config.yaml", "checkpoints"], "trial0") == (
+        f"output_dir {str(out)!r} holds a run that stopped before its first checkpoint (config.yaml, checkpoints), "
+        "so there is nothing to resume; nothing was written. Either pass --new-run to start the run in the next "
+        "free trial directory beside it (trial0-1), or give another trial_name=... (or output_dir=...), or delete "
+        f"the directory (rm -r {out}) and run the same command again"
+    )
 
 
 def test_new_run_keeps_a_free_directory(tmp_path: Path) -> None:

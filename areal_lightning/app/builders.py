@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from areal_lightning.app.config import Config, EvalEngine, PolicyKind, TaskName, lightning_precision, to_dict
+from areal_lightning.app.console import task_summary_metrics
 from areal_lightning.app.eval_prompts import distinct_prompts, held_out_prompts
 from areal_lightning.app.progress_bar import progress_bar
 from areal_lightning.app.runs import CHECKPOINT_DIRNAME, CSV_DIRNAME, LAST_CHECKPOINT, RunIdentity
@@ -251,7 +252,9 @@ def build_callback(
     ev = cfg.evaluator
     groups = {"schedule": ev.schedule, "execution": ev.execution, "rounds": ev.rounds, "decisions": ev.decisions}
     run = {"output_dir": cfg.output_dir, "seed": cfg.seed, "run_id": cfg.run_id}
-    return EvaluationCallback(eval_sets, evaluate_fn, **{**groups, **run, **overrides})
+    callback = EvaluationCallback(eval_sets, evaluate_fn, **{**groups, **run, **overrides})
+    callback.recorder.summary_metrics = task_summary_metrics(cfg)  # the task's metrics on the console
+    return callback
 
 
 def build_wandb_logger(

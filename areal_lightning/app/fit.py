@@ -24,10 +24,20 @@ from areal_lightning.app.config import (
     to_yaml,
 )
 from areal_lightning.app.config_keys import flat
-from areal_lightning.app.console import ROUNDS_FAILED, USAGE_ERROR, fail, log, quiet_lightning, report_rounds
+from areal_lightning.app.console import (
+    ROUNDS_FAILED,
+    USAGE_ERROR,
+    fail,
+    log,
+    quiet_lightning,
+    report_rounds,
+    wandb_where,
+)
 from areal_lightning.tracking.writable import option_problem
 
 if TYPE_CHECKING:
+    import lightning as L
+
     from areal_lightning.app.interrupt import StopOnSignal
 
 
@@ -224,7 +234,6 @@ def fit_main(args: argparse.Namespace) -> int:
     from areal_lightning.app.builders import build_callback, build_module, build_trainer
     from areal_lightning.app.interrupt import StopOnSignal
     from areal_lightning.app.runs import CHECKPOINT_DIRNAME, LAST_CHECKPOINT, last_logged_eval_step, latest_csv_version
-    from areal_lightning.tracking.wandb_logger import finish_wandb
 
     assert cfg.run_id is not None
     resumed = run.resumed_from_step is not None
@@ -251,7 +260,7 @@ def fit_main(args: argparse.Namespace) -> int:
         status = _fit_as_run(trainer, module, args.ckpt, cfg, stop)
     except IntegrityError as err:  # evaluator.decisions.integrity: fail, before the first step; recorded as events
         return fail(str(err)) if trainer.is_global_zero else USAGE_ERROR
-    finish_wandb(trainer.loggers, exit_code=status)  # Lightning leaves the W&B run open
+    _finish_wandb(trainer, status)
     if not trainer.is_global_zero:
         return status  # rank 0 reports for every rank: the rounds and their failures are the same on all
     if status and status != ROUNDS_FAILED:
@@ -319,6 +328,16 @@ def _fit_as_run(trainer: Any, module: Any, ckpt: str | None, cfg: Config, stop: 
         else:
             os.environ[RUN_ENV] = saved_env
     return 0
+
+
+def _finish_wandb(trainer: L.Trainer, status: int) -> None:
+    """Ends the W&B run (Lightning leaves it open), then says where it is: W&B itself is silent here."""
+    from areal_lightning.tracking.wandb_logger import finish_wandb
+
+    where = wandb_where(trainer.loggers) if trainer.is_global_zero else None
+    finish_wandb(trainer.loggers, exit_code=status)
+    if where is not None:
+        log.info("%s", where)
 
 
 def _report_stop(args: argparse.Namespace, cfg: Config, stop: StopOnSignal, step: int) -> None:

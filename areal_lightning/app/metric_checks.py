@@ -5,6 +5,7 @@ what the default evaluation logs, before any round.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,8 +13,12 @@ from areal_lightning.app.config_errors import ConfigError
 from areal_lightning.app.episode_checks import logged_episode_metrics
 from areal_lightning.app.sections.eval_sets import EvalSetConfig
 from areal_lightning.app.sections.task import TaskName
+from areal_lightning.callbacks.selection import SelectionRule
 from areal_lightning.callbacks.settings import Decisions
 from areal_lightning.rl.episodes.settings import EpisodeSettings
+
+AT_K = re.compile(r"^(pass@|pass\^|maj@)(\d+)(/.+)?$")
+"""``pass@4``, ``pass^4/stderr``, ``maj@16``: (symbol, k, the rest)."""
 
 
 def check_metric_names(
@@ -25,8 +30,9 @@ def check_metric_names(
     if not (ev.metric_thresholds or ev.best_metrics or ev.reward_watch):
         return  # nothing names a metric: the metric classes (torch) need not load
     from areal_lightning.callbacks.prompt_story import StoryBuckets, story_metric_names
-    from areal_lightning.rl.rollout_eval import (
-        metric_names,  # torch and torchmetrics: only when needed
+    from areal_lightning.rl.rollout_eval import (  # torch and torchmetrics: only when needed
+        OUTCOME_METRICS,
+        metric_names,
     )
 
     labels = _task_labels(task)
@@ -49,11 +55,51 @@ def check_metric_names(
             continue
         if name not in logged and not (mean_too and f"{name}/mean" in logged):
             close = difflib.get_close_matches(name, logged, n=1)
-            hint = f" Did you mean `{close[0]}`?" if close else ""
+            hint = _k_hint(name, logged, eval_sets) or (f" Did you mean `{close[0]}`?" if close else "")
             raise ConfigError(
                 f"{key} names a metric the evaluation does not log.{hint} Accepted "
                 f"(with the eval sets' n_samples): {', '.join(logged)}"
             )
+    _check_outcomes_known(ev, OUTCOME_METRICS)
+
+
+def _check_outcomes_known(ev: Decisions, recorded: tuple[str, ...]) -> None:
+    """A noise-aware best_rule ranks by per-prompt outcomes, which the evaluation records for a few
+    metrics only: a best metric without them is refused here, not at the warm-up's end."""
+    if ev.best_rule is SelectionRule.POINT:
+        return
+    for name in ev.best().directions:
+        if name not in recorded:
+            rule = ev.best_rule.value
+            raise ConfigError(
+                f"evaluator.decisions.best_rule: {rule} ranks rounds by per-prompt outcomes, and the evaluation "
+                f"records them only for {' and '.join(recorded)}; evaluator.decisions.best_metrics.{name} has none. "
+                f"Name {' or '.join(recorded)} in best_metrics, or use best_rule: point"
+            )
+
+
+def _k_hint(name: str, logged: list[str], eval_sets: Mapping[str, EvalSetConfig]) -> str:
+    """For ``pass@16`` when no eval set computes k=16: which k's they compute, and how to add one."""
+    found = AT_K.match(name)
+    if found is None or not any(AT_K.match(m) for m in logged):
+        return ""
+    k = int(found.group(2))
+    if f"{found.group(1)}{k}" in logged:
+        return ""  # k is computed; the rest of the name is what is wrong
+    ks = {m for m in logged if (at := AT_K.match(m)) and at.group(1) == found.group(1) and at.group(3) is None}
+    per_set = "; ".join(
+        f"eval_sets.{n}: ks {es.ks if es.ks is not None else 'null (1 and n_samples)'}, n_samples {es.n_samples}"
+        for n, es in eval_sets.items()
+    )
+    return (
+        f" k={k} is not among the eval sets' ks ({per_set}), which give {', '.join(sorted(ks, key=_k_of))}; add "
+        f"{k} to an eval set's ks (with n_samples >= {k})."
+    )
+
+
+def _k_of(name: str) -> int:
+    found = AT_K.match(name)
+    return int(found.group(2)) if found else 0
 
 
 def _metric_names(episodes: EpisodeSettings | None, es: EvalSetConfig, single_turn: Any, labels: Any) -> list[str]:

@@ -61,8 +61,16 @@ def run_files(output_dir: str | Path) -> list[str]:
 
 
 def used_dir_message(output_dir: str | Path, found: list[str], trial_name: str) -> str:
-    """Why `fit` stops before a used directory, and the three ways on."""
+    """Why `fit` stops before a used directory, and the ways on (resuming only where a checkpoint is)."""
     out = Path(output_dir)
+    if not any((out / CHECKPOINT_DIRNAME).glob("*.ckpt")):
+        return (
+            f"output_dir {str(out)!r} holds a run that stopped before its first checkpoint ({', '.join(found)}), "
+            f"so there is nothing to resume; nothing was written. Either pass {NEW_RUN_OPTION} to start the run "
+            f"in the next free trial directory beside it ({_bumped(trial_name, 1)}), or give another "
+            f"trial_name=... (or output_dir=...), or delete the directory (rm -r {shlex.quote(str(out))}) and run "
+            "the same command again"
+        )
     return (
         f"output_dir {str(out)!r} already holds a run ({', '.join(found)}); nothing was written. Either "
         f"start a new run with another trial_name=... (or output_dir=...), or resume this one with "

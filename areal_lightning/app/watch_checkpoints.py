@@ -188,7 +188,7 @@ def _load_on_every_rank(
 
 def _watch_on_rank(fabric: Fabric, watch: _Watch) -> int:
     from areal_lightning.app.builders import build_module
-    from areal_lightning.app.console import report_rounds
+    from areal_lightning.app.console import report_rounds, wandb_where
     from areal_lightning.app.evaluate import prepare_on_rank
     from areal_lightning.tracking.history import EvalHistory
     from areal_lightning.tracking.wandb_logger import finish_wandb
@@ -234,7 +234,10 @@ def _watch_on_rank(fabric: Fabric, watch: _Watch) -> int:
                     loggers = _report_checkpoint(fabric, watch, decision, results, run_id, history, loggers)
         finally:
             if loggers:
+                where = wandb_where(loggers)
                 finish_wandb(loggers)
+                if where is not None:
+                    log.info("%s", where)
 
 
 def _evaluate_checkpoint(

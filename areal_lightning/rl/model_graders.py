@@ -17,6 +17,7 @@ number of ranks: the same on 1, 2 or 3 ranks.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,12 +46,15 @@ class RewardModelGrader(nn.Module):
     """A local sequence-classification model that scores (prompt, completion) pairs.
 
     Args:
-        path: a directory written by `save_pretrained` (model and tokenizer); never downloaded.
+        path: a local directory written by `save_pretrained` (model and tokenizer) of a model with a
+            sequence-classification head; never downloaded, a hub name is refused.
         batch_size: pairs per forward.
         max_length: tokens kept of each pair (the prompt's start is cut first).
 
     Raises:
-        ArgumentError: for a batch size or length that is not a positive integer.
+        ArgumentError: for a path that is not a local model directory, a model without a
+            sequence-classification head (a plain language model would get a random one), or a batch
+            size or length that is not a positive integer.
     """
 
     def __init__(self, path: str | Path, *, batch_size: int = 8, max_length: int = 1024) -> None:
@@ -60,9 +64,17 @@ class RewardModelGrader(nn.Module):
         for name, value in (("batch_size", batch_size), ("max_length", max_length)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ArgumentError("RewardModelGrader", name, value, "a positive integer")
-        self.model = AutoModelForSequenceClassification.from_pretrained(path, local_files_only=True)
+        directory = _model_dir("RewardModelGrader", "path", path)
+        _check_classification_head(directory)
+        self.model, info = AutoModelForSequenceClassification.from_pretrained(
+            directory, local_files_only=True, output_loading_info=True
+        )
+        if info["missing_keys"]:  # weights transformers would initialise at random: no trained head
+            missing = sorted(info["missing_keys"])
+            why = f"{_call(path)}: {RM_ACCEPTED}; its weights lack {missing[:3]}, which would be random"
+            raise ArgumentError("RewardModelGrader", "path", str(path), RM_ACCEPTED, why)
         self.model.requires_grad_(False).eval()
-        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
         self.tokenizer.truncation_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -83,11 +95,50 @@ class RewardModelGrader(nn.Module):
         return out
 
 
+RM_ACCEPTED = "a local directory of a model with a sequence-classification head (`...ForSequenceClassification`)"
+NEVER_DOWNLOADED = (
+    "graders never download models: save the model and tokenizer with `save_pretrained` "
+    "(or `huggingface-cli download NAME --local-dir DIR` on a machine with network) and pass that directory"
+)
+
+
+def _call(path: str | Path, owner: str = "RewardModelGrader", arg: str = "path") -> str:
+    return f"`{owner}({arg}={str(path)!r})`"
+
+
+def _model_dir(owner: str, arg: str, path: str | Path) -> Path:
+    """`path` as a local directory holding a saved model (config.json); a hub name is refused, never fetched."""
+    directory = Path(path).expanduser()
+    if not directory.is_dir():
+        why = f"{_call(path, owner, arg)}: no such local directory; {NEVER_DOWNLOADED}"
+        raise ArgumentError(owner, arg, str(path), "a local model directory", why)
+    if not (directory / "config.json").is_file():
+        why = f"{_call(path, owner, arg)}: the directory has no config.json, so it holds no saved model; "
+        raise ArgumentError(owner, arg, str(path), "a local model directory", why + NEVER_DOWNLOADED)
+    return directory
+
+
+def _check_classification_head(directory: Path) -> None:
+    """Refuses a model saved as anything but sequence classification (read from its config.json)."""
+    try:
+        architectures = json.loads((directory / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        architectures = []
+    if not any(str(a).endswith("ForSequenceClassification") for a in architectures):
+        names = architectures or "no architecture"
+        why = (
+            f"{_call(directory)}: {RM_ACCEPTED}; its config.json names {names}, so the score head would be "
+            "random (a causal LM can be a judge: JudgeGrader)"
+        )
+        raise ArgumentError("RewardModelGrader", "path", str(directory), RM_ACCEPTED, why)
+
+
 class JudgeGrader(nn.Module):
     """A causal LM asked, greedily, whether each completion is correct; its verdict parsed.
 
     Args:
-        policy: the judge (an `HFPolicy`, e.g. ``HFPolicy.from_pretrained(path)``).
+        policy: the judge: an `HFPolicy` (``HFPolicy.from_pretrained(path)``) or the path of a local
+            causal-LM directory, loaded with ``HFPolicy.from_pretrained`` (never downloaded).
         template: the rubric; must contain ``{prompt}`` and ``{completion}`` (``{answer}`` optional).
         verdict_pattern: a regular expression whose first group is the verdict word; the last
             match in the judge's reply counts.
@@ -95,13 +146,14 @@ class JudgeGrader(nn.Module):
         max_new_tokens: tokens of the judge's reply.
 
     Raises:
-        ArgumentError: for a template without its fields, a pattern without a group or that does
-            not compile, or a token count that is not a positive integer.
+        ArgumentError: for a judge that is neither a policy nor a local model directory, a template
+            without its fields, a pattern without a group or that does not compile, or a token count
+            that is not a positive integer.
     """
 
     def __init__(
         self,
-        policy: HFPolicy,
+        policy: HFPolicy | str | Path,
         *,
         template: str = DEFAULT_RUBRIC,
         verdict_pattern: str = DEFAULT_VERDICT,
@@ -119,6 +171,10 @@ class JudgeGrader(nn.Module):
             raise ArgumentError("JudgeGrader", "verdict_pattern", verdict_pattern, "a regular expression with a group")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ArgumentError("JudgeGrader", "max_new_tokens", max_new_tokens, "a positive integer")
+        if isinstance(policy, str | Path):
+            policy = HFPolicy.from_pretrained(_model_dir("JudgeGrader", "policy", policy))
+        elif not (isinstance(policy, nn.Module) and callable(getattr(policy, "generate", None))):
+            raise ArgumentError("JudgeGrader", "policy", policy, "an HFPolicy or the path of a local model directory")
         self.policy = policy.requires_grad_(False)
         self.template, self.pattern, self.correct_word = template, pattern, correct_word.lower()
         self.max_new_tokens = max_new_tokens

@@ -162,6 +162,11 @@ def _never() -> bool:
     return False
 
 
+OUTCOME_METRICS = ("accuracy", "reward/mean")
+"""The metrics whose per-prompt outcomes the default evaluation records (``ctx.record_outcomes``):
+the only ones a noise-aware ``best_rule`` (lcb, paired) can rank."""
+
+
 def metric_names_of(factories: Mapping[str, Callable[[], Metric]]) -> list[str]:
     """The names the metrics of `factories` log (a mapping result logs ``<name>/<key>`` for each key)."""
     names = []
@@ -322,9 +327,10 @@ def _evaluate_batch(
     metrics["accuracy"].update(torch.where(finite, judged, torch.full_like(rewards, WRONG_REWARD)))
     metrics[NON_FINITE_KEY].update((~finite).sum().double())
     # Per-prompt outcomes pair this round with earlier ones (eval/<set>/accuracy/delta).
-    ctx.record_outcomes("accuracy", batch.indices, correct.double().mean(1))
+    accuracy, reward = OUTCOME_METRICS
+    ctx.record_outcomes(accuracy, batch.indices, correct.double().mean(1))
     scored = torch.where(finite, rewards, torch.full_like(rewards, WRONG_REWARD))
-    ctx.record_outcomes("reward/mean", batch.indices, scored.double().mean(1))
+    ctx.record_outcomes(reward, batch.indices, scored.double().mean(1))
     for k in sp.at_ks:
         metrics[f"{PassAtK.symbol}{k}"].update(correct)
         metrics[f"{PassHatK.symbol}{k}"].update(correct)

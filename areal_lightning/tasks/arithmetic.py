@@ -160,6 +160,8 @@ class ArithmeticTask:
         (1.0, 0.0)
     """
 
+    summary_metrics = ("accuracy", "reward/mean")
+    """The metrics of each round's line in the console."""
     retry_feedback = "="
     """What a retry environment shows after a wrong answer (the alphabet has no letters): "again, =" ."""
 

@@ -141,6 +141,8 @@ class CodeTask:
     """
 
     score_labels = (CODE_LABELS,)
+    summary_metrics = ("pass@*", "code/passed")
+    """The metrics of each round's line in the console: every pass@k, and the programs that passed."""
 
     def __init__(
         self,

@@ -122,6 +122,9 @@ class MathTask:
         (1.0, 0.0)
     """
 
+    summary_metrics = ("accuracy", "reward/mean")
+    """The metrics of each round's line in the console."""
+
     def __init__(
         self,
         path: str | Path,
@@ -174,13 +177,13 @@ class MathTask:
             for field in fields:
                 if field not in row:
                     raise ValueError(
-                        f"row {index} of {self.path} has no field {field!r}; fields present: "
+                        f"row {index + 1} of {self.path} has no field {field!r}; fields present: "
                         f"{sorted(row)} (set MathTask's question_field / answer_field / stratum_field)"
                     )
             answer = reference_answer(str(row[self.answer_field]), self.answer_format)
             if answer is None:
                 raise ValueError(
-                    f"row {index} of {self.path}: no {self.answer_format.value!r} answer in field "
+                    f"row {index + 1} of {self.path}: no {self.answer_format.value!r} answer in field "
                     f"{self.answer_field!r}: {str(row[self.answer_field])[-200:]!r}"
                 )
             stratum = str(row[self.stratum_field]) if self.stratum_field else self.path.stem
@@ -249,6 +252,8 @@ def _math_verify_scorer(timeout_s: float, workers: int) -> SafeScorer:
 # ----------------------------------------------------------------------------- reading rows
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a local ``.jsonl``, ``.json`` or ``.parquet`` file, as dicts."""
+    if path.is_dir():
+        raise FileNotFoundError(f"`MathTask(path={str(path)!r})`: a directory, not a file; give the data file itself")
     if not path.is_file():
         raise FileNotFoundError(f"`MathTask(path={str(path)!r})`: no such file")
     if path.suffix not in SUFFIXES:

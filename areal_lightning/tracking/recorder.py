@@ -18,6 +18,7 @@ import lightning as L
 
 from areal_lightning.errors import ArgumentError
 from areal_lightning.eval_round import SetResult
+from areal_lightning.tracking.console_log import round_line, terminal_width
 from areal_lightning.tracking.history import EvalHistory, new_run_id
 from areal_lightning.tracking.loggers import EVAL_PREFIX, log_eval_results, send_alert
 from areal_lightning.tracking.records import eval_record, event_record
@@ -25,7 +26,8 @@ from areal_lightning.tracking.records import eval_record, event_record
 log = logging.getLogger(__name__)
 
 SUMMARY_METRICS = ("accuracy", "reward/mean", "completion/length/mean", "completion/truncated", "completion/entropy")
-"""The metrics of a round's one-line summary in the log, in this order (those the round has)."""
+"""The metrics of a round's summary line in the log when nobody names them, in this order (those the
+round has); a task names its own (``summary_metrics``)."""
 
 
 class EvalRecorder:
@@ -35,14 +37,23 @@ class EvalRecorder:
         run_id: written in round, error and alert records; None: a new id.
         mode: written in every round record (``sync`` or ``async``).
         verbose: each round's summary line at INFO level (else DEBUG).
+        summary_metrics: the metrics of that line, in order (``*`` stands for a name part:
+            ``pass@*``); None: `SUMMARY_METRICS`.
 
     Raises:
-        ArgumentError: for a run id that is not a non-empty string.
+        ArgumentError: for a run id that is not a non-empty string, summary metrics that are not names.
     """
 
-    def __init__(self, run_id: str | None, mode: str, verbose: bool = True) -> None:
+    def __init__(
+        self, run_id: str | None, mode: str, verbose: bool = True, summary_metrics: Sequence[str] | None = None
+    ) -> None:
         if run_id is not None and (not isinstance(run_id, str) or not run_id):
             raise ArgumentError("EvaluationCallback", "run_id", run_id, "a non-empty string or None")
+        if summary_metrics is not None and (
+            isinstance(summary_metrics, str) or not all(isinstance(n, str) and n for n in summary_metrics)
+        ):
+            raise ArgumentError("EvaluationCallback", "summary_metrics", summary_metrics, "a list of names or None")
+        self.summary_metrics = tuple(SUMMARY_METRICS if summary_metrics is None else summary_metrics)
         self.run_id = run_id or new_run_id()
         self.mode = mode
         self.verbose = verbose
@@ -99,12 +110,10 @@ class EvalRecorder:
                 logger.log_metrics(
                     {**{f"{EVAL_PREFIX}/{k}": v for k, v in extras.items()}, "eval/step": step}, step=step
                 )
-        summary = ", ".join(
-            f"{r.dataset}: " + " ".join(f"{k}={r.metrics[k]:.3f}" for k in SUMMARY_METRICS if k in r.metrics)
-            for r in results
-        )
+        head = f"evaluation at step {step} ({'+'.join(causes)}):"
+        sets = {r.dataset: r.metrics for r in results}
         level = logging.INFO if self.verbose else logging.DEBUG
-        log.log(level, "evaluation at step %d (%s): %s", step, "+".join(causes), summary)
+        log.log(level, "%s", round_line(head, sets, self.summary_metrics, terminal_width()))
 
     def event(
         self, trainer: L.Trainer, kind: str, step: int, message: str, *, level: int = logging.WARNING, **fields: Any

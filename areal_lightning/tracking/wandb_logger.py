@@ -254,7 +254,7 @@ class SafeWandbLogger(WandbLogger):
         call_wandb(self, "finalizing the run", super().finalize, status)
 
 
-def _started_run(logger: WandbLogger) -> Any:
+def started_run(logger: WandbLogger) -> Any:
     """The logger's wandb run if one was started, else None (never starts one)."""
     # No public "has the run started" on `WandbLogger`: `experiment` would call wandb.init.
     return logger._experiment
@@ -266,7 +266,7 @@ def last_logged_step(loggers: Sequence[Logger]) -> int | None:
     run (not started, failed, or no W&B logger) or before its first row."""
     for logger in loggers:
         if isinstance(logger, WandbLogger) and wandb_failure(logger) is None:
-            run = _started_run(logger)
+            run = started_run(logger)
             if run is not None:
                 # `step` is the next row's; a rewound session reports 0 until its first row, and
                 # its `starting_step` (the row after the rewind point) until then.
@@ -285,7 +285,7 @@ def finish_wandb(loggers: Sequence[Logger], exit_code: int = 0) -> None:
     """
     for logger in loggers:
         if isinstance(logger, WandbLogger) and wandb_failure(logger) is None:
-            run = _started_run(logger)
+            run = started_run(logger)
             if run is not None:
                 call_wandb(logger, "finishing the run", run.finish, exit_code=exit_code)
 
@@ -296,5 +296,6 @@ __all__ = [
     "call_wandb",
     "finish_wandb",
     "last_logged_step",
+    "started_run",
     "wandb_failure",
 ]

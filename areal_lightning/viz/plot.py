@@ -13,6 +13,7 @@ never touches pyplot's global state.
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 import warnings
@@ -175,7 +176,11 @@ def _collect_series(runs: Mapping[str, Sequence[Mapping[str, Any]]], metric: str
         all_series.extend(found)
     if not all_series:
         available = sorted({m for records in runs.values() for m in metric_names(records)})
-        raise PlotError(f"no run has metric {metric!r}; metrics in the history: {', '.join(available) or '(none)'}")
+        close = difflib.get_close_matches(metric, available, n=3, cutoff=0.6)
+        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        raise PlotError(
+            f"no run has metric {metric!r}.{hint} Metrics in the history: {', '.join(available) or '(none)'}"
+        )
     if not any(np.isfinite(s.values).any() for s in all_series):
         raise PlotError(
             f"metric {metric!r} has no finite value in any eval record (every one is null: NaN); nothing to draw"

@@ -25,6 +25,10 @@ TOOL_KEYS = ("tool/calls", "tool/errors", "tool/timeouts")
 those that ran out of time."""
 
 
+EPISODE_SUMMARY_METRICS = ("success@*", TURNS_KEY)
+"""The metrics of each round's line in the console for episodes: success within each t turns, turns."""
+
+
 def success_key(turns: int) -> str:
     """``success@t``: the share of episodes solved within `turns` turns."""
     return f"success@{turns}"

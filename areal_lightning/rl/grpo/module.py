@@ -235,11 +235,13 @@ class GRPOModule(L.LightningModule):
         return null(sample) if callable(null) else None
 
     def integrity_grade(self, completions: Sequence[str], samples: Sequence[Any]) -> list[bool]:
-        """Whether the task's own grader (its reward) scores each completion correct for its sample."""
+        """Whether the grader that decides correctness in evaluation (a judge where the task has one,
+        else the verifier) scores each completion correct for its sample, given its prompt as there."""
         if samples and isinstance(samples[0], HarnessDoc):
             return harness_grade(completions, samples)
-        scores = score_texts(self.task, completions, [s.answer for s in samples])
-        return [s.reward >= CORRECT_REWARD for s in scores]
+        prompts = [self.integrity_prompt(s) for s in samples]
+        scores = score_texts(self.task, completions, [s.answer for s in samples], prompts)
+        return [s.reward >= CORRECT_REWARD if s.correct is None else s.correct for s in scores]
 
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
