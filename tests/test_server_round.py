@@ -74,6 +74,10 @@ def _config(fleet: Any, engine: str, urls: list[str]) -> Any:
             f"policy.server.model={SERVED_NAME}",
             f"policy.server.snapshot_dir={fleet.tmp / 'snapshots'}",
             "policy.server.retry_wait_s=0.2",
+            # Two in flight per server: the requests queue, and a round's chunks (2 x servers x 2
+            # completions) differ between one and two servers: a seed taken from a request's place
+            # in its chunk would change the results.
+            "policy.server.max_in_flight=2",
             "task.name=math",
             f"task.path={fleet.data}",
             "task.verifier=numeric",
