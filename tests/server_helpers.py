@@ -38,10 +38,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def server_command(model: Path, port: int) -> list[str]:
+def server_command(model: Path, port: int, lifetime_s: int = LIFETIME_S) -> list[str]:
     """The command docs/servers.md gives, with this project's CPU settings."""
     return [
-        "timeout", str(LIFETIME_S),
+        "timeout", str(lifetime_s),
         sys.executable, "-W", "ignore::DeprecationWarning", "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model), "--served-model-name", SERVED_NAME,
         "--host", HOST, "--port", str(port),
@@ -53,9 +53,13 @@ def server_command(model: Path, port: int) -> list[str]:
 class Server:
     """One `vllm serve` process (with its engine core) in a process group of its own."""
 
-    def __init__(self, model: Path, port: int, log: Path) -> None:
-        self.model, self.port, self.log = model, port, log
+    def __init__(self, model: Path, port: int, log: Path, lifetime_s: int = LIFETIME_S) -> None:
+        self.model, self.port, self.log, self.lifetime_s = model, port, log, lifetime_s
         self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None
 
     @property
     def url(self) -> str:
@@ -72,7 +76,7 @@ class Server:
         )
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                server_command(self.model, self.port), stdout=out, stderr=subprocess.STDOUT, env=env,
+                server_command(self.model, self.port, self.lifetime_s), stdout=out, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True,
             )  # fmt: skip
         return self
@@ -100,6 +104,72 @@ class Server:
         self.proc = None
 
 
+REUSE_ENV = "AREAL_TEST_VLLM_SERVERS"
+"""Servers started by hand (``python tests/server_helpers.py DIR PORT...``) that the tests use instead of
+starting their own: two URLs, comma-separated, and a third that the kill test may kill (optional)."""
+
+
+class Running(Server):
+    """A server started by hand, known by its URL: nothing starts it; `kill` ends the process group of
+    the process that listens on its port (the kill test's victim only)."""
+
+    def __init__(self, url: str) -> None:
+        host, _, port = url.rstrip("/").removeprefix("http://").rpartition(":")
+        if host != HOST or not port.isdigit():
+            raise ValueError(f"{REUSE_ENV}: {url!r} is not http://{HOST}:PORT (the tests talk to 127.0.0.1 only)")
+        super().__init__(Path(), int(port), Path("/dev/null"))
+        self.up = True
+
+    @property
+    def running(self) -> bool:
+        return self.up
+
+    def start(self) -> Server:
+        raise RuntimeError(f"{self.url} was started by hand ({REUSE_ENV}); the tests do not start it")
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            if _CLIENT.get(f"{self.url}/health", timeout=timeout_s).status_code == 200:
+                return
+        raise RuntimeError(f"{REUSE_ENV}: no healthy server at {self.url}")
+
+    def kill(self) -> None:
+        if not self.up:
+            return
+        pgid = os.getpgid(listening_pid(self.port))
+        os.killpg(pgid, signal.SIGKILL)
+        assert_group_gone(pgid)
+        self.up = False
+
+
+def listening_pid(port: int) -> int:
+    """The process that listens on 127.0.0.1:`port` (from /proc/net/tcp and the processes' sockets)."""
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1].endswith(f":{port:04X}") and fields[3] == "0A":  # 0A: LISTEN
+            inodes.add(f"socket:[{fields[9]}]")
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
+                    return int(proc.name)
+    raise RuntimeError(f"no process of this user listens on port {port}")
+
+
+def reused_servers() -> list[Running] | None:
+    """The servers `REUSE_ENV` names (checked healthy), or None when it is not set."""
+    urls = [u for u in os.environ.get(REUSE_ENV, "").split(",") if u.strip()]
+    if not urls:
+        return None
+    if len(urls) not in (2, 3):
+        raise ValueError(f"{REUSE_ENV} names {len(urls)} servers; it takes 2, or 3 (the third one the kill test kills)")
+    servers = [Running(u.strip()) for u in urls]
+    for server in servers:
+        server.wait_ready()
+    return servers
+
+
 def assert_group_gone(pgid: int, wait_s: float = 10.0) -> None:
     """No process of the group `pgid` is left (killed children may take a moment to be reaped by init)."""
     deadline = time.monotonic() + wait_s
@@ -113,3 +183,27 @@ def assert_group_gone(pgid: int, wait_s: float = 10.0) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
         time.sleep(0.2)
+
+
+def main(argv: list[str]) -> None:
+    """``python tests/server_helpers.py DIR PORT...``: a tiny Llama saved in DIR/model and one server
+    per port started from it in the background, each in its own process group under `timeout`, the
+    fixture's command; prints ``AREAL_TEST_VLLM_SERVERS=...`` and each group id (kill with
+    ``kill -- -PGID``). The servers outlive this command (one hour), so that test reruns reuse them."""
+    from hf_models import save_tiny_llama
+    from vllm_helpers import HIDDEN
+
+    root, ports = Path(argv[0]), [int(p) for p in argv[1:]]
+    root.mkdir(parents=True, exist_ok=True)
+    model = root / "model"
+    if not (model / "config.json").is_file():
+        save_tiny_llama(model, hidden=HIDDEN, digit_bias=2.0)
+    servers = [Server(model, port, root / f"server{port}.log", lifetime_s=3600).start() for port in ports]
+    for server in servers:
+        assert server.proc is not None
+        print(f"{server.url} pgid={server.proc.pid} log={server.log}")
+    print("AREAL_TEST_VLLM_SERVERS=" + ",".join(s.url for s in servers))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -57,3 +57,13 @@ def test_what_cannot_reach_a_server_is_refused_naming_the_key(
 def test_the_server_engine_needs_an_hf_policy() -> None:
     with pytest.raises(ConfigError, match=r"policy.eval_engine: server needs policy.kind: hf"):
         load_config(None, ["eval_sets.easy.size=5", "policy.eval_engine=server", *GOOD])
+
+
+def test_evaluate_and_the_watcher_evaluate_with_the_configured_engine(model: Path) -> None:
+    from areal_lightning.app.builders import build_module
+    from areal_lightning.app.evaluate import default_evaluate_fn
+    from areal_lightning.rl.engines.server.evaluator import ServerEvaluator
+
+    module = build_module(_load(model, *GOOD))  # what `evaluate --ckpt` and `--watch` evaluate with
+    assert isinstance(default_evaluate_fn(module), ServerEvaluator)
+    assert default_evaluate_fn(module) is module.engine_evaluate_fn

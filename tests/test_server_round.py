@@ -4,10 +4,15 @@ in-process vLLM engine; new weights between rounds reach both servers; a server 
 middle of a round leaves the round's results unchanged (its requests go to the other); a server
 restarted with other weights is reloaded before the next round, and one that claims the round's
 version while holding other weights fails the round. The servers start once for the module and
-their process groups are killed at its end."""
+their process groups are killed at its end; or, to rerun the tests in minutes, start them by hand
+(``cd tests && python server_helpers.py /tmp/srv 18101 18102 18103``) and name them in
+``AREAL_TEST_VLLM_SERVERS=http://127.0.0.1:18101,http://127.0.0.1:18102,http://127.0.0.1:18103``:
+the tests use the first two and leave them fit for the next run; the kill test kills the third
+(without it, that test skips); the restart test reloads other weights in place of a restart."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -18,7 +23,7 @@ import httpx
 import pytest
 import torch
 from hf_models import save_tiny_llama, write_gsm8k
-from server_helpers import SERVED_NAME, Server, free_port
+from server_helpers import REUSE_ENV, SERVED_NAME, Server, free_port, reused_servers
 from vllm_helpers import HIDDEN, require_vllm
 
 from areal_lightning.rl.engines.server.evaluator import FAILED_KEY, FAILOVERS_KEY, WEIGHTS_STEP_KEY
@@ -34,18 +39,23 @@ ENGINE_ONLY = ("completion/entropy", "server/", "vllm/")
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Two servers started for the module and killed at its end; or, with `REUSE_ENV` set, the servers
+    it names (started by hand; nothing here starts or stops them, except the kill test's victim)."""
     tmp = tmp_path_factory.mktemp("servers")
     model = save_tiny_llama(tmp / "model", hidden=HIDDEN, digit_bias=2.0)
     other = save_tiny_llama(tmp / "other", seed=1, hidden=HIDDEN, digit_bias=2.0)
-    servers = [Server(model, free_port(), tmp / f"server{i}.log").start() for i in range(2)]
+    reused: list[Server] | None = list(reused_servers() or []) or None
+    servers = reused or [Server(model, free_port(), tmp / f"server{i}.log").start() for i in range(2)]
     try:
         for server in servers:
             server.wait_ready()
+        victim = servers[1] if reused is None else (servers[2] if len(servers) == 3 else None)
         yield SimpleNamespace(
-            tmp=tmp, model=model, other=other, data=write_gsm8k(tmp / "test.jsonl", PROMPTS), servers=servers
-        )
+            tmp=tmp, model=model, other=other, data=write_gsm8k(tmp / "test.jsonl", PROMPTS), servers=servers[:2],
+            victim=victim, reused=reused is not None,
+        )  # fmt: skip
     finally:
-        for server in servers:
+        for server in servers if reused is None else []:
             server.kill()
 
 
@@ -64,6 +74,10 @@ def _config(fleet: Any, engine: str, urls: list[str]) -> Any:
             f"policy.server.model={SERVED_NAME}",
             f"policy.server.snapshot_dir={fleet.tmp / 'snapshots'}",
             "policy.server.retry_wait_s=0.2",
+            # Two in flight per server: the requests queue, and a round's chunks (2 x servers x 2
+            # completions) differ between one and two servers: a seed taken from a request's place
+            # in its chunk would change the results.
+            "policy.server.max_in_flight=2",
             "task.name=math",
             f"task.path={fleet.data}",
             "task.verifier=numeric",
@@ -190,8 +204,10 @@ def _kill_when_busy(server: Server, done: threading.Event) -> None:
 @pytest.mark.process
 @pytest.mark.slow
 def test_a_server_killed_mid_round_leaves_the_results_unchanged(fleet: Any, reference: list[Any]) -> None:
-    cfg, module = _module(fleet)
-    victim = fleet.servers[1]
+    victim = fleet.victim
+    if victim is None:
+        pytest.skip(f"the reused servers ({REUSE_ENV}) name no third server for this test to kill")
+    cfg, module = _module(fleet, urls=[fleet.servers[0].url, victim.url])
     done = threading.Event()
     killer = threading.Thread(target=_kill_when_busy, args=(victim, done))
     try:
@@ -201,7 +217,7 @@ def test_a_server_killed_mid_round_leaves_the_results_unchanged(fleet: Any, refe
         done.set()
         killer.join()
         module.engine_evaluate_fn.close()
-    assert victim.proc is None, "the server was not killed during the round"
+    assert not victim.running, "the server was not killed during the round"
     assert_same_results(reference, results)
     assert sum(r.metrics[FAILOVERS_KEY] for r in results) > 0
     assert sum(r.metrics[FAILED_KEY] for r in results) > 0
@@ -215,26 +231,33 @@ def test_a_server_restarted_with_other_weights_is_caught(fleet: Any, reference: 
     from areal_lightning.eval_round import EvalRoundError
 
     restarted = fleet.servers[1]
-    restarted.kill()
-    restarted.model = fleet.other
-    restarted.start().wait_ready()
+    if fleet.reused:  # what a restart from other weights leaves: other weights under another version
+        _hold(restarted, fleet.other, "restarted")
+    else:
+        restarted.kill()
+        restarted.model = fleet.other
+        restarted.start().wait_ready()
     cfg, module = _module(fleet)
     try:
         # It holds other weights under vLLM's starting version: the round loads its own first.
         assert _versions(fleet)[1] != _versions(fleet)[0]
         assert_same_results(reference, _round(cfg, module))
         # Other weights under the round's own version: the checksums tell them apart.
-        version = _versions(fleet)[0]
-        httpx.post(
-            f"{restarted.url}/collective_rpc",
-            json={"method": "reload_weights", "kwargs": {"weights_path": str(fleet.other)}},
-            timeout=300,
-        ).raise_for_status()
-        httpx.post(
-            f"{restarted.url}/update_weight_version", json={"new_version": version}, timeout=30
-        ).raise_for_status()
+        _hold(restarted, fleet.other, _versions(fleet)[0])
         with pytest.raises(EvalRoundError, match="different weights") as caught:
             _round(cfg, module)
         assert isinstance(caught.value.__cause__, VersionError) or "VersionError" in str(caught.value)
     finally:
         module.engine_evaluate_fn.close()
+        with contextlib.suppress(httpx.HTTPError):  # a reused server's next round loads its weights again
+            httpx.post(f"{restarted.url}/update_weight_version", json={"new_version": "stale"}, timeout=30)
+
+
+def _hold(server: Server, weights: Any, version: str) -> None:
+    """Makes `server` hold the weights in the directory `weights` under the tag `version`."""
+    httpx.post(
+        f"{server.url}/collective_rpc",
+        json={"method": "reload_weights", "kwargs": {"weights_path": str(weights)}},
+        timeout=300,
+    ).raise_for_status()
+    httpx.post(f"{server.url}/update_weight_version", json={"new_version": version}, timeout=30).raise_for_status()

@@ -188,11 +188,14 @@ def _evaluate_on_rank(
 
 
 def default_evaluate_fn(module: GRPOModule) -> EvaluateFn:
-    """What evaluates a checkpoint: the episode evaluation for a module with episodes, else `rollout_evaluate`."""
+    """What evaluates a checkpoint, as in training: the episode evaluation for a module with episodes,
+    else its engine's (`policy.eval_engine`: vllm or server), else `rollout_evaluate`."""
     from areal_lightning.rl.episodes.evaluation import episode_evaluate
     from areal_lightning.rl.rollout_eval import rollout_evaluate
 
-    return episode_evaluate if module.episodes is not None else rollout_evaluate
+    if module.episodes is not None:
+        return episode_evaluate
+    return module.engine_evaluate_fn or rollout_evaluate
 
 
 def _cache_lookup(

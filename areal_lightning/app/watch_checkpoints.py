@@ -303,7 +303,9 @@ def _report_checkpoint(
         )
         for r in results
     ]
-    history.append_many({**rec, "checkpoint": decision.path} for rec in records)
+    # How far the watcher is behind: the newest checkpoint step it has seen, less the one it evaluated.
+    lag = max([decision.step, *(step for _, step, _ in watch.state.steps.values())]) - decision.step
+    history.append_many({**rec, "lag_steps": lag, "checkpoint": decision.path} for rec in records)
     if loggers is None:
         loggers = watch_loggers(cfg, Path(cfg.output_dir), wandb_run_id(run_id, Path(cfg.output_dir)))
     log_eval_results(loggers, results, decision.step)

@@ -212,7 +212,13 @@ class SyncRunner:
                 ResultCache(spec.cache_dir).put(keys[r.dataset], r)  # rank 0 only: `keys` is empty elsewhere
         order = [s.name for s in spec.eval_sets if s.name in cached or any(r.dataset == s.name for r in fresh)]
         blocked = self._clock() - started
-        return [Finished(step, epoch, causes, fresh, cached, blocked_secs=blocked, error=error, order=order)]
+        # Evaluated at the step that asked for it: a lag of 0 steps, recorded as async rounds record theirs.
+        return [
+            Finished(
+                step, epoch, causes, fresh, cached, blocked_secs=blocked, error=error, order=order,
+                fields={"lag_steps": 0},
+            )
+        ]  # fmt: skip
 
     def poll(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[Outcome]:
         return []
