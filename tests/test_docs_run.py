@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_server import run_cli
 from doc_blocks import ROOT, Block, DocMarkError, blocks, doc_pages, runnable
 from procs import run_in_group
 
@@ -108,7 +110,9 @@ def run_command(command: str, cwd: Path) -> subprocess.CompletedProcess:
     assert argv[0] in ("areal-lightning", "python"), f"a documented command this test cannot run: {command}"
     if argv[0] == "python":
         argv[0] = sys.executable
-    done = run_in_group(argv, COMMAND_TIMEOUT_S, cwd=cwd, env=_env())
+        done = run_in_group(argv, COMMAND_TIMEOUT_S, cwd=cwd, env=_env())
+    else:  # the command's own process, forked with torch and Lightning imported (tests/cli_server.py)
+        done = run_cli(argv[1:], COMMAND_TIMEOUT_S, cwd, _env())
     assert done.returncode == 0, f"`{shlex.join(argv)}` exited {done.returncode}:\n{done.stderr[-4000:]}"
     return done
 
@@ -125,12 +129,20 @@ def _reader_dir(tmp_path: Path) -> Path:
     return cwd
 
 
-def _demo_run(cwd: Path) -> None:
-    """What `make demo` leaves in runs/arith-grpo/trial0 (tests/test_demo.py runs it in full)."""
+@pytest.fixture(scope="module")
+def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The runs/ directory `make demo` leaves (runs/arith-grpo/trial0; short, by `FAST`; tests/test_demo.py
+    runs it in full), made once for the pages that start from it: each gets a copy."""
+    cwd = _reader_dir(tmp_path_factory.mktemp("demo"))
     run_command("areal-lightning fit -c areal_lightning/app/configs/arithmetic_grpo.yaml", cwd)
+    return cwd / "runs"
 
 
-def _local_model_and_data(cwd: Path) -> None:
+def _demo_run(cwd: Path, request: pytest.FixtureRequest) -> None:
+    shutil.copytree(request.getfixturevalue("demo_runs"), cwd / "runs", symlinks=True)
+
+
+def _local_model_and_data(cwd: Path, request: pytest.FixtureRequest) -> None:
     """The local model and GSM8K files that docs/hf_models.md's first step downloads, at its paths."""
     from hf_models import save_tiny_llama, write_gsm8k
 
@@ -141,7 +153,7 @@ def _local_model_and_data(cwd: Path) -> None:
 
 
 # What a page expects to be there before its first block (what an earlier, skipped step makes).
-SETUP: dict[str, Callable[[Path], None]] = {
+SETUP: dict[str, Callable[[Path, pytest.FixtureRequest], None]] = {
     "README.md": _demo_run,
     "eval_history.md": _demo_run,
     "hf_models.md": _local_model_and_data,
@@ -212,18 +224,21 @@ def _page_params() -> list[Any]:
     for page in doc_pages():
         if not runnable(page):
             continue
-        marks = [pytest.mark.slow] if page.name in SLOW else []
+        # A page runs what a reader runs: commands, DDP ranks, the sandbox's worker, W&B's service.
+        marks = [pytest.mark.process, *([pytest.mark.slow] if page.name in SLOW else [])]
         params.append(pytest.param(page, id=page.name, marks=marks))
     return params
 
 
 @pytest.mark.parametrize("page", _page_params())
-def test_every_python_block_and_shell_command_of_the_page_runs(page: Path, tmp_path: Path) -> None:
+def test_every_python_block_and_shell_command_of_the_page_runs(
+    page: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     for module in NEEDS.get(page.name, ()):
         pytest.importorskip(module)
     cwd = _reader_dir(tmp_path)
     if page.name in SETUP:
-        SETUP[page.name](cwd)
+        SETUP[page.name](cwd, request)
     ran = follow(page, cwd)
     assert ran, f"{page.name}: nothing ran"
     assert _history_problems(cwd) == []
