@@ -31,6 +31,12 @@ def test_a_code_round_shows_every_pass_at_k_and_the_programs_that_passed() -> No
     assert line == f"{HEAD} humaneval: pass@1=0.250 pass@10=0.500 code/passed=41"
 
 
+def test_a_count_reads_as_an_integer_and_a_share_or_a_mean_keeps_its_decimals() -> None:
+    metrics = {"pass@1": 1.0, "code/passed": 41.0, "code/timeout": 1.0, "turns/mean": 2.0}
+    line = round_line(HEAD, {"s": metrics}, ["pass@*", "code/*", "turns/mean"], None)
+    assert line == f"{HEAD} s: pass@1=1.000 code/passed=41 code/timeout=1.000 turns/mean=2.000"
+
+
 def test_an_arithmetic_round_shows_accuracy_and_reward_of_each_set_only() -> None:
     sets = {"easy": ARITH_METRICS, "hard": {**ARITH_METRICS, "accuracy": 0.125}}
     line = round_line(HEAD, sets, task_summary_metrics(load_config(None, ["eval_sets.easy.size=5"])), None)

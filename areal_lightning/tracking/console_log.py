@@ -76,9 +76,9 @@ def summary_names(metrics: Mapping[str, float], summary: Sequence[str]) -> list[
     return out
 
 
-def _value(value: float) -> str:
-    # A count (code/passed) reads as one; a share or a mean with three decimals.
-    if math.isfinite(value) and value == int(value) and abs(value) >= 1:
+def _value(name: str, value: float) -> str:
+    # A count (code/passed=41) reads as one; a share never exceeds 1, and a mean keeps its decimals.
+    if math.isfinite(value) and value == int(value) and abs(value) > 1 and "mean" not in name:
         return str(int(value))
     return f"{value:.3f}"
 
@@ -98,7 +98,7 @@ def round_line(head: str, sets: Mapping[str, Mapping[str, float]], summary: Sequ
     """
     words = [head]
     for i, (name, metrics) in enumerate(sets.items()):
-        shown = [f"{k}={_value(metrics[k])}" for k in summary_names(metrics, summary)] or ["(none of its metrics)"]
+        shown = [f"{k}={_value(k, metrics[k])}" for k in summary_names(metrics, summary)] or ["(none of its metrics)"]
         words.append(("| " if i else "") + f"{name}: {shown[0]}")
         words.extend(shown[1:])
     if width is None:
