@@ -2,8 +2,9 @@
 the main job's config (W&B offline, CSV, checkpoints), only the output directory moved to tmp.
 
 It is the user's first contact with the project: every scheduled round (before training, every
-100 steps, at the end) must yield metrics, `easy` accuracy must rise from chance to >= 0.8, no
-round may fail, and the plot must be drawn. About 2-4 minutes on 2 CPU cores.
+100 steps, at the end) must yield metrics, `easy` accuracy (20 problems held out of training: what
+the policy makes of pairs it never saw) must rise above twice chance (1 in 19 sums), no round may
+fail, and the plot must be drawn. About 2-4 minutes on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO_TIMEOUT_S = 1500
 SCHEDULED_STEPS = list(range(0, 801, 100))
 START_MAX_ACCURACY = 0.3
-END_MIN_ACCURACY = 0.8
+END_MIN_ACCURACY = 0.1  # held out: seed 1 reached 0.17-0.19 from step 200 on (README)
 
 
 def demo_command() -> list[str]:
