@@ -168,7 +168,7 @@ from areal_lightning.rl.model_graders import GradedTask, JudgeGrader, RewardMode
 task = GradedTask(
     MathTask("test.jsonl"),
     reward_model=RewardModelGrader("models/my-rm", batch_size=16),  # AutoModelForSequenceClassification
-    judge=JudgeGrader(HFPolicy.from_pretrained("models/judge"), template=RUBRIC),
+    judge=JudgeGrader("models/judge", template=RUBRIC),  # a local causal LM's directory, or an HFPolicy
 )
 module = GRPOModule(policy, task)
 """
@@ -177,6 +177,12 @@ SKIPPED = {
     "development.md": ["make lint", ".venv/bin/pre-commit install", "make wheel", "make mutation"],
     "hf_models.md": ["huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir models/Qwen2.5-0.5B-Instruct"],
     "code_evaluation.md": [GRADERS_BLOCK],
+    "servers.md": [
+        "VLLM_SERVER_DEV_MODE=1 vllm serve models/Qwen2.5-0.5B-Instruct --served-model-name policy "
+        "--host 10.0.0.5 --port 8000 --dtype float32 --seed 0 --no-enable-chunked-prefill "
+        "--max-num-batched-tokens 8192",
+        "areal-lightning fit -c tiny.yaml",
+    ],
 }
 
 

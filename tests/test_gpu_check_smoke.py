@@ -11,11 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK_WANDB = """
 import sys
-class _Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "wandb":
-            raise ModuleNotFoundError("No module named 'wandb' (blocked by the test)")
-sys.meta_path.insert(0, _Block())
+sys.modules["wandb"] = None  # as if not installed: `import wandb` fails, importlib.util.find_spec gives None
 """
 FIGURES = [
     "eval_tok_s_hfpolicy",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 from pathlib import Path
@@ -60,11 +61,16 @@ def test_a_long_line_is_wrapped_to_the_width_at_metric_boundaries(width: int) ->
 
 def test_the_width_is_the_terminals_and_a_log_file_keeps_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "57")
-    assert terminal_width() == 57
-    monkeypatch.delenv("COLUMNS")
+    leader, follower = os.openpty()
+    monkeypatch.setattr(sys, "stderr", os.fdopen(follower, "w"))  # a terminal
+    try:
+        assert terminal_width() == 57
+    finally:
+        sys.stderr.close()
+        os.close(leader)
     monkeypatch.setattr(sys, "stderr", open(Path(__file__), encoding="utf-8"))  # noqa: SIM115 - a file, no tty
     try:
-        assert terminal_width() is None
+        assert terminal_width() is None  # COLUMNS set (as make exports it) does not wrap a log file
     finally:
         sys.stderr.close()
 

@@ -114,19 +114,19 @@ def round_line(head: str, sets: Mapping[str, Mapping[str, float]], summary: Sequ
 
 def terminal_width() -> int | None:
     """The columns of the terminal on stderr (``COLUMNS`` when set), None when stderr is no terminal
-    (a log file keeps each round on one line).
+    (a log file keeps each round on one line, even where ``COLUMNS`` is set).
 
     Example:
         >>> width = terminal_width()
         >>> width is None or width > 0
         True
     """
-    columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
-        return int(columns)
     try:
-        if not sys.stderr.isatty():
+        if not sys.stderr.isatty():  # a log file, whatever COLUMNS says (make and CI export it)
             return None
+        columns = os.environ.get("COLUMNS", "")
+        if columns.isdigit() and int(columns) > 0:
+            return int(columns)
         # A terminal that reports no size (a pty made by `script`) is 80 wide, as Rich takes it.
         return os.get_terminal_size(sys.stderr.fileno()).columns or DEFAULT_COLUMNS
     except (AttributeError, OSError, ValueError):  # a stream without a file descriptor
