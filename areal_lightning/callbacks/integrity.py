@@ -102,7 +102,7 @@ def _gold(eval_set: EvalSet, module: Any) -> dict[str, Any]:
     return _finding(GOLD, eval_set.name, FOUND, message, **fields)
 
 
-def _vacuous(eval_set: EvalSet, module: Any) -> dict[str, Any]:
+def _vacuous(eval_set: EvalSet, module: Any) -> dict[str, Any] | None:
     where = f"eval set {eval_set.name!r}"
     null, grade = getattr(module, "integrity_null", None), getattr(module, "integrity_grade", None)
     if not (callable(null) and callable(grade)):
@@ -110,8 +110,8 @@ def _vacuous(eval_set: EvalSet, module: Any) -> dict[str, Any]:
         return _finding(VACUOUS, eval_set.name, SKIPPED, f"{where}: tests not tried on a null program: {why}")
     g = grade_nulls(eval_set.samples, null, grade)
     fields: dict[str, Any] = dict(graded=g.graded, passed=len(g.passed), indices=g.passed, task_ids=g.task_ids)
-    if not g.graded:
-        return _finding(VACUOUS, eval_set.name, SKIPPED, f"{where}: the task has no null program to grade", **fields)
+    if not g.graded:  # a task without programs (arithmetic, math): the check does not apply, and says nothing
+        return None
     if not g.passed:
         message = f"{where}: a null program (returning None) fails the tests of all {g.graded} problems"
         return _finding(VACUOUS, eval_set.name, OK, message, **fields)
@@ -150,7 +150,9 @@ def _duplicates(eval_set: EvalSet, module: Any) -> dict[str, Any]:
     return _finding(DUPLICATES, eval_set.name, FOUND, f"{where}: " + "; ".join(parts), **fields)
 
 
-def _guarded(check: str, eval_set: EvalSet, run: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+def _guarded(
+    check: str, eval_set: EvalSet, run: Callable[..., dict[str, Any] | None], *args: Any
+) -> dict[str, Any] | None:
     """A check's finding; a check that raises is a finding too (a grader that cannot grade its own gold)."""
     try:
         return run(eval_set, *args)
@@ -173,10 +175,10 @@ def integrity_findings(module: Any, eval_sets: Sequence[EvalSet]) -> list[dict[s
         )
         unreadable = True
     for eval_set in eval_sets:
-        if not unreadable:
-            findings.append(_guarded(OVERLAP, eval_set, _overlap, train, module))
+        runs = [] if unreadable else [_guarded(OVERLAP, eval_set, _overlap, train, module)]
         for check, run in ((GOLD, _gold), (VACUOUS, _vacuous), (DUPLICATES, _duplicates)):
-            findings.append(_guarded(check, eval_set, run, module))
+            runs.append(_guarded(check, eval_set, run, module))
+        findings += [finding for finding in runs if finding is not None]
     return findings
 
 
