@@ -73,6 +73,8 @@ def _round(rank: int, world_size: int, overrides: list[str]) -> list[Any]:
 
 @pytest.mark.ddp
 @pytest.mark.slow
+# Two engines on two ranks beside the suite and the server tests: past the 300 s default on a 2-core box.
+@pytest.mark.timeout(900)
 def test_metrics_and_completions_are_the_same_on_one_and_two_processes(tmp_path: Path) -> None:
     overrides = _overrides(tmp_path)
     (one,) = _round(0, 1, [*overrides, f"eval_sets.gsm8k.batch_size={PROMPTS}"])
