@@ -84,7 +84,10 @@ def test_callback_from_lightning_cli_yaml_evaluates_the_users_module(tmp_path: P
     from user_evals import Regressor
 
     cli = LightningCLI(Regressor, args=["fit", "-c", str(_config(tmp_path, "user_evals.evaluate"))])
-    rows = [json.loads(line) for line in (tmp_path / "run" / "eval_history.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / "run" / "eval_history.jsonl").read_text().splitlines()]
+    events = {(r["event"], r["check"], r["status"]) for r in records if "event" in r}
+    assert events == {("integrity", "duplicates", "ok")}
+    rows = [r for r in records if "event" not in r]
     assert [(r["step"], r["dataset"], r["num_prompts"]) for r in rows] == [
         (0, "targets", 3),
         (2, "targets", 3),
