@@ -112,7 +112,12 @@ def test_history_records_carry_the_documented_fields(tmp_path: Path) -> None:
     make_trainer(tmp_path, [EvaluationCallback(eval_sets, probe_weights, schedule={"freq_steps": 3})], 3).fit(module)
     elapsed = time.perf_counter() - started
 
-    records = read_history(tmp_path)
+    events = [r for r in read_history(tmp_path) if "event" in r]  # the fit-start integrity check: prompts distinct
+    assert [(r["event"], r["check"], r["status"], r["dataset"]) for r in events] == [
+        ("integrity", "duplicates", "ok", "small"),
+        ("integrity", "duplicates", "ok", "large"),
+    ]
+    records = [r for r in read_history(tmp_path) if "event" not in r]
     assert [(r["step"], r["dataset"]) for r in records] == [(3, "small"), (3, "large")]
     for record, samples in zip(records, eval_sets.values(), strict=True):
         assert record["trigger"] == ["steps", "end"]  # the last step: the end fired too
