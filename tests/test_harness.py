@@ -22,6 +22,9 @@ pytest.importorskip("lm_eval")
 from tests.ddp_utils import run_ddp
 from tests.hf_models import PROBLEMS, save_tiny_llama, write_gsm8k
 
+# lm-eval's dataset loading starts processes (datasets' workers): make test-fast leaves these out.
+pytestmark = pytest.mark.process
+
 GEN_YAML = """task: {task}
 dataset_path: json
 dataset_kwargs:
