@@ -41,7 +41,7 @@ from ddp_utils import run_ddp
 from areal_lightning.callbacks.evaluation_callback import EvaluationCallback
 from areal_lightning.eval_round import EvalRoundError
 from areal_lightning.metrics import RewardMetric
-from areal_lightning.tracking.history import event_rows, read_history
+from areal_lightning.tracking.history import eval_rows, event_rows, read_history
 
 pytestmark = [pytest.mark.ddp, *(pytest.mark.filterwarnings(w) for w in QUIET_WARNINGS)]
 
@@ -162,7 +162,7 @@ def test_ranks_with_different_clocks_evaluate_at_the_same_steps(ddp_run: tuple[P
         assert (global_step, w) == (MAX_STEPS, float(MAX_STEPS))
     assert history_steps(root / "triggers") == expected
     assert metric_by_step(root / "triggers", "w") == [(step, float(step)) for step, _ in expected]
-    records = read_history(root / "triggers")
+    records = eval_rows(read_history(root / "triggers"))
     # One record per round (rank 0 writes alone), over the whole eval set, each sample once.
     assert all(r["world_size"] == WORLD_SIZE and r["num_prompts"] == len(EVAL_SET["probe"]) for r in records)
     assert all(r["metrics"]["sample_value"] == pytest.approx(3.0) for r in records)

@@ -85,7 +85,8 @@ HAND_EXPECTED: dict[str, dict[str, float]] = {
     "reward": {"mean": 0.5, "std": math.sqrt(1 / 6), "min": 0.0, "max": 1.0},
     "reward@1e8": {"mean": 1e8 + 0.5, "std": math.sqrt(1 / 24), "min": 1e8 + 0.25, "max": 1e8 + 0.75},
     "advantage": {"mean": 0.0, "std": math.sqrt(2 * _HALF**2 / 5), "abs_mean": 2 * _HALF / 5, "zero_std_frac": 2 / 3},
-    "accuracy": dict(zip(("accuracy", "ci_low", "ci_high"), (0.4, *ref_wilson(2, 5)), strict=True)),
+    # 2 of 5 samples correct, from 2 prompts (one row a rank): the interval counts the prompts
+    "accuracy": dict(zip(("accuracy", "ci_low", "ci_high"), (0.4, *ref_wilson(2, 5, trials=2)), strict=True)),
     "pass@2": {"value": (0.5 + 5 / 6) / 2},
     "maj@3": {"value": 0.5},
     # per prompt C(3,2)/C(4,2) = 1/2 and C(2,2)/C(4,2) = 1/6: sample std of the two over sqrt(2)
@@ -196,8 +197,8 @@ def reference(name: str, batches: list[Batch]) -> dict[str, float]:
         return reference_advantage_stats([b[0] for b in batches], scale=True, std="sample")
     if name == "accuracy":
         v = np.concatenate([np.nan_to_num(b[0], nan=0.0).ravel() for b in batches] + [np.zeros(0, np.float32)])
-        successes = int((v > np.float32(0.8)).sum())
-        low, high = ref_wilson(successes, v.size)
+        successes, prompts = int((v > np.float32(0.8)).sum()), sum(b[0].shape[0] for b in batches)
+        low, high = ref_wilson(successes, v.size, trials=prompts)
         return {"accuracy": successes / v.size if v.size else NAN, "ci_low": low, "ci_high": high}
     if name in ("length", "share", "token_mean"):
         return _completion_reference(name, batches)

@@ -71,14 +71,16 @@ def ref_maj_at_k(ids: list[list[int]], correct: list[list[int]], k: int) -> list
     return out
 
 
-def ref_wilson(s: float, t: float, confidence: float = 0.95) -> tuple[float, float]:
+def ref_wilson(s: float, t: float, confidence: float = 0.95, trials: float | None = None) -> tuple[float, float]:
+    """Wilson bounds of the share ``s / t`` measured on ``trials`` independent trials (default ``t``)."""
     if t == 0:
         return 0.0, 1.0
     z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
-    p = s / t
-    center = (p + z * z / (2 * t)) / (1 + z * z / t)
-    half = z / (1 + z * z / t) * math.sqrt(p * (1 - p) / t + z * z / (4 * t * t))
-    return max(0.0, center - half), min(1.0, center + half)
+    p, n = s / t, t if trials is None else trials
+    center = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    low, high = max(0.0, center - half), min(1.0, center + half)
+    return 0.0 if s == 0 else low, 1.0 if s == t else high
 
 
 def random_rewards(rng: np.random.Generator, p: int, g: int, nan_rate: float = 0.15) -> np.ndarray:
