@@ -192,14 +192,17 @@ def _prestart_async_worker(args: argparse.Namespace) -> None:
     try:
         layers = [OmegaConf.load(args.config)] if args.config else []
         layers += [OmegaConf.from_dotlist([override]) for override in args.overrides]
-        mode = policy = None
+        mode = policy = engine = None
         for layer in layers:  # the last layer that sets it wins, in either spelling (grouped or flat)
-            found = [OmegaConf.select(layer, key) for key in (MODE_KEY, flat(MODE_KEY), "policy.kind")]
+            keys = (MODE_KEY, flat(MODE_KEY), "policy.kind", "policy.eval_engine")
+            found = [OmegaConf.select(layer, key) for key in keys]
             mode = next((m for m in found[:2] if m is not None), mode)
             policy = found[2] if found[2] is not None else policy
+            engine = found[3] if found[3] is not None else engine
     except Exception:  # noqa: BLE001 - load_config names what is wrong
         return
-    if str(mode).lower() == "async":
+    # Rounds through inference servers run in a thread of this process: no worker to start.
+    if str(mode).lower() == "async" and str(engine).lower() != "server":
         from areal_lightning.callbacks.worker_launch import prestart
 
         hf = ["areal_lightning.rl.engines.hf.policy", "transformers"] if str(policy).lower() == "hf" else []
