@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -387,8 +388,11 @@ def _report_stop(args: argparse.Namespace, cfg: Config, stop: StopOnSignal, step
 def _plot_run(run_dir: Path) -> None:
     from areal_lightning.tracking.history import history_path
     from areal_lightning.viz.plot import PlotError, plot_runs
+    from areal_lightning.viz.runs import PlotNote
 
     try:
-        log.info("eval history: %s\nplot: %s", history_path(run_dir), plot_runs([run_dir]))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PlotNote)  # the rings of standalone evaluations: the figure shows them
+            log.info("eval history: %s\nplot: %s", history_path(run_dir), plot_runs([run_dir]))
     except PlotError as err:
         log.warning("no plot drawn: %s", err)
