@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from ddp_utils import run_ddp
 from hf_models import save_tiny_llama, write_gsm8k
 from procs import run_in_group
 from server_helpers import REUSE_ENV, SERVED_NAME, Server, free_port, reused_servers
@@ -185,6 +186,35 @@ def test_new_weights_between_rounds_reach_every_server(fleet: Any, reference: li
         assert_same_results(after, _round(cfg, in_process, step=1))
     finally:
         in_process.engine_evaluate_fn.close()
+
+
+def _round_on_rank(rank: int, world_size: int, overrides: list[str]) -> list[Any]:
+    from areal_lightning.app.builders import build_module
+    from areal_lightning.app.config import load_config
+
+    torch.set_num_threads(1)
+    cfg = load_config(None, overrides)
+    module = build_module(cfg)
+    try:
+        return _round(cfg, module)
+    finally:
+        module.engine_evaluate_fn.close()
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+def test_two_ranks_through_the_servers_give_the_one_rank_round(fleet: Any, reference: list[Any]) -> None:
+    # Rank 0 publishes and loads the weights, rank 1 waits until the servers report them; each
+    # rank sends its own deal (6 prompts: 3 and 3, in batches of 2).
+    overrides = _overrides(fleet, "server", [s.url for s in fleet.servers])
+    ranks = run_ddp(_round_on_rank, 2, overrides, timeout_s=900)
+    assert_same_results(reference, ranks[0])
+    for zero, one in zip(*ranks, strict=True):  # the same reduced round on both, server counters included
+        assert zero.metrics.keys() == one.metrics.keys()
+        assert all(
+            v == one.metrics[k] or (math.isnan(v) and math.isnan(one.metrics[k])) for k, v in zero.metrics.items()
+        )
+    assert [r.num_samples for r in ranks[0]] == [r.num_samples for r in reference]
 
 
 def _kill_when_busy(server: Server, done: threading.Event) -> None:
