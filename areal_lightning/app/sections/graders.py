@@ -22,6 +22,10 @@ if TYPE_CHECKING:  # torch and transformers load only when the graders are built
     from areal_lightning.rl.model_graders import GradedTask, JudgeGrader, RewardModelGrader
 
 
+YAML_BOOLS = ("True", "False")
+"""What a YAML true or false becomes in a string field (``correct_word: yes`` is true)."""
+
+
 def _check_model_dir(key: str, path: Optional[str], accepted: str) -> None:
     if path is None:
         raise ConfigError(f"{key} is required: {accepted} (models are never downloaded)")
@@ -42,12 +46,14 @@ class RewardModelConfig:
     """Tokens kept of each pair (the prompt's start is cut first)."""
 
     def check(self, key: str) -> None:
+        at_least(f"{key}.batch_size", self.batch_size, 1)
+        at_least(f"{key}.max_length", self.max_length, 1)
         _check_model_dir(f"{key}.path", self.path, RM_ACCEPTED)
         problem = classification_head_problem(str(self.path))
         if problem is not None:
-            raise ConfigError(f"{key}.path {self.path!r}: {problem}; give {RM_ACCEPTED} (a causal LM can be a judge)")
-        at_least(f"{key}.batch_size", self.batch_size, 1)
-        at_least(f"{key}.max_length", self.max_length, 1)
+            raise ConfigError(
+                f"{key}.path {self.path!r}: {problem}; give {RM_ACCEPTED} (a causal LM can be a judge: graders.judge)"
+            )
 
     def build(self) -> RewardModelGrader:
         from areal_lightning.rl.model_graders import RewardModelGrader
@@ -72,7 +78,6 @@ class JudgeConfig:
     """Tokens of the judge's reply."""
 
     def check(self, key: str) -> None:
-        _check_model_dir(f"{key}.path", self.path, "a local directory of a causal language model")
         problem = template_problem(self.template)
         if problem is not None:
             raise ConfigError(f"{key}.template {self.template!r}: {problem}")
@@ -81,7 +86,13 @@ class JudgeConfig:
             raise ConfigError(f"{key}.verdict_pattern {self.verdict_pattern!r}: {problem}")
         if not self.correct_word.strip():
             raise ConfigError(f"{key}.correct_word must be a word of the verdict (e.g. CORRECT), got {self.correct_word!r}")
+        if self.correct_word in YAML_BOOLS and self.correct_word.lower() not in self.verdict_pattern.lower():
+            raise ConfigError(
+                f"{key}.correct_word is {self.correct_word!r}, which {key}.verdict_pattern {self.verdict_pattern!r} "
+                "never finds: YAML reads yes, no, on and off unquoted as true and false; quote the word ('yes')"
+            )
         at_least(f"{key}.max_new_tokens", self.max_new_tokens, 1)
+        _check_model_dir(f"{key}.path", self.path, "a local directory of a causal language model")
 
     def build(self) -> JudgeGrader:
         from areal_lightning.rl.model_graders import JudgeGrader
