@@ -94,7 +94,12 @@ def test_fit_and_evaluate_grade_with_the_configured_models(models: Path, tmp_pat
     _graded(after[-1]["metrics"])
 
     # The checkpoint holds the graders' weights; evaluated without graders, the verifier alone grades.
-    bare = ["graders.reward_model=null", "graders.judge=null", "evaluator.best_metrics=null", "logger.wandb.mode=disabled"]
+    bare = [
+        "graders.reward_model=null",
+        "graders.judge=null",
+        "evaluator.best_metrics=null",
+        "logger.wandb.mode=disabled",
+    ]
     _cli(tmp_path, "evaluate", "-c", str(run / "config.yaml"), "--ckpt", ckpt, *bare)
     plain = eval_rows(read_history(run / "eval_history.jsonl"))[-1]["metrics"]
     assert not [m for m in plain if m.startswith("judge/")]

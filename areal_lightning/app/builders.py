@@ -126,7 +126,8 @@ def build_engine_evaluate_fn(cfg: Config) -> VLLMEvaluator | ServerEvaluator | N
 
 def build_module(cfg: Config, module_class: type[GRPOModule] | None = None) -> GRPOModule:
     """The `GRPOModule` (or a subclass, `module_class`) of the config's task (graded by the
-    ``graders`` section's models, when it gives any), policy, ``grpo`` and ``episodes`` sections; ``seed`` seeds the tiny policy's initial weights, the warm-up and the rollouts.
+    ``graders`` section's models, when it gives any), policy, ``grpo`` and ``episodes`` sections;
+    ``seed`` seeds the tiny policy's initial weights, the warm-up and the rollouts.
 
     Example:
         >>> from areal_lightning.app.config import load_config

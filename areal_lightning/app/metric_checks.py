@@ -15,8 +15,8 @@ from areal_lightning.app.sections.eval_sets import EvalSetConfig
 from areal_lightning.app.sections.task import TaskName
 from areal_lightning.callbacks.selection import SelectionRule
 from areal_lightning.callbacks.settings import Decisions
-from areal_lightning.rl.grader_checks import JUDGE_LABELS
 from areal_lightning.rl.episodes.settings import EpisodeSettings
+from areal_lightning.rl.grader_checks import JUDGE_LABELS
 
 AT_K = re.compile(r"^(pass@|pass\^|maj@)(\d+)(/.+)?$")
 """``pass@4``, ``pass^4/stderr``, ``maj@16``: (symbol, k, the rest)."""

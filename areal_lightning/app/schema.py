@@ -76,7 +76,11 @@ class Config:
                 )
         self._check_sequence_lengths()
         check_metric_names(
-            self.evaluator.decisions, self.eval_sets, self.task.name, self.episodes, judge=self.graders.judge is not None
+            self.evaluator.decisions,
+            self.eval_sets,
+            self.task.name,
+            self.episodes,
+            judge=self.graders.judge is not None,
         )
         check_lightning_names(self.trainer, "trainer")  # last: it imports Lightning
 

@@ -66,8 +66,8 @@ def template_problem(template: str) -> str | None:
     Example:
         >>> template_problem("Grade {completion} against {answer}")
         'it must contain {prompt} and {completion}'
-        >>> template_problem('{prompt} {completion} as JSON: {"verdict": ...}')
-        "it names a field other than {prompt}, {completion} and {answer} ('\\"verdict\\"'); write a literal brace twice: {{ }}"
+        >>> template_problem("{prompt} {completion} {q}")
+        "it names a field other than {prompt}, {completion} and {answer} ('q'); write a literal brace twice: {{ }}"
     """
     if "{prompt}" not in template or "{completion}" not in template:
         return "it must contain {prompt} and {completion}"

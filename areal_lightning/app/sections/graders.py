@@ -85,7 +85,9 @@ class JudgeConfig:
         if problem is not None:
             raise ConfigError(f"{key}.verdict_pattern {self.verdict_pattern!r}: {problem}")
         if not self.correct_word.strip():
-            raise ConfigError(f"{key}.correct_word must be a word of the verdict (e.g. CORRECT), got {self.correct_word!r}")
+            raise ConfigError(
+                f"{key}.correct_word must be a word of the verdict (e.g. CORRECT), got {self.correct_word!r}"
+            )
         if self.correct_word in YAML_BOOLS and self.correct_word.lower() not in self.verdict_pattern.lower():
             raise ConfigError(
                 f"{key}.correct_word is {self.correct_word!r}, which {key}.verdict_pattern {self.verdict_pattern!r} "
