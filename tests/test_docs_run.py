@@ -158,25 +158,20 @@ SETUP: dict[str, Callable[[Path, pytest.FixtureRequest], None]] = {
     "eval_history.md": _demo_run,
     "hf_models.md": _local_model_and_data,
     "harness.md": _local_model_and_data,
+    "model_graders.md": _local_model_and_data,
 }
-NEEDS = {"hf_models.md": ("transformers",), "eval_history.md": ("pandas",), "harness.md": ("transformers", "lm_eval")}
-SLOW = {"README.md", "evaluate_watch.md", "hf_models.md", "eval_history.md", "harness.md"}
+NEEDS = {
+    "hf_models.md": ("transformers",),
+    "model_graders.md": ("transformers",),
+    "eval_history.md": ("pandas",),
+    "harness.md": ("transformers", "lm_eval"),
+}
+SLOW = {"README.md", "evaluate_watch.md", "hf_models.md", "eval_history.md", "harness.md", "model_graders.md"}
 # Every block the docs mark as not runnable here: a new mark is a decision, taken here too.
-GRADERS_BLOCK = """\
-from areal_lightning.rl.model_graders import GradedTask, JudgeGrader, RewardModelGrader
-
-task = GradedTask(
-    MathTask("test.jsonl"),
-    reward_model=RewardModelGrader("models/my-rm", batch_size=16),  # AutoModelForSequenceClassification
-    judge=JudgeGrader("models/judge", template=RUBRIC),  # a local causal LM's directory, or an HFPolicy
-)
-module = GRPOModule(policy, task)
-"""
 SKIPPED = {
     "README.md": ["pip install areal-lightning", "make demo"],
     "development.md": ["make lint", ".venv/bin/pre-commit install", "make wheel", "make mutation"],
     "hf_models.md": ["huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir models/Qwen2.5-0.5B-Instruct"],
-    "code_evaluation.md": [GRADERS_BLOCK],
     "servers.md": [
         "VLLM_SERVER_DEV_MODE=1 vllm serve models/Qwen2.5-0.5B-Instruct --served-model-name policy "
         "--host 10.0.0.5 --port 8000 --dtype float32 --seed 0 --no-enable-chunked-prefill "

@@ -13,6 +13,7 @@ from areal_lightning.app.lightning_names import check_lightning_names
 from areal_lightning.app.metric_checks import check_metric_names
 from areal_lightning.app.sections.eval_sets import EvalSetConfig
 from areal_lightning.app.sections.evaluator import EvaluatorConfig
+from areal_lightning.app.sections.graders import GradersConfig
 from areal_lightning.app.sections.logger import LoggerConfig
 from areal_lightning.app.sections.policy import EvalEngine, PolicyConfig, PolicyKind
 from areal_lightning.app.sections.task import TaskConfig, TaskName
@@ -40,6 +41,8 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
+    graders: GradersConfig = field(default_factory=GradersConfig)
+    """A reward model and/or a judge grading evaluation rollouts beside the task's verifier (docs/model_graders.md)."""
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     episodes: Optional[EpisodeSettings] = None
     """Multi-turn episodes for training and evaluation, e.g. {max_turns: 4}; null: one prompt, one completion."""
@@ -49,7 +52,7 @@ class Config:
 
     def __post_init__(self) -> None:
         at_least("seed", self.seed, 0)
-        for section in ("trainer", "policy", "task"):
+        for section in ("trainer", "policy", "task", "graders"):
             getattr(self, section).check(section)
         with owned_by_key("grpo"):
             self.grpo.validate()
@@ -66,8 +69,19 @@ class Config:
             problem = episode_config_problem(self)
             if problem:
                 raise ConfigError(problem)
+            if self.graders.given:
+                raise ConfigError(
+                    "graders grade single-turn evaluation rollouts, and an episodes section is scored turn by "
+                    "turn by the task's verifier: remove the graders section or the episodes section"
+                )
         self._check_sequence_lengths()
-        check_metric_names(self.evaluator.decisions, self.eval_sets, self.task.name, self.episodes)
+        check_metric_names(
+            self.evaluator.decisions,
+            self.eval_sets,
+            self.task.name,
+            self.episodes,
+            judge=self.graders.judge is not None,
+        )
         check_lightning_names(self.trainer, "trainer")  # last: it imports Lightning
 
     def _check_training_left(self) -> None:

@@ -136,9 +136,13 @@ class GRPOModule(L.LightningModule):
     @property
     def uses_format_warmup(self) -> bool:
         """The format warm-up teaches the tiny policy the arithmetic answer format; other policies skip it."""
-        return (
-            isinstance(self.policy, TinyPolicy) and isinstance(self.task, ArithmeticTask) and self.grpo.warmup_steps > 0
-        )
+        task = self._arithmetic_task()
+        return isinstance(self.policy, TinyPolicy) and task is not None and self.grpo.warmup_steps > 0
+
+    def _arithmetic_task(self) -> ArithmeticTask | None:
+        """The arithmetic task the policy trains on, also where model graders grade it (`GradedTask.inner`)."""
+        task = getattr(self.task, "inner", self.task)
+        return task if isinstance(task, ArithmeticTask) else None
 
     @override
     def setup(self, stage: str) -> None:
@@ -147,9 +151,10 @@ class GRPOModule(L.LightningModule):
         # the checkpoint to the module only after this hook (`trainer.ckpt_path` is still None
         # here), so whoever resumes sets `warmed_up = True` first, as `areal-lightning fit --ckpt` does.
         if stage == "fit" and not self.warmed_up and self.uses_format_warmup:
-            assert isinstance(self.policy, TinyPolicy) and isinstance(self.task, ArithmeticTask)
+            task = self._arithmetic_task()
+            assert isinstance(self.policy, TinyPolicy) and task is not None
             self._announce_warmup()
-            format_warmup(self.policy, self.task, steps=self.grpo.warmup_steps, lr=self.grpo.warmup_lr, seed=self.seed)
+            format_warmup(self.policy, task, steps=self.grpo.warmup_steps, lr=self.grpo.warmup_lr, seed=self.seed)
             if self.reference is not None:
                 self.reference.load_state_dict(self.policy.state_dict())
         self.warmed_up = True
