@@ -97,9 +97,10 @@ def _module(fleet: Any, engine: str = "server", urls: list[str] | None = None, *
     from areal_lightning.app.builders import build_module
     from areal_lightning.app.config import load_config
 
-    cfg = load_config(
-        None, [*_overrides(fleet, engine, [s.url for s in fleet.servers] if urls is None else urls), *extra]
-    )
+    overrides = _overrides(fleet, engine, [s.url for s in fleet.servers] if urls is None else urls)
+    if any(e.startswith("eval_sets=") for e in extra):  # eval sets of the caller's own
+        overrides = [o for o in overrides if not o.startswith("eval_sets.")]
+    cfg = load_config(None, [*overrides, *extra])
     return cfg, build_module(cfg)
 
 
@@ -363,3 +364,35 @@ def test_an_async_fit_through_the_servers_records_the_sync_fits_rounds(fleet: An
         assert a["metrics"][WEIGHTS_STEP_KEY] == a["step"] == b["metrics"][WEIGHTS_STEP_KEY]
     logprobs = [r["metrics"]["completion/logprob"] for r in asyn]
     assert len(set(logprobs)) == 3  # each round's servers held that step's weights
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_a_harness_task_generates_through_the_servers_as_through_the_engine_and_the_policy(
+    fleet: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("lm_eval")
+    from test_harness import write_task
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    train = write_gsm8k(fleet.tmp / "harness_train.jsonl", 4, offset=PROMPTS)
+    task = write_task(fleet.tmp, fleet.data, train, "tiny_gsm_servers", num_fewshot=0)  # greedy, 6 new tokens
+    harness = "eval_sets={h: {harness: {task_file: " + str(task) + "}, batch_size: 3}}"
+    urls = [s.url for s in fleet.servers]
+    results = {}
+    for name, engine, using in (("two", "server", urls), ("one", "server", urls[:1]), ("vllm", "vllm", urls)):
+        cfg, module = _module(fleet, engine, using, harness)
+        try:
+            results[name] = [r for r in _round(cfg, module) if r.dataset == "h"]
+        finally:
+            module.engine_evaluate_fn.close()
+    cfg, module = _module(fleet, "policy", urls, harness)
+    results["policy"] = [r for r in _round(cfg, module) if r.dataset == "h"]
+    assert_same_results(results["two"], results["one"])
+    assert_same_results(results["two"], results["vllm"])
+    (two,), (policy,) = results["two"], results["policy"]
+    harness_metrics = {k: v for k, v in two.metrics.items() if "," in k}  # the task's own: exact_match,<filter>
+    assert harness_metrics and harness_metrics == {k: policy.metrics[k] for k in harness_metrics}
+    assert two.metrics[WEIGHTS_STEP_KEY] == 0 and two.num_prompts == PROMPTS
+    assert [r["completion"] for r in two.table_rows] == [r["completion"] for r in policy.table_rows]

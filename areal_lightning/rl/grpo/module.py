@@ -210,13 +210,16 @@ class GRPOModule(L.LightningModule):
         (through the engine where it runs episodes: ``runs_episodes``, the server engine).
         The sanity pass (``ctx.sanity``) generates with the policy itself: an engine is built where
         rounds run (an async worker), and at the first round in sync mode, not for one batch."""
-        if harness_spec(getattr(ctx, "options", None)) is not None:
-            return harness_evaluate(self, batches, ctx)  # an lm-evaluation-harness task (docs/harness.md)
+        harness = harness_spec(getattr(ctx, "options", None)) is not None
         engine = None if getattr(ctx, "sanity", False) else self.engine_evaluate_fn
-        if self.episodes is not None and not getattr(engine, "runs_episodes", False):
-            return episode_evaluate(self, batches, ctx)
-        if engine is not None:
+        # An engine runs what it says it runs (`rl.engines.rounds`); the policy runs the rest.
+        kind = "runs_harness" if harness else "runs_episodes" if self.episodes is not None else None
+        if engine is not None and (kind is None or getattr(engine, kind, False)):
             return engine(self, batches, ctx)
+        if harness:
+            return harness_evaluate(self, batches, ctx)  # an lm-evaluation-harness task (docs/harness.md)
+        if self.episodes is not None:
+            return episode_evaluate(self, batches, ctx)
         return rollout_evaluate(self, batches, ctx)
 
     @property
