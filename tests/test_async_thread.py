@@ -61,6 +61,7 @@ def test_rounds_that_wait_on_servers_run_in_a_thread_while_training_goes_on(tmp_
     assert 5 <= rows[0]["lag_steps"] <= 6  # the round of step 4 waited until training reached step 9
     skipped = event_rows(read_history(tmp_path), "skipped")
     assert [(e["step"], e["running_step"]) for e in skipped] == [(8, 4)]
+    assert skipped[0]["run_id"] == rows[0]["run_id"] == callback.run_id  # the event is the run's own
     # The sanity pass runs on the training thread; every round in the evaluating thread, in this
     # process (`seen` is this process's list), with no worker process started.
     rounds = evaluate_fn.seen[1:]

@@ -94,7 +94,7 @@ class ServerPolicy(GeneratesFromScored):
         # An episode's turns are checked against the tighter of the policy's and the servers' limits
         # before they are sent (a server refuses a longer prompt with a 400).
         own = getattr(policy, "max_len", None)
-        self.max_len, self.max_len_name = own, "policy.max_len"
+        self.max_len, self.max_len_name = own, None
         if served_max_len is not None and (own is None or served_max_len < own):
             self.max_len, self.max_len_name = served_max_len, "the servers' --max-model-len"
         self.stop = [*policy.tokenizer.stop, *stop]
