@@ -58,7 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.main(args))
+    try:
+        return int(args.main(args))
+    finally:
+        # The code task's sandbox workers stop and their directories go now, not in a finalizer
+        # that a process ending with os._exit (a forked one, a launched rank) never runs.
+        pool = sys.modules.get("areal_lightning.scoring.sandbox.pool")
+        if pool is not None:
+            pool.close_all()
 
 
 if __name__ == "__main__":
