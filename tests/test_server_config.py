@@ -1,6 +1,7 @@
 """The ``policy.server`` section refuses, at load time and naming the key, what could not reach a
 server: no URL, a URL that is not http(s), a URL listed twice, no served model name, no snapshot
-directory, an unknown server kind, the server engine with the tiny policy or with episodes."""
+directory, an unknown server kind, the server engine with the tiny policy; episodes go through the
+servers, and are refused for the in-process vLLM engine (single turns only)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,17 @@ def test_what_cannot_reach_a_server_is_refused_naming_the_key(
 def test_the_server_engine_needs_an_hf_policy() -> None:
     with pytest.raises(ConfigError, match=r"policy.eval_engine: server needs policy.kind: hf"):
         load_config(None, ["eval_sets.easy.size=5", "policy.eval_engine=server", *GOOD])
+
+
+def test_episodes_run_through_the_servers_and_not_through_the_in_process_vllm_engine(model: Path) -> None:
+    data = model.parent / "test.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    episodes = ("task.name=math", f"task.path={data}", f"eval_sets.easy.path={data}", "eval_sets.easy.size=null")
+    episodes += ("episodes.env=retry", "episodes.max_turns=2")
+    cfg = _load(model, *GOOD, *episodes)
+    assert cfg.episodes.max_turns == 2  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match=r"episodes need policy.eval_engine: policy or server .* got vllm"):
+        _load(model, *episodes, "policy.eval_engine=vllm")
 
 
 def test_evaluate_and_the_watcher_evaluate_with_the_configured_engine(model: Path) -> None:

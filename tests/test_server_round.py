@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import threading
 import time
 from types import SimpleNamespace
@@ -22,7 +23,9 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from ddp_utils import run_ddp
 from hf_models import save_tiny_llama, write_gsm8k
+from procs import run_in_group
 from server_helpers import REUSE_ENV, SERVED_NAME, Server, free_port, reused_servers
 from vllm_helpers import HIDDEN, require_vllm
 
@@ -59,12 +62,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Any:
             server.kill()
 
 
-def _config(fleet: Any, engine: str, urls: list[str]) -> Any:
-    from areal_lightning.app.config import load_config
-
-    return load_config(
-        None,
-        [
+def _overrides(fleet: Any, engine: str, urls: list[str]) -> list[str]:
+    return [
             "policy.kind=hf",
             f"policy.path={fleet.model}",
             f"policy.eval_engine={engine}",
@@ -91,14 +90,17 @@ def _config(fleet: Any, engine: str, urls: list[str]) -> Any:
             "eval_sets.greedy.max_new_tokens=8",
             "logger.wandb.mode=disabled",
             f"output_dir={fleet.tmp / 'run'}",
-        ],
-    )
+    ]  # fmt: skip
 
 
-def _module(fleet: Any, engine: str = "server", urls: list[str] | None = None) -> tuple[Any, Any]:
+def _module(fleet: Any, engine: str = "server", urls: list[str] | None = None, *extra: str) -> tuple[Any, Any]:
     from areal_lightning.app.builders import build_module
+    from areal_lightning.app.config import load_config
 
-    cfg = _config(fleet, engine, [s.url for s in fleet.servers] if urls is None else urls)
+    overrides = _overrides(fleet, engine, [s.url for s in fleet.servers] if urls is None else urls)
+    if any(e.startswith("eval_sets=") for e in extra):  # eval sets of the caller's own
+        overrides = [o for o in overrides if not o.startswith("eval_sets.")]
+    cfg = load_config(None, [*overrides, *extra])
     return cfg, build_module(cfg)
 
 
@@ -187,6 +189,35 @@ def test_new_weights_between_rounds_reach_every_server(fleet: Any, reference: li
         in_process.engine_evaluate_fn.close()
 
 
+def _round_on_rank(rank: int, world_size: int, overrides: list[str]) -> list[Any]:
+    from areal_lightning.app.builders import build_module
+    from areal_lightning.app.config import load_config
+
+    torch.set_num_threads(1)
+    cfg = load_config(None, overrides)
+    module = build_module(cfg)
+    try:
+        return _round(cfg, module)
+    finally:
+        module.engine_evaluate_fn.close()
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+def test_two_ranks_through_the_servers_give_the_one_rank_round(fleet: Any, reference: list[Any]) -> None:
+    # Rank 0 publishes and loads the weights, rank 1 waits until the servers report them; each
+    # rank sends its own deal (6 prompts: 3 and 3, in batches of 2).
+    overrides = _overrides(fleet, "server", [s.url for s in fleet.servers])
+    ranks = run_ddp(_round_on_rank, 2, overrides, timeout_s=900)
+    assert_same_results(reference, ranks[0])
+    for zero, one in zip(*ranks, strict=True):  # the same reduced round on both, server counters included
+        assert zero.metrics.keys() == one.metrics.keys()
+        assert all(
+            v == one.metrics[k] or (math.isnan(v) and math.isnan(one.metrics[k])) for k, v in zero.metrics.items()
+        )
+    assert [r.num_samples for r in ranks[0]] == [r.num_samples for r in reference]
+
+
 def _kill_when_busy(server: Server, done: threading.Event) -> None:
     """Kills `server` once it has requests running (polling its Prometheus metrics)."""
     while not done.is_set():
@@ -261,3 +292,107 @@ def _hold(server: Server, weights: Any, version: str) -> None:
         timeout=300,
     ).raise_for_status()
     httpx.post(f"{server.url}/update_weight_version", json={"new_version": version}, timeout=30).raise_for_status()
+
+
+EPISODES = ("episodes.env=retry", "episodes.max_turns=2", "episodes.feedback=No.")
+"""A short feedback: the second turn fits the test servers' --max-model-len (256)."""
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_episodes_generate_every_turn_through_the_servers_alike_on_one_and_two_servers(fleet: Any) -> None:
+    results = []
+    for urls in ([s.url for s in fleet.servers], [fleet.servers[0].url]):
+        cfg, module = _module(fleet, "server", urls, *EPISODES)
+        try:
+            results.append(_round(cfg, module))
+        finally:
+            module.engine_evaluate_fn.close()
+    two, one = results
+    assert_same_results(two, one)
+    sampled = next(r for r in two if r.dataset == "sampled")
+    assert sampled.metrics[WEIGHTS_STEP_KEY] == 0 and sampled.metrics[FAILED_KEY] == 0
+    # Episodes' own metrics, from turns the servers wrote: a second turn after each wrong first one.
+    assert {"success@1", "success@2", "turns/mean"} <= sampled.metrics.keys()
+    assert sampled.metrics["success@1"] < 1 and 1 < sampled.metrics["turns/mean"] <= 2
+    assert not math.isnan(sampled.metrics["turn2/completion/logprob"])  # the servers' log-probabilities
+    # A second turn longer than the servers take is refused before it is sent, naming their limit.
+    from areal_lightning.eval_round import EvalRoundError
+
+    cfg, module = _module(fleet, "server", None, *EPISODES[:2], "episodes.feedback=" + "No, wrong. " * 30)
+    try:
+        with pytest.raises(EvalRoundError, match=r"turn 2 of an episode needs \d+ tokens .* more than the servers' "):
+            _round(cfg, module)
+    finally:
+        module.engine_evaluate_fn.close()
+
+
+def _fit(fleet: Any, mode: str) -> list[dict[str, Any]]:
+    from areal_lightning.tracking.history import eval_rows, read_history
+
+    run = fleet.tmp / f"fit-{mode}"
+    overrides = _overrides(fleet, "server", [s.url for s in fleet.servers])
+    overrides = [o for o in overrides if not o.startswith(("output_dir=", "eval_sets.greedy"))]
+    config = fleet.tmp / "server_fit.yaml"
+    config.write_text("experiment_name: server-fit\n")  # the rest from the overrides, as a user may
+    proc = run_in_group(
+        [
+            sys.executable, "-m", "areal_lightning", "fit", "-c", str(config), *overrides, f"output_dir={run}",
+            "policy.dtype=float32", "policy.attn_implementation=eager", "trainer.accelerator=cpu",
+            "trainer.max_steps=3", "trainer.enable_progress_bar=false", "trainer.checkpoint_every_n_steps=null",
+            "grpo.group_size=4", "grpo.prompts_per_step=2", "grpo.lr=1e-2", "grpo.max_new_tokens=6",
+            "evaluator.freq_steps=2", "evaluator.freq_epochs=null", "evaluator.freq_secs=null",
+            "evaluator.eval_before_train=true", f"evaluator.mode={mode}", "evaluator.on_busy=wait",
+        ],
+        timeout=1200,
+        cwd=fleet.tmp,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return eval_rows(read_history(run))
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_an_async_fit_through_the_servers_records_the_sync_fits_rounds(fleet: Any) -> None:
+    sync, asyn = _fit(fleet, "sync"), _fit(fleet, "async")
+    assert [(r["step"], r["trigger"]) for r in asyn] == [(r["step"], r["trigger"]) for r in sync]
+    assert [r["step"] for r in sync] == [0, 2, 3] and {r["mode"] for r in asyn} == {"async"}
+    for a, b in zip(asyn, sync, strict=True):
+        shared_a, shared_b = _shared(a["metrics"]), _shared(b["metrics"])
+        assert shared_a == shared_b, a["step"]
+        # One weight version a round, the snapshot's own step (training went on meanwhile).
+        assert a["metrics"][WEIGHTS_STEP_KEY] == a["step"] == b["metrics"][WEIGHTS_STEP_KEY]
+    logprobs = [r["metrics"]["completion/logprob"] for r in asyn]
+    assert len(set(logprobs)) == 3  # each round's servers held that step's weights
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_a_harness_task_generates_through_the_servers_as_through_the_engine_and_the_policy(
+    fleet: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("lm_eval")
+    from test_harness import write_task
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    train = write_gsm8k(fleet.tmp / "harness_train.jsonl", 4, offset=PROMPTS)
+    task = write_task(fleet.tmp, fleet.data, train, "tiny_gsm_servers", num_fewshot=0)  # greedy, 6 new tokens
+    harness = "eval_sets={h: {harness: {task_file: " + str(task) + "}, batch_size: 3}}"
+    urls = [s.url for s in fleet.servers]
+    results = {}
+    for name, engine, using in (("two", "server", urls), ("one", "server", urls[:1]), ("vllm", "vllm", urls)):
+        cfg, module = _module(fleet, engine, using, harness)
+        try:
+            results[name] = [r for r in _round(cfg, module) if r.dataset == "h"]
+        finally:
+            module.engine_evaluate_fn.close()
+    cfg, module = _module(fleet, "policy", urls, harness)
+    results["policy"] = [r for r in _round(cfg, module) if r.dataset == "h"]
+    assert_same_results(results["two"], results["one"])
+    assert_same_results(results["two"], results["vllm"])
+    (two,), (policy,) = results["two"], results["policy"]
+    harness_metrics = {k: v for k, v in two.metrics.items() if "," in k}  # the task's own: exact_match,<filter>
+    assert harness_metrics and harness_metrics == {k: policy.metrics[k] for k in harness_metrics}
+    assert two.metrics[WEIGHTS_STEP_KEY] == 0 and two.num_prompts == PROMPTS
+    assert [r["completion"] for r in two.table_rows] == [r["completion"] for r in policy.table_rows]

@@ -125,8 +125,9 @@ def build_engine_evaluate_fn(cfg: Config) -> VLLMEvaluator | ServerEvaluator | N
 
 
 def build_module(cfg: Config, module_class: type[GRPOModule] | None = None) -> GRPOModule:
-    """The `GRPOModule` (or a subclass, `module_class`) of the config's task, policy, ``grpo`` and
-    ``episodes`` sections; ``seed`` seeds the tiny policy's initial weights, the warm-up and the rollouts.
+    """The `GRPOModule` (or a subclass, `module_class`) of the config's task (graded by the
+    ``graders`` section's models, when it gives any), policy, ``grpo`` and ``episodes`` sections;
+    ``seed`` seeds the tiny policy's initial weights, the warm-up and the rollouts.
 
     Example:
         >>> from areal_lightning.app.config import load_config
@@ -143,7 +144,7 @@ def build_module(cfg: Config, module_class: type[GRPOModule] | None = None) -> G
     cls = module_class or GRPOModule
     return cls(
         build_policy(cfg, task),
-        task,
+        cfg.graders.wrap(task),  # evaluation graded by the models of the graders section, if any
         cfg.grpo,
         seed=cfg.seed,
         engine_evaluate_fn=build_engine_evaluate_fn(cfg),

@@ -99,15 +99,23 @@ def checkpoint_epoch(ckpt: Mapping[str, Any]) -> int:
     return int(ckpt.get(WEIGHTS_EPOCH_KEY, ckpt.get("epoch", 0)))
 
 
+GRADER_PREFIXES = ("task.reward_model.", "task.judge.")
+"""Where the model graders' weights sit in a module's state dict (`GradedTask` as ``GRPOModule.task``)."""
+
+
 def load_weights(module: GRPOModule, state_dict: Mapping[str, Any], ckpt_path: str | Path) -> None:
-    """Loads the checkpoint's weights into the module built from the config, strictly.
+    """Loads the checkpoint's weights into the module built from the config, strictly; the model
+    graders' weights are the config's (``graders``: loaded from their directories), never the
+    checkpoint's, so that a checkpoint is evaluated by the graders the config names, or by none.
 
     Raises:
         CheckpointError: naming the missing keys, the unexpected keys and the shape mismatches
             (torch's own report, shortened), when the checkpoint holds another model.
     """
+    graders = {k: v for k, v in module.state_dict().items() if k.startswith(GRADER_PREFIXES)}
+    trained = {k: v for k, v in state_dict.items() if not k.startswith(GRADER_PREFIXES)}
     try:
-        module.load_state_dict(state_dict, strict=True)
+        module.load_state_dict({**trained, **graders}, strict=True)
     except RuntimeError as err:
         # torch lists every key; the first lines name the kinds of problem, which is what a person needs.
         lines = [line.strip() for line in str(err).splitlines()[1:] if line.strip()]

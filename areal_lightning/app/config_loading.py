@@ -155,7 +155,10 @@ def _merge(merged: DictConfig, layer: DictConfig, source: str, key: str | None) 
             return merged
         return cast(DictConfig, OmegaConf.merge(merged, layer))
     except oc_errors.OmegaConfBaseException as err:
-        raise explain(err, source) from None
+        if not (isinstance(err, oc_errors.ValidationError) and not err.full_key):
+            raise explain(err, source) from None
+        # A value where a section belongs (``graders: 5``): OmegaConf names no key; find it.
+        raise ConfigError(shape_mismatch(OmegaConf.structured(Config), layer, source)) from None
     except TypeError:  # OmegaConf names no key when a list meets a mapping: find it
         raise ConfigError(shape_mismatch(OmegaConf.structured(Config), layer, source)) from None
 

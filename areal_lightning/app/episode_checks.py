@@ -9,14 +9,14 @@ from areal_lightning.rl.episodes.settings import EnvName, EpisodeSettings
 
 
 def episode_config_problem(cfg: Any) -> str | None:
-    """Why the config's (checked) episode settings cannot run, or None: episodes with a vLLM
-    evaluation engine; for the tiny arithmetic policy, a feedback message outside its alphabet or a
-    last turn that cannot fit ``policy.max_len``."""
+    """Why the config's (checked) episode settings cannot run, or None: episodes with the in-process
+    vLLM engine; for the tiny arithmetic policy, a feedback message outside its alphabet or a last
+    turn that cannot fit ``policy.max_len``."""
     episodes: EpisodeSettings = cfg.episodes
-    if cfg.policy.eval_engine.value in ("vllm", "server"):
-        engine = cfg.policy.eval_engine.value
+    if cfg.policy.eval_engine.value == "vllm":
         return (
-            f"episodes need policy.eval_engine: policy (the {engine} engine generates single turns only); got {engine}"
+            "episodes need policy.eval_engine: policy or server (the in-process vllm engine generates single turns "
+            "only); got vllm"
         )
     if cfg.policy.kind.value != "tiny" or cfg.task.name.value != "arithmetic":
         return None

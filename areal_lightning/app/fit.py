@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -192,14 +193,17 @@ def _prestart_async_worker(args: argparse.Namespace) -> None:
     try:
         layers = [OmegaConf.load(args.config)] if args.config else []
         layers += [OmegaConf.from_dotlist([override]) for override in args.overrides]
-        mode = policy = None
+        mode = policy = engine = None
         for layer in layers:  # the last layer that sets it wins, in either spelling (grouped or flat)
-            found = [OmegaConf.select(layer, key) for key in (MODE_KEY, flat(MODE_KEY), "policy.kind")]
+            keys = (MODE_KEY, flat(MODE_KEY), "policy.kind", "policy.eval_engine")
+            found = [OmegaConf.select(layer, key) for key in keys]
             mode = next((m for m in found[:2] if m is not None), mode)
             policy = found[2] if found[2] is not None else policy
+            engine = found[3] if found[3] is not None else engine
     except Exception:  # noqa: BLE001 - load_config names what is wrong
         return
-    if str(mode).lower() == "async":
+    # Rounds through inference servers run in a thread of this process: no worker to start.
+    if str(mode).lower() == "async" and str(engine).lower() != "server":
         from areal_lightning.callbacks.worker_launch import prestart
 
         hf = ["areal_lightning.rl.engines.hf.policy", "transformers"] if str(policy).lower() == "hf" else []
@@ -384,8 +388,11 @@ def _report_stop(args: argparse.Namespace, cfg: Config, stop: StopOnSignal, step
 def _plot_run(run_dir: Path) -> None:
     from areal_lightning.tracking.history import history_path
     from areal_lightning.viz.plot import PlotError, plot_runs
+    from areal_lightning.viz.runs import PlotNote
 
     try:
-        log.info("eval history: %s\nplot: %s", history_path(run_dir), plot_runs([run_dir]))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PlotNote)  # the rings of standalone evaluations: the figure shows them
+            log.info("eval history: %s\nplot: %s", history_path(run_dir), plot_runs([run_dir]))
     except PlotError as err:
         log.warning("no plot drawn: %s", err)

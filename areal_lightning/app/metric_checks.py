@@ -16,17 +16,23 @@ from areal_lightning.app.sections.task import TaskName
 from areal_lightning.callbacks.selection import SelectionRule
 from areal_lightning.callbacks.settings import Decisions
 from areal_lightning.rl.episodes.settings import EpisodeSettings
+from areal_lightning.rl.grader_checks import JUDGE_LABELS
 
 AT_K = re.compile(r"^(pass@|pass\^|maj@)(\d+)(/.+)?$")
 """``pass@4``, ``pass^4/stderr``, ``maj@16``: (symbol, k, the rest)."""
 
 
 def check_metric_names(
-    ev: Decisions, eval_sets: Mapping[str, EvalSetConfig], task: TaskName, episodes: EpisodeSettings | None
+    ev: Decisions,
+    eval_sets: Mapping[str, EvalSetConfig],
+    task: TaskName,
+    episodes: EpisodeSettings | None,
+    *,
+    judge: bool = False,
 ) -> None:
     """Refuses a threshold, best metric or reward-watch metric the default evaluation does not log
-    with these eval sets, task and episodes (naming the closest one), and a reward watch on an eval
-    set that is not defined."""
+    with these eval sets, task, episodes and judge (its verdicts' counts, ``judge/*``), naming the
+    closest one, and a reward watch on an eval set that is not defined."""
     if not (ev.metric_thresholds or ev.best_metrics or ev.reward_watch):
         return  # nothing names a metric: the metric classes (torch) need not load
     from areal_lightning.callbacks.prompt_story import StoryBuckets, story_metric_names
@@ -35,7 +41,7 @@ def check_metric_names(
         metric_names,
     )
 
-    labels = _task_labels(task)
+    labels = _task_labels(task) + ((JUDGE_LABELS,) if judge else ())
     base = {m for es in eval_sets.values() for m in _metric_names(episodes, es, metric_names, labels)}
     story = ev.prompt_story
     # Stratum buckets are named by the data's strata, unknown here: the sanity pass checks those.

@@ -43,6 +43,28 @@ NULL_HINTS = {
 """What a section set to null should have been instead (sections cannot be null)."""
 
 
+SYNONYMS = {
+    "rubric": "template",
+    "prompt": "template",
+    "model": "path",
+    "model_path": "path",
+    "dir": "path",
+    "directory": "path",
+    "pattern": "verdict_pattern",
+    "verdict": "verdict_pattern",
+    "parser": "verdict_pattern",
+}
+"""Words a user may write for a key of another name: suggested where that key is accepted."""
+ELSEWHERE = {
+    "graders": "graders",
+    "reward_model": "graders.reward_model",
+    "reward_models": "graders.reward_model",
+    "judge": "graders.judge",
+    "judges": "graders.judge",
+}
+"""Keys written in the wrong section (``task.reward_model``): where they belong."""
+
+
 def explain(err: oc_errors.OmegaConfBaseException, source: str) -> ConfigError:
     key = err.full_key or "<root>"
     enum = _enum_field(err.object_type, key.rsplit(".", 1)[-1]) or _enum_values(err.ref_type)
@@ -53,8 +75,10 @@ def explain(err: oc_errors.OmegaConfBaseException, source: str) -> ConfigError:
     if isinstance(err, (oc_errors.ConfigKeyError, oc_errors.ConfigAttributeError)):
         keys = _accepted_keys(err.object_type)
         leaf = key.rsplit(".", 1)[-1]
-        close = difflib.get_close_matches(leaf, keys, n=1)
+        close = difflib.get_close_matches(leaf, keys, n=1) or [w for w in [SYNONYMS.get(leaf)] if w in keys]
         hint = f" Did you mean `{close[0]}`?" if close else ""
+        if leaf in ELSEWHERE and key != ELSEWHERE[leaf]:
+            hint = f" Model graders have a top-level section of their own: `{ELSEWHERE[leaf]}` (docs/model_graders.md)."
         parent = key.rsplit(".", 1)[0] if "." in key else "the top level"
         return ConfigError(
             f"unknown config key `{key}` (from {source}).{hint} Keys accepted at {parent}: {', '.join(keys)}."
@@ -84,12 +108,13 @@ def shape_mismatch(schema: Any, layer: Any, source: str, prefix: str = "") -> st
     """The message for the first key of `layer` whose value is a list where `schema` has a mapping, or the reverse."""
     for key, value in layer.items_ex(resolve=False) if isinstance(layer, DictConfig) else []:
         path = prefix + str(key)
-        expected = schema.get(key) if isinstance(schema, DictConfig) and key in schema else None
-        if isinstance(expected, DictConfig) and not isinstance(value, DictConfig):
+        # The node, not its value: an optional section left out (``graders.judge``) is a None-valued mapping.
+        expected = schema._get_node(key) if isinstance(schema, DictConfig) and key in schema else None
+        if isinstance(expected, DictConfig) and not isinstance(value, DictConfig) and as_plain(value) is not None:
             return f"config key `{path}` (from {source}) must be a mapping of keys to values, got {as_plain(value)!r}"
         if isinstance(expected, ListConfig) and isinstance(value, DictConfig):
             return f"config key `{path}` (from {source}) must be a list, got a mapping"
-        if isinstance(expected, DictConfig) and isinstance(value, DictConfig):
+        if isinstance(expected, DictConfig) and not expected._is_none() and isinstance(value, DictConfig):
             found = shape_mismatch(expected, value, source, f"{path}.")
             if found:
                 return found

@@ -122,6 +122,23 @@ def _worker_main(conn: Connection, threads: int, modules: Sequence[str] = ()) ->
             conn.send(_Done(None, traceback.format_exc(), began))
 
 
+def snapshot_size(module: nn.Module, max_snapshot_mib: float | None) -> float:
+    """The MiB of `module`'s weights (its state dict), which an async round copies.
+
+    Raises:
+        ValueError: they exceed `max_snapshot_mib` (None: no bound).
+    """
+    mib = float(sum(t.numel() * t.element_size() for t in module.state_dict().values())) / _MIB
+    if max_snapshot_mib is not None and mib > max_snapshot_mib:
+        raise ValueError(
+            f"async evaluation needs a {mib:.1f} MiB snapshot of {type(module).__name__}'s weights, "
+            f"more than max_snapshot_mib={max_snapshot_mib:g}; raise max_snapshot_mib "
+            "(evaluator.execution.max_snapshot_mib) "
+            "if the memory is there, or use mode='sync'"
+        )
+    return mib
+
+
 def _exit_message(code: int | None, start_error: str | None = None) -> str:
     if start_error is not None:
         return f"the worker process could not be started:\n{start_error}"
@@ -204,14 +221,7 @@ class AsyncEvaluator:
                 not pickle (a lambda `evaluate_fn`, a module holding an open file, ...).
         """
         state = module.state_dict()
-        self.snapshot_mib = sum(t.numel() * t.element_size() for t in state.values()) / _MIB
-        if self.max_snapshot_mib is not None and self.snapshot_mib > self.max_snapshot_mib:
-            raise ValueError(
-                f"async evaluation needs a {self.snapshot_mib:.1f} MiB snapshot of {type(module).__name__}'s weights, "
-                f"more than max_snapshot_mib={self.max_snapshot_mib:g}; raise max_snapshot_mib "
-                "(evaluator.execution.max_snapshot_mib) "
-                "if the memory is there, or use mode='sync'"
-            )
+        self.snapshot_mib = snapshot_size(module, self.max_snapshot_mib)
         device = self.device or str(next(iter(state.values())).device if state else "cpu")
         self._device = device
         self._replica = copy.deepcopy(module).cpu().requires_grad_(False).share_memory()

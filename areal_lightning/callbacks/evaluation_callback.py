@@ -103,7 +103,7 @@ class EvaluationCallback(Callback):
         )
         check_set_names(self.schedule, self.decisions, [s.name for s in self.eval_sets])
         self.trigger = self.schedule.trigger(clock)
-        self.runner: Runner = make_runner(self.execution, clock)
+        self.runner: Runner = make_runner(self.execution, clock, evaluate_fn)
         self.follow_ups: list[FollowUp] = build_follow_ups(self.schedule, self.decisions, clock, self.eval_sets)
         self.adaptive_schedule = self.schedule.adaptive and self._follow_up(AdaptiveInterval).schedule
         self.best = self._follow_up(BestMetrics).best

@@ -206,7 +206,7 @@ def check_integrity(
         if f["status"] == FOUND and action is IntegrityAction.FAIL:
             level = logging.ERROR
         fields = {k: v for k, v in f.items() if k != "message"}
-        fields.update(action=action.value, run_id=recorder.run_id)
+        fields.update(action=action.value)
         recorder.event(trainer, "integrity", trainer.global_step, f["message"], level=level, **fields)
     if problems and action is IntegrityAction.FAIL:
         listed = "\n".join(f"- {p['message']}" for p in problems)

@@ -1,5 +1,5 @@
-"""How a round runs: on the training thread (`SyncRunner`) or in a worker process on a snapshot of
-the weights (`AsyncRunner`).
+"""How a round runs: on the training thread (`SyncRunner`) or in the background on a snapshot of
+the weights (`AsyncRunner`: in a worker process, or in a thread for rounds that wait on servers).
 
 The callback holds one runner and asks it three things: `submit` a round when a trigger fires,
 `poll` every step, `finish` at the end or before a checkpoint. Each call returns the rounds that
@@ -23,6 +23,7 @@ from areal_lightning.callbacks.async_evaluator import AsyncEvaluator, module_eva
 from areal_lightning.callbacks.choices import EvalMode, OnBusy
 from areal_lightning.callbacks.parallelism import refuse_for_async
 from areal_lightning.callbacks.progress_bar import trainer_progress
+from areal_lightning.callbacks.thread_evaluator import ThreadEvaluator, in_thread
 from areal_lightning.callbacks.trigger import Cause
 from areal_lightning.eval_round import EvalRoundError, EvalSet, EvaluateFn, SetResult, reduce_round, run_round
 from areal_lightning.eval_round.cache import ResultCache, cached_results
@@ -255,9 +256,14 @@ class AsyncRunner:
     mode = EvalMode.ASYNC
 
     def __init__(
-        self, evaluator: AsyncEvaluator, on_busy: OnBusy = OnBusy.SKIP, clock: Callable[[], float] = time.monotonic
+        self,
+        evaluator: AsyncEvaluator | ThreadEvaluator,
+        on_busy: OnBusy = OnBusy.SKIP,
+        clock: Callable[[], float] = time.monotonic,
+        evaluate_fn: EvaluateFn | None = None,
     ) -> None:
         self.evaluator = evaluator
+        self.evaluate_fn = evaluate_fn
         self.on_busy = on_busy
         self._clock = clock
         self._eval_sets: list[EvalSet] = []
@@ -269,6 +275,9 @@ class AsyncRunner:
 
     def setup(self, trainer: L.Trainer) -> None:
         refuse_for_async(trainer.strategy)
+        if in_thread(self.evaluate_fn, trainer.lightning_module) and isinstance(self.evaluator, AsyncEvaluator):
+            # Rounds that wait on servers need no worker process: a thread of this one runs them.
+            self.evaluator = ThreadEvaluator(self.evaluator.max_snapshot_mib)
         if trainer.state.fn == TrainerFn.FITTING:
             # Started now, the worker is ready when training starts and the first round falls due.
             modules = {type(m).__module__ for m in trainer.lightning_module.modules()} - {"__main__"}
@@ -350,9 +359,13 @@ class AsyncRunner:
         ]
 
 
-def make_runner(execution: Execution, clock: Callable[[], float] = time.monotonic) -> Runner:
-    """The runner of `execution.mode`: the one place that looks at the mode."""
+def make_runner(
+    execution: Execution, clock: Callable[[], float] = time.monotonic, evaluate_fn: EvaluateFn | None = None
+) -> Runner:
+    """The runner of `execution.mode`: the one place that looks at the mode. An async round runs in a
+    worker process, or in a thread where `evaluate_fn` (None: the module's ``evaluate``) waits on
+    servers (`thread_evaluator.in_thread`, decided when fit sets up)."""
     if execution.mode is EvalMode.ASYNC:
         evaluator = AsyncEvaluator(execution.async_device, execution.async_threads, execution.max_snapshot_mib)
-        return AsyncRunner(evaluator, execution.on_busy, clock)
+        return AsyncRunner(evaluator, execution.on_busy, clock, evaluate_fn)
     return SyncRunner(clock)

@@ -17,7 +17,6 @@ number of ranks: the same on 1, 2 or 3 ranks.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,18 +27,20 @@ from torch import nn
 
 from areal_lightning.errors import ArgumentError
 from areal_lightning.rl.engines.hf.policy import HFPolicy
-from areal_lightning.scoring import Score, ScoreLabels, ScoreStatus
+from areal_lightning.rl.grader_checks import (
+    DEFAULT_RUBRIC,
+    DEFAULT_VERDICT,
+    JUDGE_LABELS,
+    NEVER_DOWNLOADED,
+    RM_ACCEPTED,
+    classification_head_problem,
+    model_dir_problem,
+    template_problem,
+    verdict_pattern_problem,
+)
+from areal_lightning.scoring import Score, ScoreStatus
 
 CORRECT_REWARD = 1.0
-JUDGE_LABELS = ScoreLabels("judge", ("correct", "incorrect", "unparsed"), shares=True)
-"""The judge's verdicts, counted per round (with shares: ``judge/unparsed_share``)."""
-DEFAULT_RUBRIC = (
-    "You grade an answer to a question.\nQuestion: {prompt}\nReference answer: {answer}\n"
-    "Answer to grade: {completion}\nIs the answer correct? Reply with VERDICT: CORRECT or VERDICT: INCORRECT.\n"
-)
-"""The judge's prompt; ``{prompt}``, ``{completion}`` and ``{answer}`` are filled in."""
-DEFAULT_VERDICT = r"VERDICT:\s*(CORRECT|INCORRECT)"
-"""The verdict's pattern: its first group, compared with the judge's `correct_word`."""
 
 
 class RewardModelGrader(nn.Module):
@@ -95,41 +96,24 @@ class RewardModelGrader(nn.Module):
         return out
 
 
-RM_ACCEPTED = "a local directory of a model with a sequence-classification head (`...ForSequenceClassification`)"
-NEVER_DOWNLOADED = (
-    "graders never download models: save the model and tokenizer with `save_pretrained` "
-    "(or `huggingface-cli download NAME --local-dir DIR` on a machine with network) and pass that directory"
-)
-
-
 def _call(path: str | Path, owner: str = "RewardModelGrader", arg: str = "path") -> str:
     return f"`{owner}({arg}={str(path)!r})`"
 
 
 def _model_dir(owner: str, arg: str, path: str | Path) -> Path:
-    """`path` as a local directory holding a saved model (config.json); a hub name is refused, never fetched."""
-    directory = Path(path).expanduser()
-    if not directory.is_dir():
-        why = f"{_call(path, owner, arg)}: no such local directory; {NEVER_DOWNLOADED}"
+    """`path` as a local directory holding a saved model and tokenizer; a hub name is refused, never fetched."""
+    problem = model_dir_problem(path)
+    if problem is not None:
+        why = f"{_call(path, owner, arg)}: {problem}; {NEVER_DOWNLOADED}"
         raise ArgumentError(owner, arg, str(path), "a local model directory", why)
-    if not (directory / "config.json").is_file():
-        why = f"{_call(path, owner, arg)}: the directory has no config.json, so it holds no saved model; "
-        raise ArgumentError(owner, arg, str(path), "a local model directory", why + NEVER_DOWNLOADED)
-    return directory
+    return Path(path).expanduser()
 
 
 def _check_classification_head(directory: Path) -> None:
     """Refuses a model saved as anything but sequence classification (read from its config.json)."""
-    try:
-        architectures = json.loads((directory / "config.json").read_text()).get("architectures") or []
-    except (OSError, ValueError, AttributeError):
-        architectures = []
-    if not any(str(a).endswith("ForSequenceClassification") for a in architectures):
-        names = architectures or "no architecture"
-        why = (
-            f"{_call(directory)}: {RM_ACCEPTED}; its config.json names {names}, so the score head would be "
-            "random (a causal LM can be a judge: JudgeGrader)"
-        )
+    problem = classification_head_problem(directory)
+    if problem is not None:
+        why = f"{_call(directory)}: {RM_ACCEPTED}; {problem} (a causal LM can be a judge: JudgeGrader)"
         raise ArgumentError("RewardModelGrader", "path", str(directory), RM_ACCEPTED, why)
 
 
@@ -147,8 +131,8 @@ class JudgeGrader(nn.Module):
 
     Raises:
         ArgumentError: for a judge that is neither a policy nor a local model directory, a template
-            without its fields, a pattern without a group or that does not compile, or a token count
-            that is not a positive integer.
+            without its fields or with another one, a pattern without a group or that does not
+            compile, an empty `correct_word`, or a token count that is not a positive integer.
     """
 
     def __init__(
@@ -161,14 +145,15 @@ class JudgeGrader(nn.Module):
         max_new_tokens: int = 16,
     ) -> None:
         super().__init__()
-        if "{prompt}" not in template or "{completion}" not in template:
-            raise ArgumentError("JudgeGrader", "template", template, "a string containing {prompt} and {completion}")
-        try:
-            pattern = re.compile(verdict_pattern)
-        except re.error:
-            pattern = None
-        if pattern is None or pattern.groups < 1:
+        problem = template_problem(template)
+        if problem is not None:
+            accepted = "a string containing {prompt} and {completion}"
+            why = f"`JudgeGrader(template=...)` must be {accepted}: {problem}"
+            raise ArgumentError("JudgeGrader", "template", template, accepted, why)
+        if verdict_pattern_problem(verdict_pattern) is not None:
             raise ArgumentError("JudgeGrader", "verdict_pattern", verdict_pattern, "a regular expression with a group")
+        if not correct_word:
+            raise ArgumentError("JudgeGrader", "correct_word", correct_word, "a non-empty word")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ArgumentError("JudgeGrader", "max_new_tokens", max_new_tokens, "a positive integer")
         if isinstance(policy, str | Path):
@@ -176,7 +161,7 @@ class JudgeGrader(nn.Module):
         elif not (isinstance(policy, nn.Module) and callable(getattr(policy, "generate", None))):
             raise ArgumentError("JudgeGrader", "policy", policy, "an HFPolicy or the path of a local model directory")
         self.policy = policy.requires_grad_(False)
-        self.template, self.pattern, self.correct_word = template, pattern, correct_word.lower()
+        self.template, self.pattern, self.correct_word = template, re.compile(verdict_pattern), correct_word.lower()
         self.max_new_tokens = max_new_tokens
 
     @torch.no_grad()

@@ -27,6 +27,11 @@ RUN_ID_LENGTH = 8
 _RUN_ID_ALPHABET = string.ascii_lowercase + string.digits
 LEGACY_RUN_PREFIX = "legacy-"
 """`split_runs` names the runs of records without ``run_id`` ``legacy-1``, ``legacy-2``, ..."""
+STANDALONE_SOURCE = "standalone"
+"""The ``source`` of the records of ``areal-lightning evaluate`` (``--ckpt`` or ``--watch``): an
+evaluation of a checkpoint of the run named by their ``run_id``, not a round of its training."""
+LEGACY_STANDALONE_TRIGGER = "evaluate"
+"""The ``trigger`` that marks a standalone record in files written before the ``source`` field."""
 
 
 def new_run_id() -> str:
@@ -279,17 +284,40 @@ def event_rows(records: Iterable[Mapping[str, Any]], event: str | None = None) -
     return [dict(r) for r in records if "event" in r and (event is None or r["event"] == event)]
 
 
+def is_standalone(record: Mapping[str, Any]) -> bool:
+    """A record of ``areal-lightning evaluate`` (``--ckpt`` or ``--watch``) of one of its run's
+    checkpoints, not of training: ``source: "standalone"``; in a file written before records had a
+    ``source``, one whose ``trigger`` holds ``"evaluate"``.
+
+    Example:
+        >>> is_standalone({"source": "standalone"}), is_standalone({"trigger": ["evaluate"]})
+        (True, True)
+        >>> is_standalone({"source": "training", "trigger": ["steps"]}), is_standalone({"trigger": ["end"]})
+        (False, False)
+    """
+    source = record.get("source")
+    if source is not None:
+        return bool(source == STANDALONE_SOURCE)
+    trigger = record.get("trigger")
+    return LEGACY_STANDALONE_TRIGGER in ([trigger] if isinstance(trigger, str) else trigger or [])
+
+
 def split_runs(records: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """The records of each run, by ``run_id``, runs and records in file order.
 
     Records without a ``run_id`` (written before run ids existed) are cut into runs where an
     eval set's step repeats, as it does when a second run appends to the same file (steps 0, 5,
-    10, 0, 5, ...); those runs are named ``legacy-1``, ``legacy-2``, ...
+    10, 0, 5, ...); those runs are named ``legacy-1``, ``legacy-2``, ... A standalone evaluation
+    among them (`is_standalone`: ``evaluate`` of a checkpoint, whose step repeats a training
+    round's) cuts nothing: it goes with the run before it.
 
     Example:
         >>> recs = [{"step": s, "dataset": "easy", "metrics": {}} for s in (0, 5, 0, 5)]
         >>> {name: [r["step"] for r in rs] for name, rs in split_runs(recs).items()}
         {'legacy-1': [0, 5], 'legacy-2': [0, 5]}
+        >>> recs.insert(2, {"step": 5, "dataset": "easy", "metrics": {}, "trigger": ["evaluate"]})
+        >>> {name: [r["step"] for r in rs] for name, rs in split_runs(recs).items()}
+        {'legacy-1': [0, 5, 5], 'legacy-2': [0, 5]}
     """
     runs: dict[str, list[dict[str, Any]]] = {}
     legacy_count, legacy_seen = 0, set[tuple[Any, Any]]()
@@ -297,9 +325,10 @@ def split_runs(records: Iterable[Mapping[str, Any]]) -> dict[str, list[dict[str,
         run_id = record.get("run_id")
         if run_id is None:
             key = (record.get("dataset"), record.get("step"))
-            if legacy_count == 0 or ("event" not in record and key in legacy_seen):
+            training_round = "event" not in record and not is_standalone(record)
+            if legacy_count == 0 or (training_round and key in legacy_seen):
                 legacy_count, legacy_seen = legacy_count + 1, set()
-            if "event" not in record:
+            if training_round:
                 legacy_seen.add(key)
             run_id = f"{LEGACY_RUN_PREFIX}{legacy_count}"
         runs.setdefault(str(run_id), []).append(dict(record))

@@ -118,18 +118,18 @@ class EvalRecorder:
     def event(
         self, trainer: L.Trainer, kind: str, step: int, message: str, *, level: int = logging.WARNING, **fields: Any
     ) -> None:
-        """An event record with `fields`, and `message` in the log at `level`."""
+        """An event record with `fields` (and the run's id), and `message` in the log at `level`."""
         if not trainer.is_global_zero:
             return
         log.log(level, "%s", message)
-        self._append(event_record(kind, step, message=message, **fields))
+        self._append(event_record(kind, step, message=message, **{"run_id": self.run_id, **fields}))
 
     def drift(self, trainer: L.Trainer, step: int, dataset: str, message: str) -> None:
         """An eval set changed during the run: a Python warning (users filter it) and a record."""
         if not trainer.is_global_zero:
             return
         warnings.warn(message, stacklevel=3)
-        self._append(event_record("drift", step, dataset=dataset, message=message))
+        self._append(event_record("drift", step, dataset=dataset, message=message, run_id=self.run_id))
 
     def error(
         self,

@@ -10,14 +10,17 @@ from areal_lightning.viz.plot import (
     metric_names,
     plot_runs,
 )
+from areal_lightning.viz.runs import PlotNote, load_runs
 
 __all__ = [
     "DEFAULT_METRIC",
     "PlotError",
+    "PlotNote",
     "add_plot_arguments",
     "build_figure",
     "build_panels",
     "default_output",
+    "load_runs",
     "metric_names",
     "plot_main",
     "plot_panels",

@@ -9,6 +9,7 @@ import warnings
 from areal_lightning.tracking.history import HISTORY_FILENAME
 from areal_lightning.viz.panels import plot_panels
 from areal_lightning.viz.plot import DEFAULT_METRIC, PlotError, plot_runs
+from areal_lightning.viz.runs import PlotNote
 
 
 def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +34,8 @@ def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
 
 def plot_main(args: argparse.Namespace) -> int:
     """Run ``areal-lightning plot``: one metric's figure (`plot_runs`) or a panel per metric
-    (`plot_panels`); print the saved path, return 0; or print why, return 2."""
+    (`plot_panels`); print the saved path, return 0; or print why, return 2. Warnings and notes
+    (`PlotNote`: what the figure's rings are) go to stderr, before the path."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -47,6 +49,7 @@ def plot_main(args: argparse.Namespace) -> int:
         else:
             status, message = 0, str(path)
     for warning in caught:
-        print(f"areal-lightning plot: warning: {warning.message}", file=sys.stderr)
+        kind = "note" if issubclass(warning.category, PlotNote) else "warning"
+        print(f"areal-lightning plot: {kind}: {warning.message}", file=sys.stderr)
     print(message, file=sys.stderr if status else sys.stdout)
     return status

@@ -2,8 +2,11 @@
 
 One run: the metric of each eval set over training steps (a line per eval set). Several runs:
 the metric across runs (a line per run and eval set; colour = run, line style = eval set). Runs
-are told apart by ``run_id``: a directory whose history holds several runs (or standalone
-``evaluate`` records beside its training) is drawn as several runs, with a printed note.
+are told apart by ``run_id`` (`viz.runs`): a directory whose history holds several runs is drawn
+as several runs, with a printed warning. A run's standalone evaluations (``areal-lightning
+evaluate`` of its checkpoints: ``source: "standalone"``, the run's ``run_id``) are rings on the
+run's own line, in its colour, under one legend entry: never another run, another colour or
+another line's label.
 Where a history has ``<metric>/ci_low`` and ``<metric>/ci_high`` (our accuracy metric logs its
 Wilson interval there) the interval is a shaded band around the line.
 
@@ -27,9 +30,10 @@ import numpy as np
 if TYPE_CHECKING:  # matplotlib loads when a figure is drawn: `areal-lightning fit` parses its arguments without it
     from matplotlib.figure import Figure
 
-from areal_lightning.tracking.history import HISTORY_FILENAME, drop_superseded, eval_rows, read_history, split_runs
+from areal_lightning.tracking.history import eval_rows, is_standalone
 from areal_lightning.tracking.writable import option_problem
 from areal_lightning.viz.metric_groups import group_records
+from areal_lightning.viz.runs import PlotError as PlotError, load_runs as load_runs, run_names as run_names
 
 DEFAULT_METRIC = "accuracy"
 CI_LOW_SUFFIX = "/ci_low"
@@ -48,6 +52,12 @@ TITLE_MAX_RUNS = 3
 X_LABEL = "global step of evaluated weights"
 PALETTE_SIZE = 10
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+# A standalone evaluation: an open ring around the point, in the colour of its run's line.
+STANDALONE_MARKER = "o"
+STANDALONE_MARKER_SIZE = 2 * MARKER_SIZE
+STANDALONE_EDGE_WIDTH = 1.6
+STANDALONE_LABEL = "standalone evaluation"
+"""The legend entry of the rings; each ring's own label is hidden (``_evaluate <line label>``)."""
 LINE_STYLES = ("-", "--", ":", "-.")
 # Metrics that live in [0, 1]; their y axis is fixed to [0, 1] so curves from runs compare at a
 # glance. Matched against the metric name or its last "/" component.
@@ -56,13 +66,10 @@ UNIT_INTERVAL_METRIC = re.compile(
 )
 
 
-class PlotError(ValueError):
-    """Bad input to a plot: the message names what was wrong and what is accepted."""
-
-
 @dataclass(frozen=True)
 class Series:
-    """One curve: a metric of one eval set of one run over steps (NaN where missing)."""
+    """One curve: a metric of one eval set of one run over steps (NaN where missing); `standalone`:
+    the run's standalone evaluations of that eval set (drawn as rings), not its training rounds."""
 
     run: str
     dataset: str
@@ -70,6 +77,7 @@ class Series:
     values: np.ndarray
     ci_low: np.ndarray | None
     ci_high: np.ndarray | None
+    standalone: bool = False
 
 
 def _as_float(value: Any) -> float:
@@ -83,7 +91,9 @@ def metric_names(records: Sequence[Mapping[str, Any]]) -> list[str]:
     return sorted(n for n in names if not n.endswith((CI_LOW_SUFFIX, CI_HIGH_SUFFIX)))
 
 
-def metric_series(run: str, records: Sequence[Mapping[str, Any]], metric: str) -> list[Series]:
+def metric_series(
+    run: str, records: Sequence[Mapping[str, Any]], metric: str, *, standalone: bool = False
+) -> list[Series]:
     """A :class:`Series` per eval set that has ``metric``, eval sets in first-seen order.
 
     Where a step appears twice for one eval set (e.g. a resumed run evaluated it again) the
@@ -102,7 +112,7 @@ def metric_series(run: str, records: Sequence[Mapping[str, Any]], metric: str) -
         has_ci = any(low_key in rows[s] and high_key in rows[s] for s in steps)
         low = np.array([_as_float(rows[s].get(low_key)) for s in steps]) if has_ci else None
         high = np.array([_as_float(rows[s].get(high_key)) for s in steps]) if has_ci else None
-        series.append(Series(run, dataset, np.array(steps), values, low, high))
+        series.append(Series(run, dataset, np.array(steps), values, low, high, standalone))
     return series
 
 
@@ -133,7 +143,9 @@ def build_figure(runs: Mapping[str, Sequence[Mapping[str, Any]]], metric: str = 
 
     Returns:
         The Figure (Agg canvas attached): one Axes; a line labelled ``dataset`` (one run) or
-        ``"run: dataset"`` (several) per series; a shaded band per series with a CI.
+        ``"run: dataset"`` (several) per series; a shaded band per series with a CI. A run's
+        standalone evaluations (`is_standalone`) are rings in its line's colour, labelled
+        ``"_evaluate <label>"`` (hidden), under one legend entry ``standalone evaluation``.
 
     Raises:
         PlotError: no runs, a run without eval records, no run has ``metric``, or it has no
@@ -166,14 +178,19 @@ def _collect_series(runs: Mapping[str, Sequence[Mapping[str, Any]]], metric: str
     for name, records in runs.items():
         if not eval_rows(records):
             raise PlotError(f"run {name!r} has no eval records (only alerts / errors, or none)")
-    all_series: list[Series] = []
+    training: list[Series] = []
+    standalone: list[Series] = []
     for name, records in runs.items():
-        found = metric_series(name, records, metric) or metric_series(name, group_records(records, metric), metric)
-        if not found and len(runs) > 1:
+        of_training = _series_of(name, [r for r in records if not is_standalone(r)], metric, standalone=False)
+        of_standalone = _series_of(name, [r for r in records if is_standalone(r)], metric, standalone=True)
+        if not (of_training or of_standalone) and len(runs) > 1:
             warnings.warn(
                 f"run {name!r} has no metric {metric!r}; it is left out of the figure", UserWarning, stacklevel=3
             )
-        all_series.extend(found)
+        training.extend(of_training)
+        standalone.extend(of_standalone)
+    # Training lines first: an eval set's colour and line style do not change when an evaluate is added.
+    all_series = training + standalone
     if not all_series:
         available = sorted({m for records in runs.values() for m in metric_names(records)})
         close = difflib.get_close_matches(metric, available, n=3, cutoff=0.6)
@@ -188,16 +205,30 @@ def _collect_series(runs: Mapping[str, Sequence[Mapping[str, Any]]], metric: str
     return all_series
 
 
+def _series_of(name: str, records: Sequence[Mapping[str, Any]], metric: str, *, standalone: bool) -> list[Series]:
+    """`metric`'s series in `records`, or its group's (`group_records`) where it is not a metric."""
+    return metric_series(name, records, metric, standalone=standalone) or metric_series(
+        name, group_records(records, metric), metric, standalone=standalone
+    )
+
+
 def _draw_series(ax: Any, all_series: Sequence[Series], run_names: list[str], single: bool) -> None:
-    """A line (and a band where there is a CI) per series: colour per eval set (one run) or per run."""
+    """A line (and a band where there is a CI) per series: colour per eval set (one run) or per run.
+    Standalone evaluations are rings on their run's line; where the run has no training line of
+    the eval set (e.g. only `evaluate --watch` evaluated it), they are that line, ringed."""
     datasets = list(dict.fromkeys(s.dataset for s in all_series))
     palette = [f"C{i}" for i in range(PALETTE_SIZE)]  # matplotlib's default colour cycle
+    lined = {(s.run, s.dataset) for s in all_series if not s.standalone}
     for s in all_series:
         d_index, r_index = datasets.index(s.dataset), run_names.index(s.run)
         color = palette[(d_index if single else r_index) % len(palette)]
         style = "-" if single else LINE_STYLES[d_index % len(LINE_STYLES)]
         marker = MARKERS[d_index % len(MARKERS)]
         label = s.dataset if single else f"{s.run}: {s.dataset}"
+        if s.standalone:
+            _draw_rings(ax, s, color, label)
+            if (s.run, s.dataset) in lined:
+                continue
         # A marker per eval round, thinned on long runs so the line stays readable.
         every = max(1, math.ceil(len(s.steps) / MAX_MARKERS))
         ax.plot(
@@ -221,8 +252,26 @@ def _draw_series(ax: Any, all_series: Sequence[Series], run_names: list[str], si
             )
 
 
+def _draw_rings(ax: Any, s: Series, color: str, label: str) -> None:
+    """A ring around each of `s`'s points (standalone evaluations), above the line's own markers."""
+    ax.plot(
+        s.steps,
+        s.values,
+        linestyle="none",
+        marker=STANDALONE_MARKER,
+        markersize=STANDALONE_MARKER_SIZE,
+        markerfacecolor="none",
+        markeredgecolor=color,
+        markeredgewidth=STANDALONE_EDGE_WIDTH,
+        label=f"_evaluate {label}",
+        clip_on=False,
+        zorder=4,
+    )
+
+
 def _style_axes(ax: Any, metric: str, all_series: Sequence[Series], run_names: list[str], single: bool) -> None:
     """Title, labels, grid and the legend (outside the axes when it is long)."""
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
     from matplotlib.ticker import MaxNLocator
 
@@ -241,18 +290,16 @@ def _style_axes(ax: Any, metric: str, all_series: Sequence[Series], run_names: l
     if any(s.ci_low is not None for s in all_series):
         handles.append(Patch(facecolor="0.5", alpha=BAND_ALPHA * 2, label="confidence interval"))
         labels.append("confidence interval")
+    if any(s.standalone for s in all_series):
+        ring = Line2D([], [], linestyle="none", marker=STANDALONE_MARKER, markersize=STANDALONE_MARKER_SIZE)
+        ring.set(markerfacecolor="none", markeredgecolor="0.3", markeredgewidth=STANDALONE_EDGE_WIDTH)
+        handles.append(ring)
+        labels.append(STANDALONE_LABEL)
     legend_title = "eval set" if single else "run: eval set"
     if len(labels) <= LEGEND_INSIDE_MAX:
         ax.legend(handles, labels, title=legend_title, loc="best", frameon=False)
     else:
         ax.legend(handles, labels, title=legend_title, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-
-
-def run_names(run_dirs: Sequence[Path]) -> list[str]:
-    """A name per run dir: its name, or ``parent/name`` where names collide (else the path)."""
-    names = [d.name for d in run_dirs]
-    names = [f"{d.parent.name}/{d.name}" if names.count(n) > 1 else n for d, n in zip(run_dirs, names, strict=True)]
-    return [str(d) if names.count(n) > 1 else n for d, n in zip(run_dirs, names, strict=True)]
 
 
 def _metric_file_part(metric: str) -> str:
@@ -265,70 +312,6 @@ def default_output(run_dirs: Sequence[Path], metric: str) -> Path:
     if len(run_dirs) == 1:
         return run_dirs[0] / f"eval_{part}.png"
     return run_dirs[0].parent / f"compare_{part}.png"
-
-
-def _load_run(run_dir: Path) -> list[dict[str, Any]]:
-    accepted = f"pass the output_dir of a training run (it holds {HISTORY_FILENAME})"
-    if not run_dir.exists():
-        raise PlotError(f"run directory {str(run_dir)!r} does not exist; {accepted}")
-    if not run_dir.is_dir():
-        raise PlotError(f"{str(run_dir)!r} is not a directory; {accepted}")
-    history = run_dir / HISTORY_FILENAME
-    if not history.is_file():
-        raise PlotError(f"run directory {str(run_dir)!r} has no {HISTORY_FILENAME}; {accepted}")
-    try:
-        records = read_history(history)
-    except ValueError as err:
-        raise PlotError(str(err)) from None
-    if not eval_rows(records):
-        raise PlotError(
-            f"{str(history)!r} has no eval records (it is empty or holds only "
-            "alerts / errors); a run appends one per eval set per eval round"
-        )
-    return records
-
-
-def runs_in_history(name: str, records: Sequence[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """The runs one history holds, by plot name: `name` alone when it holds one, else
-    ``"<name> [<run_id>]"`` per run, and ``"<name> [<run_id> evaluate]"`` for a run's standalone
-    evaluations. A run's records that a resumption superseded are left out (`drop_superseded`).
-
-    Example:
-        >>> recs = [{"step": s, "dataset": "easy", "metrics": {}, "run_id": r} for r in ("a", "b") for s in (0, 5)]
-        >>> list(runs_in_history("trial0", recs))
-        ['trial0 [a]', 'trial0 [b]']
-    """
-    found: dict[str, list[dict[str, Any]]] = {}
-    for run_id, records_of_run in split_runs(records).items():
-        standalone = [r for r in records_of_run if r.get("source") == "standalone"]
-        training = drop_superseded([r for r in records_of_run if r.get("source") != "standalone"])
-        if eval_rows(training):
-            found[run_id] = training
-        if eval_rows(standalone):
-            found[f"{run_id} evaluate"] = standalone
-    if len(found) == 1:
-        return {name: next(iter(found.values()))}
-    return {f"{name} [{key}]": run_records for key, run_records in found.items()}
-
-
-def load_runs(run_dirs: Sequence[Path]) -> dict[str, list[dict[str, Any]]]:
-    """The runs of every directory's history, by plot name (see `runs_in_history`); a directory
-    that holds several runs is named in a `UserWarning` (the CLI prints it).
-
-    Raises:
-        PlotError: a directory is missing or has no eval records.
-    """
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for name, d in zip(run_names([d.resolve() for d in run_dirs]), run_dirs, strict=True):
-        found = runs_in_history(name, _load_run(d))
-        if len(found) > 1:
-            warnings.warn(
-                f"{str(d)!r} holds {len(found)} runs ({', '.join(found)}); each is drawn as its own line",
-                UserWarning,
-                stacklevel=2,
-            )
-        runs.update(found)
-    return runs
 
 
 def plot_runs(run_dirs: Sequence[str | Path], metric: str = DEFAULT_METRIC, out: str | Path | None = None) -> Path:

@@ -127,11 +127,14 @@ def _encoder(tokenizer: Any) -> Any:
 
 def _check_length(policy: Any, contexts: Sequence[list[int]], max_new_tokens: int, turn: int) -> None:
     max_len = getattr(policy, "max_len", None)
+    # Where the limit comes from, in the words of what the user raises (a server engine names its servers').
+    limit = getattr(policy, "max_len_name", None)
+    what, key = ("the policy's max_len", "policy.max_len") if limit is None else (limit, limit)
     needed = max(len(c) for c in contexts) + max_new_tokens
     if isinstance(max_len, int) and needed > max_len:
         raise ValueError(
             f"turn {turn + 1} of an episode needs {needed} tokens (the conversation so far plus max_new_tokens="
-            f"{max_new_tokens}), more than the policy's max_len={max_len}; raise policy.max_len or lower "
+            f"{max_new_tokens}), more than {what}={max_len}; raise {key} or lower "
             "episodes.max_turns or max_new_tokens"
         )
 

@@ -143,6 +143,15 @@ async def server_version(fleet: Fleet, url: str) -> str:
     return str(answer)
 
 
+async def served_max_len(fleet: Fleet, url: str) -> int | None:
+    """The longest sequence (prompt and completion) the server at `url` takes for the served model:
+    ``max_model_len`` of its ``/v1/models`` entry; None where it does not say."""
+    answer = await fleet.request("GET", url, "/v1/models", ADMIN_TIMEOUT_S)
+    entries = answer.get("data", []) if isinstance(answer, dict) else []
+    lengths = [e.get("max_model_len") for e in entries if isinstance(e, dict) and e.get("id") == fleet.options.model]
+    return int(lengths[0]) if lengths and isinstance(lengths[0], int) else None
+
+
 async def server_checksums(fleet: Fleet, url: str) -> dict[str, str] | None:
     """vLLM's per-parameter checksums of the weights the server holds (None for SGLang: it has none)."""
     if fleet.options.kind is ServerKind.SGLANG:
