@@ -42,6 +42,7 @@ def _command(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str,
     os.setsid()
     os.environ.clear()
     os.environ.update(env)
+    tempfile.tempdir = None  # the server read TMPDIR once; the command reads its own, as a fresh process does
     os.chdir(cwd)
     for fd, path in ((1, out), (2, err)):
         os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)

@@ -1,5 +1,6 @@
-"""Tiny random-weight `transformers` causal LMs and tokenizers built in the test, and small
-GSM8K-format files: nothing is downloaded."""
+"""Tiny random-weight `transformers` models built in the test (the causal LM and the reward model
+are the package's own, `rl/engines/hf/tiny_model.py`, which `areal-lightning tiny-model` writes),
+a tiny LLaVA, and small GSM8K- and Geometry3K-format files: nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -8,72 +9,17 @@ from pathlib import Path
 
 import torch
 
-TEXTS = [
-    "Question: Tom has 3 apples and buys 5 more. How many apples does he have?\nAnswer: 3 + 5 = 8 #### 8",
-    "Question: What is 12 + 30?\nAnswer: The answer is 42. #### 42",
-    "<user> <assistant> <system> Please reason step by step, and put your final answer within \\boxed{}.",
-    "0123456789 + - * / = $ , . ? ! dollars cents",
+from areal_lightning.rl.engines.hf.tiny_model import save_tiny_llama, save_tiny_reward_model, tiny_tokenizer
+
+__all__ = [
+    "save_tiny_llama",
+    "save_tiny_llava",
+    "save_tiny_reward_model",
+    "tiny_tokenizer",
+    "write_geometry3k",
+    "write_gsm8k",
 ]
-SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"
-    "{% if add_generation_prompt %}<assistant> {% endif %}"
-)
 PROBLEMS = [(a, b) for a in range(1, 6) for b in range(1, 5)]  # one-digit sums: a random model hits some
-
-
-def tiny_tokenizer(vocab_size: int = 80):
-    """A byte-level-free BPE tokenizer trained on a few lines, with a chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    tok.train_from_iterator(
-        TEXTS, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False)
-    )
-    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
-
-
-def save_tiny_llama(
-    path: Path, *, seed: int = 0, hidden: int = 32, layers: int = 2, digit_bias: float = 1.0, max_positions: int = 256
-) -> Path:
-    """A random-weight Llama and its tokenizer, saved with save_pretrained to `path`.
-
-    `digit_bias` > 1 scales the output rows of the digit tokens, so that random
-    completions are often short numbers: some right, some wrong, so rewards vary within a group.
-    """
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tok = tiny_tokenizer()
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=max_positions,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        initializer_range=0.1,
-    )
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():  # EOS likely enough that some completions end early, not all
-        model.lm_head.weight[2] *= 2
-        digits = tok.convert_tokens_to_ids(list("0123456789"))
-        model.lm_head.weight[digits] *= digit_bias
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 def write_gsm8k(path: Path, n: int, *, offset: int = 0) -> Path:

@@ -21,7 +21,7 @@ from hf_models import save_tiny_llama
 
 from areal_lightning.tracking.history import eval_rows, read_history
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "code" / "humaneval_grpo.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "areal_lightning" / "app" / "configs" / "code_grpo.yaml"
 MAX_STEPS = 2
 STATUSES = ("passed", "failed", "timeout", "crashed", "syntax_error", "out_of_memory")
 

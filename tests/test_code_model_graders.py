@@ -12,25 +12,11 @@ import torch
 
 pytest.importorskip("transformers")
 from ddp_utils import run_ddp
-from hf_models import save_tiny_llama, tiny_tokenizer, write_gsm8k
+from hf_models import save_tiny_llama, save_tiny_reward_model, write_gsm8k
 
 from areal_lightning.errors import ArgumentError
 
 PROMPTS, SAMPLES = 4, 3
-
-
-def save_tiny_reward_model(path: Path, seed: int = 0) -> Path:
-    from transformers import LlamaConfig, LlamaForSequenceClassification
-
-    tok = tiny_tokenizer()
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, num_labels=1,
-    )  # fmt: skip
-    LlamaForSequenceClassification(config).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 def build(tmp: Path, grader: str) -> tuple[Any, Any]:

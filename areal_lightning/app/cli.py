@@ -1,4 +1,4 @@
-"""`areal-lightning fit | evaluate | plot | example` (also `python -m areal_lightning`)."""
+"""`areal-lightning fit | evaluate | plot | example | tiny-model` (also `python -m areal_lightning`)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     from areal_lightning.app.evaluate import add_evaluate_arguments
     from areal_lightning.app.example_configs import add_example_arguments, example_main
     from areal_lightning.app.fit import add_fit_arguments, fit_main
+    from areal_lightning.app.tiny_model_command import add_tiny_model_arguments, tiny_model_main
     from areal_lightning.app.watch_checkpoints import add_watch_arguments, evaluate_command
     from areal_lightning.viz.command import add_plot_arguments, plot_main
 
@@ -49,12 +50,22 @@ def build_parser() -> argparse.ArgumentParser:
     example = sub.add_parser("example", help="print or write a packaged example config")
     add_example_arguments(example)
     example.set_defaults(main=example_main)
+    tiny = sub.add_parser("tiny-model", help="write a tiny random-weight Hugging Face model to try a config with")
+    add_tiny_model_arguments(tiny)
+    tiny.set_defaults(main=tiny_model_main)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.main(args))
+    try:
+        return int(args.main(args))
+    finally:
+        # The code task's sandbox workers stop and their directories go now, not in a finalizer
+        # that a process ending with os._exit (a forked one, a launched rank) never runs.
+        pool = sys.modules.get("areal_lightning.scoring.sandbox.pool")
+        if pool is not None:
+            pool.close_all()
 
 
 if __name__ == "__main__":

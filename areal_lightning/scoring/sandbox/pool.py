@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from areal_lightning.scoring.sandbox.worker import WORKER_GRACE_S, read_message,
 
 WORKER_START_S = 60.0
 """How long a worker may take to start and answer (imports included) beyond a program's own limit."""
-__all__ = ["Sandbox", "grade_program", "program_with_tests", "run_program"]
+__all__ = ["Sandbox", "close_all", "grade_program", "program_with_tests", "run_program"]
 
 
 def _clean_environment(base: str) -> dict[str, str]:
@@ -163,6 +164,7 @@ class Sandbox:
 
     def close(self) -> None:
         """Stops the workers and removes their directory (they start again on the next call)."""
+        _STARTED.pop(self, None)
         pool, self._pool = self._pool, []
         for worker in pool:
             worker.close()
@@ -196,6 +198,7 @@ class Sandbox:
         if self._base is None:
             self._base = tempfile.mkdtemp(prefix="areal-sandbox-", dir=self.directory)
             os.chmod(self._base, 0o711)  # workers' directories can be entered, not listed
+            _STARTED[self] = os.getpid()
         while len(self._pool) < n:
             self._pool.append(_Worker(self._base, self.sandbox_uid, self.limits.max_disk_bytes))
 
@@ -228,6 +231,28 @@ class Sandbox:
                     assert self._base is not None
                     self._pool[slot] = _Worker(self._base, self.sandbox_uid, self.limits.max_disk_bytes)
         return [r for r in out if r is not None]
+
+
+_STARTED: weakref.WeakKeyDictionary[Sandbox, int] = weakref.WeakKeyDictionary()
+"""The sandboxes whose workers' directory exists, and the process that made it (a forked copy is
+not its owner: its workers are the parent's)."""
+
+
+def close_all() -> None:
+    """Closes every sandbox of this process that has started workers: they stop and their
+    directories go. The commands call it before they return, so that a process that ends without
+    running finalizers (`os._exit`, as a forked one does) leaves nothing behind.
+
+    Example:
+        >>> box = Sandbox()
+        >>> box.run("print(1)").passed, os.path.isdir(box._base)  # doctest: +SKIP
+        (True, True)
+        >>> close_all(); box._base is None  # doctest: +SKIP
+        True
+    """
+    for sandbox, owner in list(_STARTED.items()):
+        if owner == os.getpid():
+            sandbox.close()
 
 
 def _read_report(worker: _Worker) -> dict[str, Any]:
