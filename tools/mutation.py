@@ -162,6 +162,40 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/test_watch_loop.py",
         ],
     ),
+    # the last wave: the sandbox, the integrity checks, episodes, the code task, completion
+    # statistics, the prompt story, selection, packing
+    # The sandbox's pool runs in the test process; its worker, isolation and process code run only
+    # in the worker processes the pool starts (not here: see docs/development.md).
+    "sandbox_pool": (
+        "areal_lightning/scoring/sandbox/pool.py",
+        ["tests/test_sandbox.py", "tests/test_sandbox_hostile.py::test_the_wall_clock_holds_measured_from_outside"],
+    ),
+    "sandbox_results": ("areal_lightning/scoring/sandbox/results.py", ["tests/test_sandbox.py"]),
+    "integrity_checks": ("areal_lightning/callbacks/integrity_checks.py", ["tests/test_integrity.py"]),
+    "integrity": ("areal_lightning/callbacks/integrity.py", ["tests/test_integrity.py"]),
+    "episode_metrics": (
+        "areal_lightning/rl/episodes/metrics.py",
+        [
+            "tests/test_episode_eval.py",
+            "tests/test_episodes.py::test_episode_metric_names_are_accepted_in_thresholds",
+        ],
+    ),
+    "episode_runner": ("areal_lightning/rl/episodes/runner.py", ["tests/test_episodes.py"]),
+    "episode_settings": ("areal_lightning/rl/episodes/settings.py", ["tests/test_episodes.py"]),
+    # the code task grades in the sandbox: its tests start sandbox workers (a second or so each)
+    "code_task": ("areal_lightning/tasks/code.py", ["tests/test_code_task.py", "tests/test_code_config.py"]),
+    "completion": ("areal_lightning/metrics/completion.py", ["tests/test_completion_stats.py"]),
+    "completion_stats": (
+        "areal_lightning/rl/completion_stats.py",
+        [
+            "tests/test_completion_stats.py",
+            "tests/test_round_statistics.py::test_a_round_reports_completions_and_every_k",
+            "tests/test_round_statistics.py::test_token_scores_can_be_switched_off_per_eval_set",
+        ],
+    ),
+    "prompt_story": ("areal_lightning/callbacks/prompt_story.py", ["tests/test_prompt_story.py"]),
+    "selection": ("areal_lightning/callbacks/selection.py", ["tests/test_selection_rules.py"]),
+    "packing": ("areal_lightning/eval_round/packing.py", ["tests/test_packing.py"]),
 }
 
 # Functions that run only in a process the tests start (a spawned worker): mutmut records which
