@@ -170,7 +170,10 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "areal_lightning/scoring/sandbox/pool.py",
         ["tests/test_sandbox.py", "tests/test_sandbox_hostile.py::test_the_wall_clock_holds_measured_from_outside"],
     ),
-    "sandbox_results": ("areal_lightning/scoring/sandbox/results.py", ["tests/test_sandbox.py"]),
+    "sandbox_results": (
+        "areal_lightning/scoring/sandbox/results.py",
+        ["tests/test_sandbox_limits.py", "tests/test_sandbox.py"],
+    ),
     "integrity_checks": (
         "areal_lightning/callbacks/integrity_checks.py",
         [
