@@ -194,6 +194,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "episode_metrics": (
         "areal_lightning/rl/episodes/metrics.py",
         [
+            "tests/test_episode_metrics.py",
             "tests/test_episode_eval.py",
             "tests/test_episodes.py::test_episode_metric_names_are_accepted_in_thresholds",
         ],
