@@ -201,8 +201,12 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     ),
     "episode_runner": ("areal_lightning/rl/episodes/runner.py", ["tests/test_episodes.py"]),
     "episode_settings": ("areal_lightning/rl/episodes/settings.py", ["tests/test_episodes.py"]),
-    # the code task grades in the sandbox: its tests start sandbox workers (a second or so each)
-    "code_task": ("areal_lightning/tasks/code.py", ["tests/test_code_task.py", "tests/test_code_config.py"]),
+    # the code task's prompts and programs without a sandbox first; then its grading, whose tests
+    # start sandbox workers (a second or so each)
+    "code_task": (
+        "areal_lightning/tasks/code.py",
+        ["tests/test_code_prompts.py", "tests/test_code_task.py", "tests/test_code_config.py"],
+    ),
     "completion": ("areal_lightning/metrics/completion.py", ["tests/test_completion_stats.py"]),
     "completion_stats": (
         "areal_lightning/rl/completion_stats.py",
