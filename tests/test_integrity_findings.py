@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from areal_lightning.callbacks.integrity import integrity_findings, sample_prompt
-from areal_lightning.callbacks.integrity_checks import DUPLICATES_OPTION
+from areal_lightning.callbacks.integrity_checks import DUPLICATES_OPTION, find_overlap
 from areal_lightning.eval_round import EvalSet
 
 
@@ -185,3 +185,10 @@ def test_a_samples_prompt_is_the_string_its_prompt_key_or_attribute_or_its_text(
     assert sample_prompt({"question": "q"}) == "{'question': 'q'}"
     assert sample_prompt(Problem("p", "a", "t")) == "p"
     assert sample_prompt(2.5) == "2.5"
+
+
+def test_the_overlap_check_takes_its_n_for_both_sides() -> None:
+    overlap = find_overlap(["the cat sat on the mat"], ["a cat sat on a chair", "the cat ran"], n=3)
+    assert (overlap.exact, overlap.ngram) == ([], [0])
+    assert (overlap.examples[0]["match"], overlap.examples[0]["ngram"]) == ("3-gram", "cat sat on")
+    assert find_overlap(["the cat sat on the mat"], ["a cat sat on a chair"]).found == 0  # 13 words by default
