@@ -245,3 +245,21 @@ def test_what_a_rule_lacks_is_said_in_full(rule: str, message: str) -> None:
     with pytest.raises(NoiseUnknownError) as err:
         is_new_best(Candidate(0.5), Candidate(0.4, {0: 1.0}), Direction.MAX, SelectionRule(rule), metric="pass@4")
     assert str(err.value) == message
+
+
+def test_a_lower_is_better_metric_under_point_and_paired_and_its_ties() -> None:
+    assert is_new_best(Candidate(0.2), Candidate(0.3), Direction.MIN, SelectionRule.POINT)
+    assert not is_new_best(Candidate(0.4), Candidate(0.3), Direction.MIN, SelectionRule.POINT)
+    assert not is_new_best(Candidate(0.3), Candidate(0.3), Direction.MIN, SelectionRule.POINT)  # a tie
+    same = _candidate(10)
+    for direction in Direction:  # the same outcomes: a change of exactly 0 is no gain
+        assert not is_new_best(same, _candidate(10), direction, SelectionRule.PAIRED)
+    # A slightly higher loss, its change's interval (0.11 .. 0.27) above 0 and below 1: no new best.
+    loss = {i: float(i % 2) for i in range(PROMPTS)}
+    higher = {i: v + 0.2 * (i % 3) for i, v in loss.items()}
+    assert not is_new_best(Candidate(0.7, higher), Candidate(0.5, loss), Direction.MIN, SelectionRule.PAIRED)
+
+
+def test_without_a_metric_name_the_message_says_metric() -> None:
+    with pytest.raises(NoiseUnknownError, match=r"^best_rule=lcb needs the interval of 'metric': "):
+        is_new_best(Candidate(0.5), None, Direction.MAX, SelectionRule.LCB)
