@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from areal_lightning.callbacks.integrity import integrity_findings, sample_prompt
-from areal_lightning.callbacks.integrity_checks import DUPLICATES_OPTION, find_overlap
+from areal_lightning.callbacks.integrity_checks import DUPLICATES_OPTION, find_overlap, grade_nulls, grade_references
 from areal_lightning.eval_round import EvalSet
 
 
@@ -192,3 +192,20 @@ def test_the_overlap_check_takes_its_n_for_both_sides() -> None:
     assert (overlap.exact, overlap.ngram) == ([], [0])
     assert (overlap.examples[0]["match"], overlap.examples[0]["ngram"]) == ("3-gram", "cat sat on")
     assert find_overlap(["the cat sat on the mat"], ["a cat sat on a chair"]).found == 0  # 13 words by default
+
+
+def test_long_prompts_are_clipped_in_examples_and_five_examples_are_shown() -> None:
+    long = "word " * 80  # 400 characters
+    overlap = find_overlap([long, *[f"p{i}" for i in range(7)]], [long, *[f"p{i}" for i in range(7)]])
+    assert overlap.found == 8 and len(overlap.examples) == 5  # every match counted, five shown
+    assert overlap.examples[0]["prompt"] == long[:300] + "..." == overlap.examples[0]["train_prompt"]
+    exactly = "x" * 300
+    assert find_overlap([exactly], [exactly]).examples[0]["prompt"] == exactly  # 300 characters: whole
+
+
+def test_the_grader_is_not_asked_when_no_sample_has_a_completion_to_grade() -> None:
+    def grader(completions: Sequence[str], samples: Sequence[Any]) -> list[bool]:
+        raise AssertionError("called with nothing to grade")
+
+    assert grade_nulls(["a", "b"], lambda s: None, grader).graded == 0
+    assert grade_references(["a", "b"], lambda s: None, grader).no_reference == 2
