@@ -85,3 +85,28 @@ def test_a_compute_that_raises_still_gives_the_metric_its_own_sync_back() -> Non
         compute_replayed(metric, [[]])
     assert (metric.dist_sync_fn, metric.distributed_available_fn) == own
     assert metric.compute().item() == 1.0
+
+
+class _ThreeStates(Metric):
+    """Three states, each reduced its own way: a replay must answer each gather with its own state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("total", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("high", torch.full((), -math.inf, dtype=torch.float64), dist_reduce_fx="max")
+        self.add_state("low", torch.full((), math.inf, dtype=torch.float64), dist_reduce_fx="min")
+
+    def update(self, values: torch.Tensor) -> None:
+        self.total += values.sum()
+        self.high = torch.maximum(self.high, values.max())
+        self.low = torch.minimum(self.low, values.min())
+
+    def compute(self) -> tuple[float, float, float]:
+        return self.total.item(), self.high.item(), self.low.item()
+
+
+def test_each_state_of_a_metric_is_replayed_in_its_own_place() -> None:
+    ranks = [_union(_ThreeStates, [p]) for p in (torch.tensor([1.0, 5.0]), torch.tensor([-2.0, 3.0]))]
+    per_rank = [unpack_states(pack_states(record_states(m)), None) for m in ranks]
+    assert [len(states) for states in per_rank] == [3, 3]
+    assert compute_replayed(ranks[1], per_rank) == (7.0, 5.0, -2.0)

@@ -355,6 +355,7 @@ def _pyproject(module_path: str, tests: list[str]) -> str:
         "",
         "[tool.mutmut]",
         'source_paths = ["areal_lightning"]',
+        'also_copy = ["docs"]',  # tests that check a documented value read docs/
         f"only_mutate = {json.dumps([module_path])}",
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
         f"pytest_add_cli_args = {json.dumps(PYTEST_ARGS)}",
@@ -418,6 +419,7 @@ def run_module(name: str, mutmut: Path, max_children: int) -> ModuleResult:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(ROOT / "areal_lightning", work / "areal_lightning", ignore=ignore)
     shutil.copytree(ROOT / "tests", work / "tests", ignore=ignore)
+    shutil.copytree(ROOT / "docs", work / "docs", ignore=ignore)
     (work / "pyproject.toml").write_text(_pyproject(module_path, tests), encoding="utf-8")
 
     start = time.monotonic()
@@ -589,7 +591,7 @@ def _refresh_scratch(work: Path) -> None:
     """The checkout's package and tests copied over the scratch copy's (the run's). A mutant whose
     function changed since the run is then found stale when it is written in (`_mutant_in_scratch`)."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for part in ("areal_lightning", "tests"):
+    for part in ("areal_lightning", "tests", "docs"):
         shutil.copytree(ROOT / part, work / part, ignore=ignore, dirs_exist_ok=True)
 
 
