@@ -263,3 +263,14 @@ def test_a_lower_is_better_metric_under_point_and_paired_and_its_ties() -> None:
 def test_without_a_metric_name_the_message_says_metric() -> None:
     with pytest.raises(NoiseUnknownError, match=r"^best_rule=lcb needs the interval of 'metric': "):
         is_new_best(Candidate(0.5), None, Direction.MAX, SelectionRule.LCB)
+
+
+def test_lcb_against_a_best_of_one_prompt_and_its_ties_and_a_best_without_an_interval() -> None:
+    one_prompt = Candidate(1.0, {0: 1.0})  # no spread to bound: any bound beats it
+    two = Candidate(0.5, {0: 1.0, 1: 0.0})
+    assert is_new_best(two, one_prompt, Direction.MAX, SelectionRule.LCB)
+    assert not is_new_best(Candidate(1.0, {3: 1.0}), one_prompt, Direction.MAX, SelectionRule.LCB)
+    for direction in Direction:  # the same bound: a tie keeps the earlier round
+        assert not is_new_best(_candidate(10), _candidate(10), direction, SelectionRule.LCB)
+    with pytest.raises(NoiseUnknownError, match=r"^best_rule=lcb needs the interval of 'loss': "):
+        is_new_best(two, Candidate(0.4), Direction.MIN, SelectionRule.LCB, metric="loss")
