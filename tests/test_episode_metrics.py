@@ -81,3 +81,12 @@ def test_the_names_a_config_may_name_are_those_the_metrics_log() -> None:
         assert expected in names, expected
     assert "pass@2" not in names and "success@3" not in names and "turn3/completion/truncated" not in names
     assert not any(n.startswith("tool/") for n in episode_metric_names(3, 2, False))
+
+
+def test_success_within_takes_the_accuracy_metrics_options() -> None:
+    wide, narrow = SuccessWithin(2), SuccessWithin(2, confidence=0.5)
+    for metric in (wide, narrow):
+        metric.update(torch.tensor([1, 0, 2, 3]))
+    w, n = wide.compute(), narrow.compute()
+    assert w["success@2"] == n["success@2"] == 0.5
+    assert w["ci_low"] < n["ci_low"] < 0.5 < n["ci_high"] < w["ci_high"]
