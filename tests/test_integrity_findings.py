@@ -97,6 +97,7 @@ def test_each_problem_is_found_and_its_message_names_rows_and_examples() -> None
         "nothing, and every program passes them"
     )
     assert found["vacuous"]["task_ids"] == [f"t/{i}" for i in range(11)]
+    assert [e["index"] for e in found["gold"]["examples"]] == [0, 1, 2, 3, 4]  # five examples of 11 rows
     assert found["duplicates"]["message"] == (
         "eval set 'sums': 1 of its 12 samples repeat an earlier prompt (#11 (= #0)): each counts once per sample "
         "in num_prompts and the intervals; give each prompt once"
@@ -171,6 +172,10 @@ def test_a_check_that_raises_and_unreadable_training_prompts_are_findings() -> N
     assert (first["check"], first["dataset"], first["status"]) == ("overlap", None, "found")
     assert first["message"] == "reading the training prompts raised OSError: no such file"
     assert [f["check"] for f in findings].count("overlap") == 1  # once, not once per set
+    vacuous = next(f for f in findings if f["check"] == "vacuous")
+    assert vacuous["message"] == (
+        "eval set 'one': the vacuous check raised ValueError: the grader returned 0 verdicts for 1 null programs"
+    )
     gold = next(f for f in findings if f["check"] == "gold")
     assert (gold["dataset"], gold["status"], gold["message"]) == (
         "one",
