@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from areal_lightning.metrics.constants import NO_ANSWER
+from areal_lightning.scoring import SandboxLimits
 from areal_lightning.tasks.code import CodePromptStyle, CodeTask, null_program
 from areal_lightning.tasks.code_problems import problem_from_row
 
-HEADER = 'import math\n\n\ndef root(x: float) -> float:\n    """The square root of x."""\n'
+HEADER = 'import math\nfrom typing import Final\n\n\ndef root(x: float) -> float:\n    """The square root of x."""\n'
 HUMANEVAL_ROW = {
     "task_id": "mine/0",
     "prompt": HEADER,
@@ -60,9 +61,9 @@ def test_the_instruction_style_asks_for_a_code_block_and_runs_its_last_block(tmp
     assert task.reference_completion(sample) == "```python\n" + HEADER + "    return math.sqrt(x)\n\n```"
     assert task.null_completion(sample) == "```python\n" + HEADER + "    return None\n```"
     # the header's imports go before the answer's program: a program that forgot them still runs
-    assert json.loads(sample.answer)["prefix"] == "import math\n"
+    assert json.loads(sample.answer)["prefix"] == "import math\nfrom typing import Final\n"
     answer = "First:\n```python\nwrong = 1\n```\nThen:\n```python\ndef root(x):\n    return x\n```\nDone."
-    assert task.program(answer, sample.answer) == "import math\ndef root(x):\n    return x\n"
+    assert task.program(answer, sample.answer) == "import math\nfrom typing import Final\ndef root(x):\n    return x\n"
     assert task.program("def root(x): return x", sample.answer) is None
 
 
@@ -109,4 +110,17 @@ def test_answer_ids_group_a_program_whatever_its_blanks_and_chat(tmp_path: Path)
     assert chat.answer_id("no code at all") == chat.answer_id("```python\n   \n```") == NO_ANSWER
     plain = _task(tmp_path, HUMANEVAL_ROW)
     assert plain.answer_id("\n\n") == NO_ANSWER and plain.answer_id("x = 1") == one
+    assert plain.answer_id("if x:\n    y = 1") != plain.answer_id("if x:\ny = 1")  # indentation is syntax
     assert 0 <= one < 2**56  # seven bytes: an id every rank computes alike
+
+
+def test_the_sandbox_the_source_and_samples_without_a_reference(tmp_path: Path) -> None:
+    # no program runs: a task starts its sandbox's workers when it first grades
+    default, three = _task(tmp_path, MBPP_ROW), _task(tmp_path, MBPP_ROW, workers=3, limits=SandboxLimits(wall_s=2.0))
+    assert (default.sandbox.workers, three.sandbox.workers, three.sandbox.limits.wall_s) == (1, 3, 2.0)
+    assert CodeTask("humaneval").samples()[0].stratum == "humaneval"
+    unsolved = {k: v for k, v in HUMANEVAL_ROW.items() if k != "canonical_solution"}
+    for style in ("completion", "instruction"):
+        (sample,) = _task(tmp_path, unsolved, prompt_style=style).samples()
+        assert sample.reference is None
+    assert default.reference_completion(object()) is None and default.null_completion(object()) is None
