@@ -206,3 +206,71 @@ def test_a_changed_eval_set_is_compared_by_value_once_then_by_the_rule() -> None
     _run(best, [10])
     best.reset("easy")  # its content changed: the kept outcomes are of other prompts
     assert _run(best, [11, 12, 19], first_step=1) == [2, 2, 6]
+
+
+def test_two_prompts_have_an_interval_and_nan_outcomes_are_not_prompts() -> None:
+    low, high = prompt_interval({0: 1.0, 1: math.nan, 2: 0.0}, 0.9)
+    reference = stats.t.interval(0.9, 1, loc=0.5, scale=stats.sem([1.0, 0.0]))
+    assert (low, high) == pytest.approx(reference, abs=1e-12)
+    assert all(math.isnan(b) for b in prompt_interval({0: 1.0, 1: math.nan}, 0.9))
+
+
+def test_lcb_of_a_lower_is_better_metric_ranks_by_the_published_upper_bound() -> None:
+    # Lower loss is better: the narrow round's upper bound (0.65) beats the wide one's (0.9), though
+    # its lower bound does not.
+    narrow, wide = Candidate(0.6, None, 0.55, 0.65), Candidate(0.5, None, 0.1, 0.9)
+    assert is_new_best(narrow, wide, Direction.MIN, SelectionRule.LCB)
+    assert not is_new_best(wide, narrow, Direction.MIN, SelectionRule.LCB)
+    # A metric that publishes only the bound the direction needs is ranked by it.
+    assert is_new_best(Candidate(0.6, None, 0.5), Candidate(0.7, None, 0.4), Direction.MAX, SelectionRule.LCB)
+
+
+@pytest.mark.parametrize(
+    ("rule", "message"),
+    [
+        (
+            "lcb",
+            "best_rule=lcb needs the interval of 'pass@4': per-prompt outcomes (evaluate_fn records them with "
+            "ctx.record_outcomes('pass@4', ...)) or pass@4/ci_low and pass@4/ci_high among its metrics; record one, "
+            "or use best_rule=point",
+        ),
+        (
+            "paired",
+            "best_rule=paired needs the per-prompt outcomes of 'pass@4' (evaluate_fn records them with "
+            "ctx.record_outcomes('pass@4', ...)); record them, or use best_rule=point or lcb",
+        ),
+    ],
+)
+def test_what_a_rule_lacks_is_said_in_full(rule: str, message: str) -> None:
+    with pytest.raises(NoiseUnknownError) as err:
+        is_new_best(Candidate(0.5), Candidate(0.4, {0: 1.0}), Direction.MAX, SelectionRule(rule), metric="pass@4")
+    assert str(err.value) == message
+
+
+def test_a_lower_is_better_metric_under_point_and_paired_and_its_ties() -> None:
+    assert is_new_best(Candidate(0.2), Candidate(0.3), Direction.MIN, SelectionRule.POINT)
+    assert not is_new_best(Candidate(0.4), Candidate(0.3), Direction.MIN, SelectionRule.POINT)
+    assert not is_new_best(Candidate(0.3), Candidate(0.3), Direction.MIN, SelectionRule.POINT)  # a tie
+    same = _candidate(10)
+    for direction in Direction:  # the same outcomes: a change of exactly 0 is no gain
+        assert not is_new_best(same, _candidate(10), direction, SelectionRule.PAIRED)
+    # A slightly higher loss, its change's interval (0.11 .. 0.27) above 0 and below 1: no new best.
+    loss = {i: float(i % 2) for i in range(PROMPTS)}
+    higher = {i: v + 0.2 * (i % 3) for i, v in loss.items()}
+    assert not is_new_best(Candidate(0.7, higher), Candidate(0.5, loss), Direction.MIN, SelectionRule.PAIRED)
+
+
+def test_without_a_metric_name_the_message_says_metric() -> None:
+    with pytest.raises(NoiseUnknownError, match=r"^best_rule=lcb needs the interval of 'metric': "):
+        is_new_best(Candidate(0.5), None, Direction.MAX, SelectionRule.LCB)
+
+
+def test_lcb_against_a_best_of_one_prompt_and_its_ties_and_a_best_without_an_interval() -> None:
+    one_prompt = Candidate(1.0, {0: 1.0})  # no spread to bound: any bound beats it
+    two = Candidate(0.5, {0: 1.0, 1: 0.0})
+    assert is_new_best(two, one_prompt, Direction.MAX, SelectionRule.LCB)
+    assert not is_new_best(Candidate(1.0, {3: 1.0}), one_prompt, Direction.MAX, SelectionRule.LCB)
+    for direction in Direction:  # the same bound: a tie keeps the earlier round
+        assert not is_new_best(_candidate(10), _candidate(10), direction, SelectionRule.LCB)
+    with pytest.raises(NoiseUnknownError, match=r"^best_rule=lcb needs the interval of 'loss': "):
+        is_new_best(two, Candidate(0.4), Direction.MIN, SelectionRule.LCB, metric="loss")

@@ -162,6 +162,63 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/test_watch_loop.py",
         ],
     ),
+    # the last wave: the sandbox, the integrity checks, episodes, the code task, completion
+    # statistics, the prompt story, selection, packing
+    # The sandbox's pool runs in the test process; its worker, isolation and process code run only
+    # in the worker processes the pool starts (not here: see docs/development.md).
+    "sandbox_pool": (
+        "areal_lightning/scoring/sandbox/pool.py",
+        ["tests/test_sandbox.py", "tests/test_sandbox_hostile.py::test_the_wall_clock_holds_measured_from_outside"],
+    ),
+    "sandbox_results": (
+        "areal_lightning/scoring/sandbox/results.py",
+        ["tests/test_sandbox_limits.py", "tests/test_sandbox.py"],
+    ),
+    "integrity_checks": (
+        "areal_lightning/callbacks/integrity_checks.py",
+        [
+            "tests/test_integrity_findings.py",
+            "tests/test_integrity.py::test_normalising_drops_case_punctuation_and_spacing_but_keeps_numbers_apart",
+            "tests/test_integrity.py::test_a_constructed_overlap_is_found_with_counts_and_examples",
+            "tests/test_integrity.py::test_a_deliberately_wrong_grader_is_reported_with_its_failing_rows",
+            # the null programs' and the duplicates' checks: through a Trainer's fit only
+            "tests/test_integrity.py::test_a_vacuous_test_is_found_by_grading_a_null_program_in_the_sandbox",
+            "tests/test_integrity.py::test_duplicate_prompts_are_reported_and_a_file_sets_are_dropped_at_load",
+        ],
+    ),
+    # the checks' findings without a Trainer, then the fits that record them (check_integrity)
+    "integrity": (
+        "areal_lightning/callbacks/integrity.py",
+        ["tests/test_integrity_findings.py", "tests/test_integrity.py"],
+    ),
+    "episode_metrics": (
+        "areal_lightning/rl/episodes/metrics.py",
+        [
+            "tests/test_episode_metrics.py",
+            "tests/test_episode_eval.py",
+            "tests/test_episodes.py::test_episode_metric_names_are_accepted_in_thresholds",
+        ],
+    ),
+    "episode_runner": ("areal_lightning/rl/episodes/runner.py", ["tests/test_episodes.py"]),
+    "episode_settings": ("areal_lightning/rl/episodes/settings.py", ["tests/test_episodes.py"]),
+    # the code task's prompts and programs without a sandbox first; then its grading, whose tests
+    # start sandbox workers (a second or so each)
+    "code_task": (
+        "areal_lightning/tasks/code.py",
+        ["tests/test_code_prompts.py", "tests/test_code_task.py", "tests/test_code_config.py"],
+    ),
+    "completion": ("areal_lightning/metrics/completion.py", ["tests/test_completion_stats.py"]),
+    "completion_stats": (
+        "areal_lightning/rl/completion_stats.py",
+        [
+            "tests/test_completion_stats.py",
+            "tests/test_round_statistics.py::test_a_round_reports_completions_and_every_k",
+            "tests/test_round_statistics.py::test_token_scores_can_be_switched_off_per_eval_set",
+        ],
+    ),
+    "prompt_story": ("areal_lightning/callbacks/prompt_story.py", ["tests/test_prompt_story.py"]),
+    "selection": ("areal_lightning/callbacks/selection.py", ["tests/test_selection_rules.py"]),
+    "packing": ("areal_lightning/eval_round/packing.py", ["tests/test_packing.py"]),
 }
 
 # Functions that run only in a process the tests start (a spawned worker): mutmut records which
@@ -192,6 +249,9 @@ SUBPROCESS_TESTS: dict[str, list[str]] = {
 DESELECT = [
     "tests/test_sharding.py::test_seeds_and_fingerprints_are_stable_across_processes",
     "tests/test_watch.py::test_watch_stops_cleanly_on_ctrl_c_and_on_idle_timeout",
+    # MathTask's graders, not the integrity checks': math_verify's scores 0 for a right reference under
+    # mutmut's in-process stats run (the test passes under pytest), so mutmut would refuse to start
+    "tests/test_integrity.py::test_gsm8k_and_math_reference_solutions_pass_the_math_tasks_graders",
 ]
 PYTEST_ARGS = ["-p", "no:cacheprovider", "-m", "not ddp and not slow", "-q"] + [
     arg for node in DESELECT for arg in ("--deselect", node)
@@ -295,6 +355,7 @@ def _pyproject(module_path: str, tests: list[str]) -> str:
         "",
         "[tool.mutmut]",
         'source_paths = ["areal_lightning"]',
+        'also_copy = ["docs"]',  # tests that check a documented value read docs/
         f"only_mutate = {json.dumps([module_path])}",
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
         f"pytest_add_cli_args = {json.dumps(PYTEST_ARGS)}",
@@ -358,6 +419,7 @@ def run_module(name: str, mutmut: Path, max_children: int) -> ModuleResult:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(ROOT / "areal_lightning", work / "areal_lightning", ignore=ignore)
     shutil.copytree(ROOT / "tests", work / "tests", ignore=ignore)
+    shutil.copytree(ROOT / "docs", work / "docs", ignore=ignore)
     (work / "pyproject.toml").write_text(_pyproject(module_path, tests), encoding="utf-8")
 
     start = time.monotonic()
@@ -529,7 +591,7 @@ def _refresh_scratch(work: Path) -> None:
     """The checkout's package and tests copied over the scratch copy's (the run's). A mutant whose
     function changed since the run is then found stale when it is written in (`_mutant_in_scratch`)."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for part in ("areal_lightning", "tests"):
+    for part in ("areal_lightning", "tests", "docs"):
         shutil.copytree(ROOT / part, work / part, ignore=ignore, dirs_exist_ok=True)
 
 
