@@ -278,6 +278,10 @@ def test_cli_prints_the_path_or_the_error_with_status_2(
     assert capsys.readouterr().out.strip() == str(tmp_path / "p.png")
     _assert_png(tmp_path / "p.png", [runs["mt2"], runs["mt4"]], "pass@4")
 
+    # A run's history file named in place of its directory: that run, its figure beside the file.
+    assert plot_main(_cli([str(runs["mt2"] / HISTORY_FILENAME), "--metric", "pass@4"])) == 0
+    assert capsys.readouterr().out.strip() == str(runs["mt2"] / "eval_pass@4.png")
+
     assert plot_main(_cli([str(tmp_path / "missing")])) == 2
     err = capsys.readouterr().err
     assert err.startswith("areal-lightning plot: error: run directory") and "does not exist" in err

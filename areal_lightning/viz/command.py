@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from pathlib import Path
 
 from areal_lightning.tracking.history import HISTORY_FILENAME
 from areal_lightning.viz.panels import plot_panels
@@ -15,7 +16,10 @@ from areal_lightning.viz.runs import PlotNote
 def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``RUN_DIR [RUN_DIR ...] [--metric NAME ...] [--out FILE]`` to the ``plot`` subcommand."""
     parser.add_argument(
-        "run_dirs", nargs="+", metavar="RUN_DIR", help=f"run output directories, each holding {HISTORY_FILENAME}"
+        "run_dirs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help=f"run output directories, each holding {HISTORY_FILENAME} (or that file itself)",
     )
     parser.add_argument(
         "--metric",
@@ -36,14 +40,16 @@ def plot_main(args: argparse.Namespace) -> int:
     """Run ``areal-lightning plot``: one metric's figure (`plot_runs`) or a panel per metric
     (`plot_panels`); print the saved path, return 0; or print why, return 2. Warnings and notes
     (`PlotNote`: what the figure's rings are) go to stderr, before the path."""
+    # A run's eval_history.jsonl named in place of its directory is that run (the user's spelling).
+    run_dirs = [d.parent if d.name == HISTORY_FILENAME and d.is_file() else d for d in map(Path, args.run_dirs)]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             metrics = args.metric or [DEFAULT_METRIC]
             if len(metrics) == 1:
-                path = plot_runs(args.run_dirs, metric=metrics[0], out=args.out)
+                path = plot_runs(run_dirs, metric=metrics[0], out=args.out)
             else:
-                path = plot_panels(args.run_dirs, metrics, out=args.out)
+                path = plot_panels(run_dirs, metrics, out=args.out)
         except PlotError as err:
             status, message = 2, f"areal-lightning plot: error: {err}"
         else:

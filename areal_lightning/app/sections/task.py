@@ -73,6 +73,12 @@ class TaskConfig:
                     ".parquet file of problems"
                 )
             check_math_file(path, self.path, self.question_field, self.answer_field, self.answer_format, None)
+        if self.name is TaskName.ARITHMETIC and self.path is not None:
+            # Silently unread, a user's file would look evaluated while the run made its own problems.
+            raise ConfigError(
+                f"{path}.path is read by {path}.name: math or code; {path}.name: arithmetic generates its problems "
+                f"(remove {path}.path, or set {path}.name), got {self.path!r}"
+            )
         if self.name is TaskName.CODE:
             if self.path is None:
                 raise ConfigError(
