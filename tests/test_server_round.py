@@ -396,3 +396,32 @@ def test_a_harness_task_generates_through_the_servers_as_through_the_engine_and_
     assert harness_metrics and harness_metrics == {k: policy.metrics[k] for k in harness_metrics}
     assert two.metrics[WEIGHTS_STEP_KEY] == 0 and two.num_prompts == PROMPTS
     assert [r["completion"] for r in two.table_rows] == [r["completion"] for r in policy.table_rows]
+
+
+@pytest.mark.process
+@pytest.mark.slow
+def test_the_code_task_generates_through_the_servers_and_grades_in_the_sandbox_as_in_process(fleet: Any) -> None:
+    from test_code_grpo import STATUSES, write_int_problems
+
+    problems = write_int_problems(fleet.tmp / "ints.jsonl", PROMPTS)  # any int passes: some programs do
+    code = (
+        "task.name=code",
+        f"task.path={problems}",
+        "task.sandbox_wall_s=5",
+        "eval_sets={ints: {path: " + str(problems) + ", n_samples: 4, max_new_tokens: 3, temperature: 1.0}}",
+    )
+    urls = [s.url for s in fleet.servers]
+    results = {}
+    for name, engine, using in (("two", "server", urls), ("one", "server", urls[:1]), ("vllm", "vllm", urls)):
+        cfg, module = _module(fleet, engine, using, *code)
+        try:
+            results[name] = _round(cfg, module)
+        finally:
+            module.engine_evaluate_fn.close()
+    assert_same_results(results["two"], results["one"])
+    assert_same_results(results["two"], results["vllm"])
+    (ints,) = results["two"]
+    counts = {s: ints.metrics[f"code/{s}"] for s in STATUSES}
+    assert sum(counts.values()) == ints.num_samples == 4 * PROMPTS  # every program graded once
+    assert 0 < counts["passed"] < ints.num_samples  # some pass, some fail: the equality means something
+    assert ints.metrics[WEIGHTS_STEP_KEY] == 0
