@@ -24,6 +24,7 @@ from typing import Any
 
 from areal_lightning.errors import ArgumentError
 from areal_lightning.scoring.sandbox.isolation import NOBODY_UID, Isolation
+from areal_lightning.scoring.sandbox.leftovers import PREFIX, mark_owner, remove_leftovers
 from areal_lightning.scoring.sandbox.results import ProgramStatus, SandboxLimits, SandboxResult
 from areal_lightning.scoring.sandbox.worker import WORKER_GRACE_S, read_message, write_message
 
@@ -196,7 +197,9 @@ class Sandbox:
 
     def _ensure_workers(self, n: int) -> None:
         if self._base is None:
-            self._base = tempfile.mkdtemp(prefix="areal-sandbox-", dir=self.directory)
+            remove_leftovers(self.directory)  # those of sandboxes whose process was killed
+            self._base = tempfile.mkdtemp(prefix=PREFIX, dir=self.directory)
+            mark_owner(self._base)
             os.chmod(self._base, 0o711)  # workers' directories can be entered, not listed
             _STARTED[self] = os.getpid()
         while len(self._pool) < n:
