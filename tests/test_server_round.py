@@ -29,7 +29,7 @@ from procs import run_in_group
 from server_helpers import REUSE_ENV, SERVED_NAME, Server, free_port, reused_servers
 from vllm_helpers import HIDDEN, require_vllm
 
-from areal_lightning.rl.engines.server.evaluator import FAILED_KEY, FAILOVERS_KEY, WEIGHTS_STEP_KEY
+from areal_lightning.rl.engines.server.evaluator import FAILED_KEY, FAILOVERS_KEY, VERSION_NOTE, WEIGHTS_STEP_KEY
 from areal_lightning.rl.engines.server.weights import VersionError
 
 require_vllm()
@@ -151,6 +151,7 @@ def test_two_servers_one_server_and_the_in_process_engine_give_the_same_round(fl
     assert not math.isnan(sampled.metrics["completion/logprob"])  # the servers' log-probabilities
     assert math.isnan(sampled.metrics["completion/entropy"])  # servers give none: null, not made up
     assert len(set(_versions(fleet))) == 1 and _versions(fleet)[0].startswith("step-000000000-")
+    assert {r.notes[VERSION_NOTE] for r in reference} == {_versions(fleet)[0]}  # what the records say
     cfg, one = _module(fleet, urls=[fleet.servers[1].url])
     try:
         assert_same_results(reference, _round(cfg, one))
@@ -360,8 +361,10 @@ def test_an_async_fit_through_the_servers_records_the_sync_fits_rounds(fleet: An
     for a, b in zip(asyn, sync, strict=True):
         shared_a, shared_b = _shared(a["metrics"]), _shared(b["metrics"])
         assert shared_a == shared_b, a["step"]
-        # One weight version a round, the snapshot's own step (training went on meanwhile).
+        # One weight version a round, the snapshot's own step (training went on meanwhile), in the record.
         assert a["metrics"][WEIGHTS_STEP_KEY] == a["step"] == b["metrics"][WEIGHTS_STEP_KEY]
+        assert a["notes"][VERSION_NOTE] == b["notes"][VERSION_NOTE]
+        assert a["notes"][VERSION_NOTE].startswith(f"step-{a['step']:09d}-")
     logprobs = [r["metrics"]["completion/logprob"] for r in asyn]
     assert len(set(logprobs)) == 3  # each round's servers held that step's weights
 

@@ -278,6 +278,7 @@ def _record(
             mode="sync",
             world_size=world_size,
             sampling=r.sampling,
+            notes=r.notes,
             run_id=run_id,
             source="standalone",
         )

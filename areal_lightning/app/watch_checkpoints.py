@@ -298,6 +298,7 @@ def _report_checkpoint(
             mode="sync",
             world_size=fabric.world_size,
             sampling=r.sampling,
+            notes=r.notes,
             run_id=run_id,
             source="standalone",
         )

@@ -136,6 +136,7 @@ class EvalContext:
     padding: bool = False
     sanity: bool = False
     outcomes: dict[str, Outcomes] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
 
     def metric(self, name: str, factory: Callable[[], Metric]) -> Metric:
         """The metric called `name`, created on this round's device on first use."""
@@ -162,6 +163,17 @@ class EvalContext:
         if len(flat) != len(indices):
             raise ValueError(f"`record_outcomes({name!r}, ...)` got {len(indices)} indices and {len(flat)} values")
         self.outcomes.setdefault(name, Outcomes()).add(indices, flat)
+
+    def note(self, name: str, text: str) -> None:
+        """Writes `text` into the round's record under ``notes`` (what a number cannot say, such as
+        the weight version the servers held); rank 0's note is kept.
+
+        Example:
+            >>> ctx = EvalContext("easy", 0, 1, 0, 0, torch.device("cpu"), 0)
+            >>> ctx.note("server/weight_version", "step-000000002-ab12"); ctx.notes
+            {'server/weight_version': 'step-000000002-ab12'}
+        """
+        self.notes[name] = str(text)
 
     def record_sample(self, index: int, **row: Any) -> None:
         """Keeps `row` (any JSON-like columns) for the samples table when `index < max_table_rows`."""
@@ -225,3 +237,5 @@ class SetResult:
     """This rank's per-prompt outcomes (`EvalContext.record_outcomes`), by metric; not reduced."""
     outcome_names: list[str] = field(default_factory=list)
     """Every metric with outcomes on any rank, sorted (the same list on every rank)."""
+    notes: dict[str, str] = field(default_factory=dict)
+    """`EvalContext.note`s, rank 0's where ranks wrote the same name (the record's ``notes``)."""

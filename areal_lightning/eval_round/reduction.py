@@ -41,6 +41,7 @@ class _RankReport(NamedTuple):
     extra_names: list[str]
     table_rows: list[dict[str, Any]]
     outcome_names: list[str]
+    notes: dict[str, str] = {}  # noqa: RUF012 - a NamedTuple default, never mutated
 
 
 class _SetPacket(NamedTuple):
@@ -253,6 +254,7 @@ def _reduced(
         sampling=local.sampling,
         outcomes=local.outcomes,
         outcome_names=sorted(set().union(*(r.outcome_names for r in reports))),
+        notes={k: v for r in reversed(reports) for k, v in r.notes.items()},  # rank 0's last: it wins
     )
 
 

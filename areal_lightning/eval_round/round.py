@@ -168,6 +168,7 @@ def evaluate_local(
         sorted(updates),
         ctx.table_rows,
         sorted(ctx.outcomes),
+        dict(ctx.notes),
     )
     return LocalSetResult(
         eval_set.name,

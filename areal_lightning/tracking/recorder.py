@@ -95,6 +95,7 @@ class EvalRecorder:
                 mode=self.mode,
                 world_size=trainer.world_size,
                 sampling=r.sampling,
+                notes=r.notes,
                 run_id=self.run_id,
             )
             record.update(fields or {})

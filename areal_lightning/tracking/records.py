@@ -46,6 +46,7 @@ def eval_record(
     source: str = "training",
     time: float | None = None,
     sampling: Mapping[str, Any] | None = None,
+    notes: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Build one round record in the public field order (``docs/eval_history.md``).
 
@@ -65,6 +66,8 @@ def eval_record(
         time: UNIX time of the record; ``time.time()`` when omitted.
         sampling: how the completions were sampled (``SamplingParams.as_record``); written as
             the record's ``"sampling"`` object when given.
+        notes: what the evaluation noted in words (`EvalContext.note`, e.g. the servers' weight
+            version); written as the record's ``"notes"`` object when there are any.
 
     Raises:
         ValueError: a count is negative, ``mode``, ``source`` or ``world_size`` is not accepted.
@@ -105,6 +108,8 @@ def eval_record(
     }
     if sampling is not None:
         record["sampling"] = dict(sampling)
+    if notes:
+        record["notes"] = {str(k): str(v) for k, v in notes.items()}
     return record
 
 

@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 
 WEIGHTS_STEP_KEY = "server/weights_step"
 """What each round returns: the training step whose weights (one version) the servers generated with."""
+VERSION_NOTE = "server/weight_version"
+"""The record's note of the weight version every server held through the round (`step-<step>-<fingerprint>`)."""
 FAILED_KEY = "server/failed_requests"
 """Failed attempts of the round, all reasons (``/transport``, ``/timeout``, ``/5xx`` apart), summed over ranks."""
 FAILURE_REASONS = ("transport", "timeout", "5xx")
@@ -156,6 +158,7 @@ class ServerEvaluator:
         out = engine_round(view, cast("Sequence[EvalBatch]", chunks(batches, prompts)), ctx)
         self._check_after(snapshot, expected)
         self._record(ctx, server_policy)
+        ctx.note(VERSION_NOTE, snapshot.version)
         return {**out, WEIGHTS_STEP_KEY: float(snapshot.step)}
 
     def _served_max_len(self) -> int | None:
