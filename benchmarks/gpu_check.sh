@@ -5,6 +5,7 @@
 # not used here) come from wheels in .whl/ when present, e.g. made on a machine with network by
 #   python3 -m pip download --no-deps -d .whl omegaconf antlr4-python3-runtime==4.9.3 pyyaml
 # Usage: benchmarks/gpu_check.sh [--cpu-smoke] [--steps N]
+# The server engine (two vllm serve processes): benchmarks/gpu_check_servers.sh, run after this one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
