@@ -1,16 +1,32 @@
 """What the integrity checks report, as a user reads it in the log and the ``integrity`` events: each
-check's status and message in full, with no Trainer (`integrity_findings` on a plain module).
-`test_integrity.py` runs the same checks at the start of a fit."""
+check's status and message in full, with no Trainer (`integrity_findings` on a plain module); then
+`check_integrity` on a Trainer that fits nothing: the events, each log line's level, the error of
+``fail``. `test_integrity.py` runs the same checks at the start of a fit."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from areal_lightning.callbacks.integrity import integrity_findings, sample_prompt
-from areal_lightning.callbacks.integrity_checks import DUPLICATES_OPTION, find_overlap, grade_nulls, grade_references
+import lightning as L
+import pytest
+from callback_helpers import make_trainer
+
+from areal_lightning.callbacks.choices import IntegrityAction
+from areal_lightning.callbacks.integrity import check_integrity, integrity_findings, sample_prompt
+from areal_lightning.callbacks.integrity_checks import (
+    DUPLICATES_OPTION,
+    IntegrityError,
+    find_overlap,
+    grade_nulls,
+    grade_references,
+)
 from areal_lightning.eval_round import EvalSet
+from areal_lightning.tracking.history import event_rows, read_history
+from areal_lightning.tracking.recorder import EvalRecorder
 
 
 @dataclass(frozen=True)
@@ -77,6 +93,7 @@ def test_each_problem_is_found_and_its_message_names_rows_and_examples() -> None
     module = Offers(["what is 0 + 1"], {p.task_id: "wrong" for p in problems[:11]}, null="")
     found = _by_check(integrity_findings(module, [EvalSet("sums", problems)]))
     assert {f["status"] for f in found.values()} == {"found"}
+    assert {f["dataset"] for f in found.values()} == {"sums"}
     assert found["overlap"]["message"] == (
         "eval set 'sums': 2 of its 12 prompts appear in the training prompts (2 exactly after normalising, "
         "0 by a shared 13-word sequence), e.g. prompt #0 'What is 0+1?' ~ training prompt #0 'what is 0 + 1'"
@@ -155,6 +172,7 @@ def test_a_set_without_references_or_null_programs_says_so_or_nothing() -> None:
         "skipped",
         "eval set 'probe': no sample has a reference answer to grade",
     )
+    assert (found["gold"]["dataset"], found["gold"]["graded"], found["gold"]["no_reference"]) == ("probe", 0, 1)
     assert "vacuous" not in found  # a task without programs: the check does not apply
 
 
@@ -214,3 +232,150 @@ def test_the_grader_is_not_asked_when_no_sample_has_a_completion_to_grade() -> N
 
     assert grade_nulls(["a", "b"], lambda s: None, grader).graded == 0
     assert grade_references(["a", "b"], lambda s: None, grader).no_reference == 2
+
+
+class ByQuestion(Offers):
+    """Samples are dicts whose prompt is under ``question`` (no ``prompt`` key): only the module's
+    own `integrity_prompt` reads it; the default would take the dict's text."""
+
+    def integrity_prompt(self, sample: Any) -> str:
+        return sample["question"]
+
+    def integrity_reference(self, sample: Any) -> str | None:
+        return self.refs.get(sample["id"])
+
+    def integrity_grade(self, completions: Sequence[str], samples: Sequence[Any]) -> list[bool]:
+        return [c == s["answer"] for c, s in zip(completions, samples, strict=True)]
+
+
+def test_every_check_reads_the_modules_own_prompt_and_a_found_problem_names_its_set() -> None:
+    samples = [
+        {"question": "What is 1+1?", "answer": "2", "id": "a"},
+        {"question": "What is 1+1?", "answer": "3", "id": "b"},
+    ]
+    module = ByQuestion(["what is 1 + 1"], {"a": "2", "b": "4"}, null="")
+    found = _by_check(integrity_findings(module, [EvalSet("dicts", samples)]))
+    assert {f["dataset"] for f in found.values()} == {"dicts"}
+    assert (found["overlap"]["status"], found["overlap"]["indices"]) == ("found", [0, 1])
+    assert found["overlap"]["examples"][0] == {
+        "index": 0,
+        "prompt": "What is 1+1?",
+        "match": "exact",
+        "train_index": 0,
+        "train_prompt": "what is 1 + 1",
+    }
+    assert found["gold"]["examples"] == [{"index": 1, "reference": "4", "prompt": "What is 1+1?"}]
+    # a sample without an ``answer`` attribute: the message names the reference only
+    assert found["gold"]["message"] == (
+        "eval set 'dicts': the task's grader scores 1 of 2 reference answers wrong (rows [1]), e.g. row 1: '4'"
+    )
+    assert (found["duplicates"]["status"], found["duplicates"]["indices"]) == ("found", [1])
+
+
+def test_a_module_with_a_reference_but_no_grader_is_skipped_and_the_skips_name_their_set() -> None:
+    class OnlyReference:
+        def integrity_reference(self, sample: Any) -> str:
+            return "2"
+
+        def integrity_null(self, sample: Any) -> str:
+            return ""
+
+    found = _by_check(integrity_findings(OnlyReference(), [EvalSet("probe", ["1+1="])]))
+    assert (found["gold"]["status"], found["gold"]["message"]) == (
+        "skipped",
+        "eval set 'probe': reference answers not graded: OnlyReference offers no integrity_reference() and "
+        "integrity_grade()",
+    )
+    assert found["vacuous"]["status"] == "skipped"
+    assert {f["dataset"] for f in found.values()} == {"probe"}
+
+
+def test_a_prompt_reader_that_raises_is_a_finding_of_each_check_that_reads_prompts() -> None:
+    class BadPrompt(Offers):
+        def integrity_prompt(self, sample: Problem) -> str:
+            raise KeyError("question")
+
+    module = BadPrompt(["q"], {"t/0": "wrong"}, null="x")  # a failing row: the gold check names its prompt
+    found = _by_check(integrity_findings(module, [EvalSet("one", [Problem("q", "a", "t/0")])]))
+    for check in ("overlap", "gold", "duplicates"):
+        assert (found[check]["status"], found[check]["message"]) == (
+            "found",
+            f"eval set 'one': the {check} check raised KeyError: 'question'",
+        )
+    assert found["vacuous"]["status"] == "ok"  # it reads no prompt
+
+
+class LitOffers(L.LightningModule):
+    """A user's LightningModule offering the checks of `Offers` (a Trainer holds it; nothing fits)."""
+
+    def __init__(self, offers: Offers) -> None:
+        super().__init__()
+        self.offers = offers
+        self.integrity_train_prompts, self.integrity_prompt = offers.integrity_train_prompts, offers.integrity_prompt
+        self.integrity_reference, self.integrity_grade = offers.integrity_reference, offers.integrity_grade
+
+
+WRONG = (
+    "eval set 'sums': the task's grader scores 1 of 2 reference answers wrong (rows [1]), e.g. row 1: '5' (answer '4')"
+)
+"""The found problem of `_check`'s set, as its event and the log say it."""
+
+
+def _check(
+    tmp_path: Path, action: IntegrityAction, caplog: pytest.LogCaptureFixture, train: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+    """`check_integrity` as a fit starts it, on a Trainer holding the module: one set whose prompts
+    are distinct (ok), one of whose two references is wrong (found), no null program (skipped); its
+    overlap with `train` (none: ok)."""
+    problems = [Problem("What is 1+1?", "2", "t/0"), Problem("What is 2+2?", "4", "t/1")]
+    trainer = make_trainer(tmp_path, [], max_steps=1)
+    trainer.strategy.connect(LitOffers(Offers(train, {"t/0": "2", "t/1": "5"})))
+    recorder = EvalRecorder(None, "sync")
+    recorder.open(trainer, tmp_path, once_per_step=())
+    caplog.set_level(logging.INFO, logger="areal_lightning")
+    check_integrity(trainer, [EvalSet("sums", problems)], recorder, action)
+    return event_rows(read_history(tmp_path), "integrity")
+
+
+def _levels(caplog: pytest.LogCaptureFixture) -> dict[str, str]:
+    """Each line of the checks and of their events in the log, with its level."""
+    names = ("areal_lightning.callbacks.integrity", "areal_lightning.tracking.recorder")
+    return {r.getMessage(): r.levelname for r in caplog.records if r.name in names}
+
+
+def test_warn_records_each_finding_at_its_level_and_logs_a_skip(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    events = _check(tmp_path, IntegrityAction.WARN, caplog)
+    assert [(e["check"], e["status"], e["action"]) for e in events] == [
+        ("overlap", "ok", "warn"),
+        ("gold", "found", "warn"),
+        ("duplicates", "ok", "warn"),
+    ]
+    assert _levels(caplog) == {
+        "eval set 'sums': none of its 2 prompts is among the 0 training prompts "
+        "(normalised exact match, 13-grams)": "INFO",
+        WRONG: "WARNING",
+        "integrity check skipped: eval set 'sums': tests not tried on a null program: LitOffers offers no "
+        "integrity_null() and integrity_grade()": "INFO",
+        "eval set 'sums': its 2 prompts are distinct": "INFO",
+    }
+
+
+def test_fail_logs_the_problem_as_an_error_and_raises_naming_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with pytest.raises(IntegrityError) as raised:
+        _check(tmp_path, IntegrityAction.FAIL, caplog, train=["what is 1 + 1"])
+    overlap = (
+        "eval set 'sums': 1 of its 2 prompts appear in the training prompts (1 exactly after normalising, 0 by a "
+        "shared 13-word sequence), e.g. prompt #0 'What is 1+1?' ~ training prompt #0 'what is 1 + 1'"
+    )
+    assert str(raised.value) == (
+        f"the integrity checks found 2 problem(s) before training (integrity: fail):\n- {overlap}\n- {WRONG}\n"
+        "each is an 'integrity' event in the eval history; fix them, or set integrity: warn to train anyway"
+    )
+    levels = _levels(caplog)
+    assert levels[WRONG] == levels[overlap] == "ERROR"
+    assert levels["eval set 'sums': its 2 prompts are distinct"] == "INFO"
+    assert [e["action"] for e in event_rows(read_history(tmp_path), "integrity")] == ["fail"] * 3

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from areal_lightning.errors import ArgumentError
-from areal_lightning.scoring import ProgramStatus, SandboxLimits
+from areal_lightning.scoring import ProgramStatus, Sandbox, SandboxLimits
 from areal_lightning.scoring.sandbox.results import SandboxResult
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "code_evaluation.md"
@@ -83,4 +83,22 @@ def test_a_report_becomes_its_result_and_what_it_leaves_out_has_its_default() ->
     assert (bare.output, bare.truncated, bare.wall_s, bare.isolation, bare.passed) == ("", False, 0.0, (), True)
     assert SandboxResult.from_report({"status": "failed", "error": "AssertionError", "exit_code": 1}) == SandboxResult(
         ProgramStatus.FAILED, error="AssertionError", exit_code=1
+    )
+
+
+def test_a_sandboxs_arguments_are_refused_naming_each_and_the_defaults_are_one_worker() -> None:
+    # Nothing starts here: a Sandbox starts its workers on its first program.
+    box = Sandbox()
+    assert (box.workers, box.limits, box.directory) == (1, SandboxLimits(), None)
+    for workers in (True, 1.5):
+        with pytest.raises(ArgumentError) as raised:
+            Sandbox(workers=workers)  # type: ignore[arg-type]
+        assert str(raised.value) == f"`Sandbox(workers=...)` must be a positive integer, got {workers!r}"
+    with pytest.raises(ArgumentError) as raised:
+        Sandbox(limits={"wall_s": 1})  # type: ignore[arg-type]
+    assert str(raised.value) == "`Sandbox(limits=...)` must be a SandboxLimits or None, got {'wall_s': 1}"
+    with pytest.raises(ArgumentError) as raised:
+        Sandbox(directory="/nonexistent/areal-sandbox")
+    assert str(raised.value) == (
+        "`Sandbox(directory=...)` must be an existing directory or None, got '/nonexistent/areal-sandbox'"
     )

@@ -168,7 +168,11 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     # in the worker processes the pool starts (not here: see docs/development.md).
     "sandbox_pool": (
         "areal_lightning/scoring/sandbox/pool.py",
-        ["tests/test_sandbox.py", "tests/test_sandbox_hostile.py::test_the_wall_clock_holds_measured_from_outside"],
+        [
+            "tests/test_sandbox_limits.py::test_a_sandboxs_arguments_are_refused_naming_each_and_the_defaults_are_one_worker",
+            "tests/test_sandbox.py",
+            "tests/test_sandbox_hostile.py::test_the_wall_clock_holds_measured_from_outside",
+        ],
     ),
     "sandbox_results": (
         "areal_lightning/scoring/sandbox/results.py",
@@ -240,6 +244,16 @@ SUBPROCESS_TESTS: dict[str, list[str]] = {
         "tests/test_watch_ranks.py",
     ],
 }
+
+# Modules whose mutants are forked from mutmut's fork server, not from its main process. Its
+# default runner forks each mutant's test process from the process that ran the stats, and takes
+# the next result from `os.wait()`, which reaps any child: the shared sandbox of `run_program`
+# (`_default_sandbox`, cached) starts its workers in that process during the stats run, a mutant's
+# test process (a forked copy) kills one of them and starts another (a wall-clock kill, a lost
+# worker), and the dead worker's pid reaches `wait_for_result`, which knows only its own
+# (`KeyError`, mutmut 3.8.1). The fork server keeps pytest out of the main process and ignores the
+# pids it did not start.
+FORKSERVER = {"sandbox_pool"}
 
 # Added to every pytest run of mutmut: no multi-process (`ddp`) or `slow` test, a mutant must die in
 # seconds.
@@ -349,7 +363,7 @@ def _md(text: str) -> str:
     return f"`` {text} ``" if "`" in text else f"`{text}`"
 
 
-def _pyproject(module_path: str, tests: list[str]) -> str:
+def _pyproject(module_path: str, tests: list[str], process_isolation_forkserver: bool = False) -> str:
     """The scratch copy's pyproject.toml: the project's own (its pytest settings) and this module's mutmut settings."""
     mutmut = [
         "",
@@ -360,6 +374,7 @@ def _pyproject(module_path: str, tests: list[str]) -> str:
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
         f"pytest_add_cli_args = {json.dumps(PYTEST_ARGS)}",
         "use_git_change_detection = false",
+        *(['process_isolation = "forkserver"'] if process_isolation_forkserver else []),
         "",
     ]
     return (ROOT / "pyproject.toml").read_text(encoding="utf-8") + "\n".join(mutmut)
@@ -420,7 +435,7 @@ def run_module(name: str, mutmut: Path, max_children: int) -> ModuleResult:
     shutil.copytree(ROOT / "areal_lightning", work / "areal_lightning", ignore=ignore)
     shutil.copytree(ROOT / "tests", work / "tests", ignore=ignore)
     shutil.copytree(ROOT / "docs", work / "docs", ignore=ignore)
-    (work / "pyproject.toml").write_text(_pyproject(module_path, tests), encoding="utf-8")
+    (work / "pyproject.toml").write_text(_pyproject(module_path, tests, name in FORKSERVER), encoding="utf-8")
 
     start = time.monotonic()
     with open(work / "mutmut.log", "w", encoding="utf-8") as log:
