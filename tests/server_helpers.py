@@ -93,6 +93,11 @@ class Server:
             time.sleep(1)
         raise RuntimeError(f"server {self.url} not ready in {timeout_s:.0f} s: {self.log.read_text()[-3000:]}")
 
+    def pause(self) -> None:
+        """SIGSTOP to the whole group: the server takes connections (the kernel accepts them) and answers nothing."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
     def kill(self) -> None:
         """SIGKILL to the whole group at once (a crash, not a shutdown), then checks nothing of it is left."""
         if self.proc is None:
@@ -132,6 +137,9 @@ class Running(Server):
             if _CLIENT.get(f"{self.url}/health", timeout=timeout_s).status_code == 200:
                 return
         raise RuntimeError(f"{REUSE_ENV}: no healthy server at {self.url}")
+
+    def pause(self) -> None:
+        os.killpg(os.getpgid(listening_pid(self.port)), signal.SIGSTOP)
 
     def kill(self) -> None:
         if not self.up:

@@ -16,7 +16,6 @@ import contextlib
 import math
 import sys
 import threading
-import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -219,18 +218,23 @@ def test_two_ranks_through_the_servers_give_the_one_rank_round(fleet: Any, refer
     assert [r.num_samples for r in ranks[0]] == [r.num_samples for r in reference]
 
 
-def _kill_when_busy(server: Server, done: threading.Event) -> None:
-    """Kills `server` once it has requests running (polling its Prometheus metrics)."""
-    while not done.is_set():
-        try:
-            text = httpx.get(f"{server.url}/metrics", timeout=5).text
-        except httpx.HTTPError:
-            return
-        running = [ln for ln in text.splitlines() if ln.startswith("vllm:num_requests_running")]
-        if running and float(running[0].split()[-1]) > 0:
-            server.kill()
-            return
-        time.sleep(0.05)
+def _kill_mid_round(module: Any, victim: Server) -> threading.Timer:
+    """Arms the round: as it sends its first completions, `victim` is paused (its requests wait,
+    unanswered), and killed a moment later, while they wait: mid-round on any machine, however fast."""
+    fleet = module.engine_evaluate_fn.fleet
+    inner, timer = fleet.complete_all, threading.Timer(KILL_AFTER_S, victim.kill)
+
+    def complete_all(bodies: Any, routes: Any, timeout_s: float) -> Any:
+        if not timer.is_alive() and victim.running:
+            victim.pause()
+            timer.start()
+        return inner(bodies, routes, timeout_s)
+
+    fleet.complete_all = complete_all
+    return timer
+
+
+KILL_AFTER_S = 2.0
 
 
 @pytest.mark.process
@@ -240,14 +244,12 @@ def test_a_server_killed_mid_round_leaves_the_results_unchanged(fleet: Any, refe
     if victim is None:
         pytest.skip(f"the reused servers ({REUSE_ENV}) name no third server for this test to kill")
     cfg, module = _module(fleet, urls=[fleet.servers[0].url, victim.url])
-    done = threading.Event()
-    killer = threading.Thread(target=_kill_when_busy, args=(victim, done))
+    killer = _kill_mid_round(module, victim)
     try:
-        killer.start()
         results = _round(cfg, module)
     finally:
-        done.set()
-        killer.join()
+        if killer.is_alive():
+            killer.join()
         module.engine_evaluate_fn.close()
     assert not victim.running, "the server was not killed during the round"
     assert_same_results(reference, results)
