@@ -122,6 +122,16 @@ def _worker_main(conn: Connection, threads: int, modules: Sequence[str] = ()) ->
             conn.send(_Done(None, traceback.format_exc(), began))
 
 
+def copy_weights(module: nn.Module, replica: nn.Module) -> float:
+    """Copies `module`'s weights (its state dict) into `replica`'s in place; returns the seconds it took."""
+    start = time.perf_counter()
+    with torch.no_grad():
+        target = replica.state_dict()
+        for name, tensor in module.state_dict().items():
+            target[name].copy_(tensor)
+    return time.perf_counter() - start
+
+
 def snapshot_size(module: nn.Module, max_snapshot_mib: float | None) -> float:
     """The MiB of `module`'s weights (its state dict), which an async round copies.
 
@@ -301,12 +311,7 @@ class AsyncEvaluator:
             self._stop_worker(cancel=True)
             self._spawn()  # the worker died with an earlier round: a fresh one takes this round
         self._lend_threads()
-        start = time.perf_counter()
-        with torch.no_grad():
-            target = self._replica.state_dict()
-            for name, tensor in module.state_dict().items():
-                target[name].copy_(tensor)
-        copy_secs = time.perf_counter() - start
+        copy_secs = copy_weights(module, self._replica)
         self.in_flight = Snapshot(
             step, epoch, [str(c) for c in causes], self.snapshot_mib, copy_secs, submitted=time.monotonic()
         )

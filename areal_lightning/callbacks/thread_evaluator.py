@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from areal_lightning.callbacks.async_evaluator import Snapshot, snapshot_size
+from areal_lightning.callbacks.async_evaluator import Snapshot, copy_weights, snapshot_size
 from areal_lightning.eval_round import EvalSet, EvaluateFn, LocalSetResult, evaluate_local, local_batches
 from areal_lightning.eval_round.precision import EvalPrecision, eval_precision
 from areal_lightning.eval_round.round import resolved_seed
@@ -101,12 +101,7 @@ class ThreadEvaluator:
         Call it between optimizer steps, with no round in flight.
         """
         assert self.in_flight is None and self._replica is not None, "one round in flight at most"
-        start = time.perf_counter()
-        with torch.no_grad():
-            target = self._replica.state_dict()
-            for name, tensor in module.state_dict().items():
-                target[name].copy_(tensor)
-        copy_secs = time.perf_counter() - start
+        copy_secs = copy_weights(module, self._replica)
         self.in_flight = Snapshot(
             step, epoch, [str(c) for c in causes], self.snapshot_mib, copy_secs, submitted=time.monotonic()
         )
