@@ -14,6 +14,7 @@ the real command: tests/test_demo.py, tests/test_cli.py, tests/test_wheel.py.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import multiprocessing as mp
 import os
@@ -60,6 +61,9 @@ def _command(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str,
     except BaseException:
         traceback.print_exc()
     finally:
+        # What an interpreter does as it exits: its exit handlers (W&B's service teardown among
+        # them) run before the process ends, so nothing the command started writes after it.
+        atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
         with open(cpu, "w") as f:  # what the command cost, its ranks and helpers included

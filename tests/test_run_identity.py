@@ -1,6 +1,6 @@
 """One run, one identity: `fit` never mixes two runs in one directory, and `fit --ckpt` after a kill
 continues the same run: its run_id, its eval history, its W&B run (rewound to the checkpoint's row,
-read back from the offline run files) and its CSV version. Real CLI processes throughout; the kill is a real SIGKILL."""
+read back from the offline run files) and its CSV version. Real CLI processes throughout (forked from the fork server where they run to their end); the kill is a real SIGKILL of a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from cli_server import run_cli
 from small_run import SMALL_FIT
 from wandb_reader import (
     branch_point,
@@ -61,22 +62,14 @@ def _fit_command(run_dir: Path, *extra: str) -> list[str]:
 
 
 def _fit(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        _fit_command(tmp_path / "runs" / "t", *args),
-        cwd=tmp_path,
-        env=_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-    )
+    """A command run to its end, forked from the fork server (tests/cli_server.py); the killed run
+    of the resume test is a fresh interpreter (`_fit_command`), as a user's is."""
+    return run_cli(_fit_command(tmp_path / "runs" / "t", *args)[3:], RUN_TIMEOUT_S, tmp_path, _env(tmp_path))
 
 
 def _fit_new_run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     """`--new-run` with the default output_dir (runs/<experiment>/<trial>), so that a trial can move."""
-    command = [
-        sys.executable,
-        "-m",
-        "areal_lightning",
+    argv = [
         "fit",
         "-c",
         str(EXAMPLE),
@@ -86,9 +79,7 @@ def _fit_new_run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
         "output_dir=${experiment_name}/${trial_name}",
         *args,
     ]
-    return subprocess.run(
-        command, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=RUN_TIMEOUT_S
-    )
+    return run_cli(argv, RUN_TIMEOUT_S, tmp_path, _env(tmp_path))
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
