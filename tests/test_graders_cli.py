@@ -4,15 +4,14 @@ the example config's reward model and judge (tiny random-weight models built in 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_server import run_cli
 
 pytest.importorskip("transformers")
 from hf_models import save_tiny_llama, write_gsm8k
-from procs import run_in_group
 from test_code_model_graders import save_tiny_reward_model
 
 from areal_lightning.tracking.history import eval_rows, read_history
@@ -62,7 +61,7 @@ SHORT = [
 
 def _cli(cwd: Path, *args: str) -> Any:
     env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled")
-    done = run_in_group([sys.executable, "-m", "areal_lightning", *args], TIMEOUT_S, cwd=cwd, env=env)
+    done = run_cli(list(args), TIMEOUT_S, cwd, env)  # forked from the fork server (tests/cli_server.py)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 

@@ -4,11 +4,13 @@ typo a user makes in the episodes section."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from cli_server import run_cli
 from procs import evaluate_command, run_in_group
 
 from areal_lightning.tracking.history import eval_rows, read_history
@@ -30,7 +32,7 @@ TIMEOUT_S = 300
 
 
 def _command(*args: str, cwd: Path) -> str:
-    proc = run_in_group([sys.executable, "-m", "areal_lightning", *args], timeout=TIMEOUT_S, cwd=cwd)
+    proc = run_cli(list(args), TIMEOUT_S, cwd, dict(os.environ))  # forked from the fork server (tests/cli_server.py)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from procs import kill_group, run_in_group
+from cli_server import run_cli
+from procs import kill_group
 
 from areal_lightning.tracking.history import eval_rows, event_rows, read_history
 
@@ -79,9 +80,8 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "areal_lightning", *args]
-    try:
-        done = run_in_group(cmd, COMMAND_TIMEOUT_S, cwd=tmp_path, env=_env(tmp_path))
+    try:  # forked from the fork server (tests/cli_server.py); the ranks it launches are fresh interpreters
+        done = run_cli(list(args), COMMAND_TIMEOUT_S, tmp_path, _env(tmp_path))
     except subprocess.TimeoutExpired as err:
         raise AssertionError(f"{' '.join(args[:3])} hung on 2 processes:\n{str(err.stderr)[-3000:]}") from None
     assert done.returncode == 0, f"{' '.join(args[:3])} failed:\n{done.stderr[-3000:]}"
