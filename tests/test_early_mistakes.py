@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_server import run_cli
 from procs import kill_group
 from small_run import SMALL_FIT
 
@@ -85,12 +86,15 @@ def _fit(tmp_path: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "areal_lightning", "fit", "-c", str(EXAMPLE), *SMALL_FIT, *where, *args]
 
 
+def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """`_fit`'s command run to its end, forked from the fork server (tests/cli_server.py); the run
+    that is killed is a fresh interpreter (`_fit`), as a user's is."""
+    return run_cli(_fit(tmp_path, *args)[3:], RUN_TIMEOUT_S, tmp_path, _env(tmp_path))
+
+
 @pytest.mark.process
 def test_the_cli_refuses_a_best_rule_without_outcomes_before_writing_anything(tmp_path: Path) -> None:
-    done = subprocess.run(
-        _fit(tmp_path, "evaluator.best_rule=lcb", "evaluator.best_metrics={pass@2: max}"),
-        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-    )  # fmt: skip
+    done = _run(tmp_path, "evaluator.best_rule=lcb", "evaluator.best_metrics={pass@2: max}")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert NO_OUTCOMES.format(rule="lcb", metric="pass@2").replace("\\", "") in done.stderr
     assert not (tmp_path / "out").exists()
@@ -112,15 +116,10 @@ def test_a_run_killed_before_its_first_checkpoint_says_how_to_start_again_and_th
     finally:
         kill_group(proc)
     assert not any((tmp_path / "out" / "t").rglob("*.ckpt"))
-    again = subprocess.run(
-        _fit(tmp_path, *long), cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=RUN_TIMEOUT_S
-    )
+    again = _run(tmp_path, *long)
     assert again.returncode == 2 and "Traceback" not in again.stderr
     assert "holds a run that stopped before its first checkpoint" in again.stderr and "--ckpt" not in again.stderr
     assert "pass --new-run to start the run in the next free trial directory beside it (t-1)" in again.stderr
-    moved = subprocess.run(  # what the message proposes
-        _fit(tmp_path, *long, "trainer.max_steps=2", "--new-run"),
-        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-    )  # fmt: skip
+    moved = _run(tmp_path, *long, "trainer.max_steps=2", "--new-run")  # what the message proposes
     assert moved.returncode == 0, moved.stderr[-3000:]
     assert (tmp_path / "out" / "t-1" / "checkpoints" / "last.ckpt").is_file()
