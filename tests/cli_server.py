@@ -111,3 +111,13 @@ def run_cli(argv: list[str], timeout: float, cwd: Path, env: dict[str, str]) -> 
         done = CliRun(["areal-lightning", *argv], process.exitcode, texts[0], texts[1])
         done.cpu_s = float(texts[2] or "nan")
         return done
+
+
+def run_command(
+    cmd: list[str], timeout: float, cwd: Path | str | None = None, env: dict[str, str] | None = None
+) -> CliRun:
+    """`procs.run_in_group`'s call for a ``python -m areal_lightning ARGS`` command (this
+    interpreter's), run as `run_cli` runs it: the caller's directory and environment unless given."""
+    if list(cmd[:3]) != [sys.executable, "-m", "areal_lightning"]:
+        raise ValueError(f"not an areal-lightning command of this interpreter: {cmd[:3]}")
+    return run_cli(list(cmd[3:]), timeout, Path(cwd or os.getcwd()), dict(os.environ if env is None else env))

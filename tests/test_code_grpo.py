@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from cli_server import run_command
 
 pytest.importorskip("transformers")
 from hf_models import save_tiny_llama
@@ -75,13 +75,8 @@ def test_fit_trains_on_code_and_counts_each_program_status(tmp_path: Path) -> No
         f"output_dir={tmp_path / 'run'}",
     ]
     env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "areal_lightning", "fit", "-c", str(EXAMPLE), *overrides],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    proc = run_command(
+        [sys.executable, "-m", "areal_lightning", "fit", "-c", str(EXAMPLE), *overrides], 600, tmp_path, env
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = eval_rows(read_history(tmp_path / "run"))

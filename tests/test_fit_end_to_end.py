@@ -11,7 +11,8 @@ import pytest
 import torch
 import yaml
 from callback_helpers import round_metrics
-from procs import evaluate_command, run_in_group
+from cli_server import run_command
+from procs import evaluate_command
 from wandb_reader import (
     read_wandb_records,
     read_wandb_tables,
@@ -57,7 +58,7 @@ def _fit(tmp_path: Path, trial: str, *extra: str) -> Path:
         WANDB_DATA_DIR=str(tmp_path / "wb-data"),
     )
     run_dir = tmp_path / "runs" / trial
-    proc = run_in_group(
+    proc = run_command(
         [
             sys.executable,
             "-m",
@@ -137,7 +138,7 @@ def test_plot_draws_both_figures_from_real_histories(runs, tmp_path):
         "hard",
     ]
     out = tmp_path / "compare.png"
-    proc = run_in_group(
+    proc = run_command(
         [
             sys.executable,
             "-m",
@@ -166,7 +167,7 @@ def test_evaluating_the_saved_checkpoint_on_two_processes_reproduces_the_in_trai
     run_dir = runs[0]
     end = {r["dataset"]: r for r in eval_rows(read_history(run_dir)) if r["step"] == MAX_STEPS}
     history = run_dir / "reevaluated.jsonl"
-    proc = run_in_group(
+    proc = run_command(
         evaluate_command(
             run_dir / "config.yaml",
             run_dir / "checkpoints" / "last.ckpt",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_server import run_command
 
 pytest.importorskip("transformers")
 from callback_helpers import round_metrics
@@ -25,9 +26,7 @@ EVAL_SAMPLES = 8  # per prompt: 48 a round, a few of them right
 
 def _cli(tmp: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, WANDB_MODE="disabled", OMP_NUM_THREADS="1")
-    return subprocess.run(
-        [sys.executable, "-m", "areal_lightning", *args], cwd=tmp, env=env, capture_output=True, text=True, timeout=400
-    )
+    return run_command([sys.executable, "-m", "areal_lightning", *args], 400, cwd=tmp, env=env)
 
 
 def _small(tmp: Path) -> list[str]:

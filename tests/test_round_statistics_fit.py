@@ -12,8 +12,8 @@ from pathlib import Path
 
 import lightning as L
 import pytest
+from cli_server import run_command
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
-from procs import run_in_group
 from wandb_reader import read_wandb_records, wandb_history
 
 from areal_lightning.tracking.history import eval_rows, read_history
@@ -61,7 +61,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "evaluator.metric_thresholds={pass@2: 0.99}",
         f"output_dir={run}",
     ]
-    proc = run_in_group(
+    proc = run_command(
         [sys.executable, "-m", "areal_lightning", "fit", "-c", str(EXAMPLE), *args], timeout=300, env=env
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -116,11 +116,11 @@ def test_plot_draws_a_completion_statistic_alone_and_length_and_truncation_next_
     from areal_lightning.viz.panels import build_panels
 
     plot = [sys.executable, "-m", "areal_lightning", "plot", str(run_dir)]
-    proc = run_in_group([*plot, "--metric", "completion/truncated"], timeout=120)
+    proc = run_command([*plot, "--metric", "completion/truncated"], timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert Path(proc.stdout.strip()) == run_dir / "eval_completion_truncated.png"
     panels = ["accuracy", "completion/length/mean", "completion/truncated"]
-    proc = run_in_group([*plot, *(a for m in panels for a in ("--metric", m))], timeout=120)
+    proc = run_command([*plot, *(a for m in panels for a in ("--metric", m))], timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = Path(proc.stdout.strip())
     assert out == run_dir / "eval_accuracy+completion_length_mean+completion_truncated.png"

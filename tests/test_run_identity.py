@@ -1,6 +1,7 @@
 """One run, one identity: `fit` never mixes two runs in one directory, and `fit --ckpt` after a kill
 continues the same run: its run_id, its eval history, its W&B run (rewound to the checkpoint's row,
-read back from the offline run files) and its CSV version. Real CLI processes throughout (forked from the fork server where they run to their end); the kill is a real SIGKILL of a fresh interpreter."""
+read back from the offline run files) and its CSV version. Real CLI processes throughout (forked from
+the fork server where they run to their end); the kill is a real SIGKILL of a fresh interpreter."""
 
 from __future__ import annotations
 
