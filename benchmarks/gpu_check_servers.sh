@@ -33,8 +33,8 @@ if [ ! -f "$MODEL/config.json" ]; then
 fi
 EXTRA=(--gpu-memory-utilization 0.35)
 if [ "$SMOKE" = 1 ]; then
-  EXTRA=(--dtype float32 --enforce-eager --no-enable-chunked-prefill)
-  export VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_CPU_KVCACHE_SPACE=1 OMP_NUM_THREADS=1
+  EXTRA=(--dtype float32 --enforce-eager --no-enable-chunked-prefill --distributed-executor-backend uni)
+  export VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_CPU_KVCACHE_SPACE=1 OMP_NUM_THREADS=1 VLLM_ENABLE_V1_MULTIPROCESSING=0
 fi
 for port in "${PORTS[@]}"; do
   VLLM_SERVER_DEV_MODE=1 setsid timeout 1200 "$PYTHON" -m vllm.entrypoints.openai.api_server \

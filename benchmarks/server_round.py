@@ -5,11 +5,12 @@ The servers are started by hand from one model directory (each one thread), e.g.
 command: ``cd tests && python server_helpers.py /tmp/srv 18101 18102`` (it saves a tiny Llama in
 /tmp/srv/model). The round is the default evaluation (`run_round`: tokenizing, requests, scoring,
 metrics) on a GSM8K-format set of `--prompts` prompts x `--n-samples` completions. Its requests are
-recorded, then sent again by a plain loop: one `httpx.AsyncClient`, the same bodies to the same
-servers, at most `max_in_flight` in flight per server. Each measurement is repeated `--repeats`
-times, interleaved, and the medians compared. A first round at a new step publishes the weights
-(`publish_secs`) and loads them on the servers (`load_secs`); the timed rounds after it find the
-snapshot there and the servers holding it (their version is checked, nothing loaded).
+recorded, then sent again by a plain loop: one `aiohttp.ClientSession` (and, for comparison, one
+`httpx.AsyncClient` without kept-alive connections), the same bodies to the same servers, at most
+`max_in_flight` in flight per server. Each measurement is repeated `--repeats` times, interleaved,
+and the medians compared. A first round at a new step publishes the weights (`publish_secs`) and
+loads them on the servers (`load_secs`); the timed rounds after it find the snapshot there and the
+servers holding it (their version is checked, nothing loaded).
 
     .venv-vllm/bin/python benchmarks/server_round.py --model /tmp/srv/model \
         --urls http://127.0.0.1:18101,http://127.0.0.1:18102 [--prompts 16] [--n-samples 4] \
@@ -29,6 +30,19 @@ from statistics import median
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+
+def _write_data(path: Path, n: int) -> Path:
+    """`n` distinct GSM8K-format questions (an eval set drops repeated prompts)."""
+    rows = [
+        {
+            "question": f"Tom has {i} apples and buys {i % 7 + 2} more. How many apples?",
+            "answer": f"#### {i + i % 7 + 2}",
+        }
+        for i in range(n)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
 
 
 def _module(model: str, urls: list[str], tmp: Path, data: Path, args: argparse.Namespace) -> tuple[Any, Any]:
@@ -73,25 +87,47 @@ def _record(evaluator: Any) -> list[tuple[dict[str, Any], int]]:
     return sent
 
 
-def _plain(urls: list[str], sent: list[tuple[dict[str, Any], int]], in_flight: int) -> float:
-    """The same requests from one httpx client, `in_flight` per server, all started together."""
-    import httpx
+def _plain(urls: list[str], sent: list[tuple[dict[str, Any], int]], in_flight: int, client: str = "aiohttp") -> float:
+    """The same requests from one client (`aiohttp`, or `httpx` without kept-alive connections),
+    `in_flight` per server, all started together; the first call opens the connections."""
 
-    async def run() -> None:
+    async def send(post: Any) -> None:
         slots = {u: asyncio.Semaphore(in_flight) for u in urls}
-        limits = httpx.Limits(max_connections=len(urls) * in_flight)
-        async with httpx.AsyncClient(limits=limits, timeout=600) as client:
 
-            async def one(body: dict[str, Any], route: int) -> None:
-                url = urls[route % len(urls)]
-                async with slots[url]:
-                    (await client.post(f"{url}/v1/completions", json=body)).raise_for_status()
+        async def one(body: dict[str, Any], route: int) -> None:
+            url = urls[route % len(urls)]
+            async with slots[url]:
+                await post(f"{url}/v1/completions", body)
 
-            await asyncio.gather(*(one(b, r) for b, r in sent))
+        await asyncio.gather(*(one(b, r) for b, r in sent))
 
-    started = time.perf_counter()
-    asyncio.run(run())
-    return time.perf_counter() - started
+    async def run() -> float:
+        if client == "httpx":
+            import httpx
+
+            limits = httpx.Limits(max_connections=len(urls) * in_flight, max_keepalive_connections=0)
+            async with httpx.AsyncClient(limits=limits, timeout=600) as hx:
+
+                async def post_httpx(url: str, body: dict[str, Any]) -> None:
+                    (await hx.post(url, json=body)).raise_for_status()
+
+                started = time.perf_counter()
+                await send(post_httpx)
+                return time.perf_counter() - started
+        import aiohttp
+
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+            async def post_aiohttp(url: str, body: dict[str, Any]) -> None:
+                async with session.post(url, json=body) as answer:
+                    answer.raise_for_status()
+                    await answer.read()
+
+            started = time.perf_counter()
+            await send(post_aiohttp)
+            return time.perf_counter() - started
+
+    return asyncio.run(run())
 
 
 def main() -> None:
@@ -105,24 +141,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    from hf_models import write_gsm8k
-
     urls = args.urls.split(",")
     assert len(urls) == 2, "--urls: two servers"
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
-        data = write_gsm8k(tmp / "bench.jsonl", args.prompts)
+        data = _write_data(tmp / "bench.jsonl", args.prompts)
         cfg2, two = _module(args.model, urls, tmp, data, args)
         cfg1, one = _module(args.model, urls[:1], tmp, data, args)
         sent = _record(two.engine_evaluate_fn)
         _round(cfg2, two, step=1)  # a new version: published and loaded on both servers
         publish, load = two.engine_evaluate_fn.publish_secs, two.engine_evaluate_fn.load_secs
         _round(cfg1, one, step=1)  # warms the one-server client (the snapshot is there, loaded)
-        times: dict[str, list[float]] = {"round_2": [], "plain_2": [], "round_1": []}
+        times: dict[str, list[float]] = {"round_2": [], "plain_2": [], "plain_2_httpx": [], "round_1": []}
         for _ in range(args.repeats):
             sent.clear()
             times["round_2"].append(_round(cfg2, two, step=1))
             times["plain_2"].append(_plain(urls, list(sent), args.in_flight))
+            times["plain_2_httpx"].append(_plain(urls, list(sent), args.in_flight, client="httpx"))
             times["round_1"].append(_round(cfg1, one, step=1))
         for module in (one, two):
             module.engine_evaluate_fn.close()

@@ -47,6 +47,7 @@ def server_command(model: Path, port: int, lifetime_s: int = LIFETIME_S) -> list
         "--host", HOST, "--port", str(port),
         "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS),
         "--enforce-eager", "--no-enable-chunked-prefill", "--seed", "0",
+        "--distributed-executor-backend", "uni",
     ]  # fmt: skip
 
 
@@ -70,6 +71,7 @@ class Server:
         env.update(
             VLLM_SERVER_DEV_MODE="1",
             VLLM_CPU_OMP_THREADS_BIND="nobind",
+            VLLM_ENABLE_V1_MULTIPROCESSING="0",  # with the uni executor: no worker process (docs/servers.md)
             VLLM_CPU_KVCACHE_SPACE="1",
             OMP_NUM_THREADS="1",
             VLLM_LOGGING_LEVEL="WARNING",

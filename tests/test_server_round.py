@@ -16,6 +16,7 @@ import contextlib
 import math
 import sys
 import threading
+from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
@@ -134,8 +135,15 @@ def _versions(fleet: Any) -> list[str]:
 
 @pytest.fixture(scope="module")
 def reference(fleet: Any) -> list[Any]:
-    """The round at step 0 through both servers."""
+    """The round at step 0 through both servers; the routes of each of its calls in `fleet.calls`."""
     cfg, module = _module(fleet)
+    inner, fleet.calls = module.engine_evaluate_fn.fleet.complete_all, []
+
+    def complete_all(bodies: Any, routes: Any, timeout_s: float) -> Any:
+        fleet.calls.append([(body["prompt"], route % 2) for body, route in zip(bodies, routes, strict=True)])
+        return inner(bodies, routes, timeout_s)
+
+    module.engine_evaluate_fn.fleet.complete_all = complete_all
     try:
         return _round(cfg, module)
     finally:
@@ -151,6 +159,12 @@ def test_two_servers_one_server_and_the_in_process_engine_give_the_same_round(fl
     assert math.isnan(sampled.metrics["completion/entropy"])  # servers give none: null, not made up
     assert len(set(_versions(fleet))) == 1 and _versions(fleet)[0].startswith("step-000000000-")
     assert {r.notes[VERSION_NOTE] for r in reference} == {_versions(fleet)[0]}  # what the records say
+    # Each call's prompts are dealt evenly: each server gets as many requests as the other, give or
+    # take one prompt's, and a prompt's requests go to one server (its prefix cache).
+    for call in fleet.calls:
+        per_server = Counter(server for _, server in call)
+        assert abs(per_server[0] - per_server[1]) <= max(Counter(tuple(p) for p, _ in call).values()), call
+        assert all(len({server for p, server in call if p == prompt}) == 1 for prompt, _ in call)
     cfg, one = _module(fleet, urls=[fleet.servers[1].url])
     try:
         assert_same_results(reference, _round(cfg, one))

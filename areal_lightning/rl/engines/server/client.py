@@ -1,8 +1,9 @@
 """`Fleet`: one async HTTP client for a list of OpenAI-compatible servers, its event loop on a thread.
 
 A round is synchronous code; the fleet runs its requests on an event loop of its own (a daemon
-thread, started on first use), so that one `httpx.AsyncClient` keeps its connections across
-rounds. Each server has at most ``max_in_flight`` requests in flight. A request goes to the server
+thread, started on first use), so that one `aiohttp.ClientSession` keeps its connections across
+rounds (httpx's pool of kept-alive connections made a round 2-4x slower than fresh connections:
+benchmarks/RESULTS.md). Each server has at most ``max_in_flight`` requests in flight. A request goes to the server
 its route picks; transport errors and 5xx answers are retried there (``retries`` times, waiting
 ``retry_wait_s`` doubled each time), then the server is marked down for the round and the request
 goes to the next one. A 4xx answer is never retried: the request itself is wrong, and every server
@@ -12,12 +13,14 @@ would refuse it. Every request is answered once or the round fails: its answer i
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
+import weakref
 from collections import Counter
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
-import httpx
+import aiohttp
 
 from areal_lightning.rl.engines.server.options import ServerOptions
 
@@ -41,8 +44,20 @@ class _Retryable(Exception):
         self.reason = reason
 
 
-def _reason(err: httpx.TransportError) -> str:
-    return "timeout" if isinstance(err, httpx.TimeoutException) else "transport"
+TRANSPORT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError)
+"""What a request can fail with before a whole answer arrived: worth another attempt."""
+
+
+def _reason(err: BaseException) -> str:
+    return "timeout" if isinstance(err, asyncio.TimeoutError) else "transport"
+
+
+def _shut_down(loop: asyncio.AbstractEventLoop, thread: threading.Thread, client: Any) -> None:
+    if client is not None and thread.is_alive():
+        asyncio.run_coroutine_threadsafe(client.close(), loop).result()
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join()
+    loop.close()
 
 
 class Fleet:
@@ -61,12 +76,15 @@ class Fleet:
         self.failovers = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._client: aiohttp.ClientSession | None = None
         self._slots: dict[str, asyncio.Semaphore] = {}
+        self._closer: weakref.finalize[Any, Fleet] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_loop=None, _thread=None, _client=None, _slots={}, down={}, failures=Counter(), failovers=0)
+        state.update(
+            _loop=None, _thread=None, _client=None, _slots={}, _closer=None, down={}, failures=Counter(), failovers=0
+        )
         return state
 
     @property
@@ -89,26 +107,23 @@ class Fleet:
         thread = threading.Thread(target=loop.run_forever, name="server-fleet", daemon=True)
         thread.start()
         self._loop, self._thread = loop, thread
-        n = len(self.urls) * self.options.max_in_flight
 
         async def make() -> None:
-            limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
-            self._client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S))
+            # No limit of the connector's own: the slots bound each server's completions, and a
+            # version check must not wait behind them.
+            self._client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
             self._slots = {url: asyncio.Semaphore(self.options.max_in_flight) for url in self.urls}
 
         asyncio.run_coroutine_threadsafe(make(), loop).result()
+        # A fleet nobody closed (dropped, or alive at exit) closes its client and loop all the same.
+        self._closer = weakref.finalize(self, _shut_down, loop, thread, self._client)
 
     def close(self) -> None:
         """Closes the client and stops the loop (the next `run` starts them again)."""
-        loop, thread, client = self._loop, self._thread, self._client
-        self._loop = self._thread = self._client = None
-        if loop is None or thread is None:
-            return
-        if client is not None:
-            asyncio.run_coroutine_threadsafe(client.aclose(), loop).result()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
-        loop.close()
+        closer = self._closer
+        self._loop = self._thread = self._client = self._closer = None
+        if closer is not None:
+            closer()
 
     async def request(self, method: str, url: str, path: str, timeout_s: float, body: Any = None) -> Any:
         """One request to one server with its retries; the answer's JSON (None when it has no body).
@@ -132,17 +147,18 @@ class Fleet:
 
     async def _once(self, method: str, url: str, timeout_s: float, body: Any) -> Any:
         assert self._client is not None
+        timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S)
         try:
-            answer = await self._client.request(
-                method, url, json=body, timeout=httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S)
-            )
-        except httpx.TransportError as err:
+            async with self._client.request(method, url, json=body, timeout=timeout) as answer:
+                status, content = answer.status, await answer.read()
+        except TRANSPORT_ERRORS as err:
             raise _Retryable(_reason(err), f"{type(err).__name__}: {err}") from err
-        if answer.status_code >= 500:
-            raise _Retryable("5xx", f"HTTP {answer.status_code}: {answer.text[:300]}")
-        if answer.status_code >= 400:
-            raise ServerRefusedError(f"{url} refused the request (HTTP {answer.status_code}): {answer.text[:500]}")
-        return answer.json() if answer.content else None
+        text = content.decode(errors="replace")
+        if status >= 500:
+            raise _Retryable("5xx", f"HTTP {status}: {text[:300]}")
+        if status >= 400:
+            raise ServerRefusedError(f"{url} refused the request (HTTP {status}): {text[:500]}")
+        return json.loads(content) if content else None
 
     async def complete(self, body: dict[str, Any], route: int, timeout_s: float) -> dict[str, Any]:
         """One completions request, sent to server ``route % n`` and, when that one fails, to the next

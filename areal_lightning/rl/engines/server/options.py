@@ -1,5 +1,5 @@
 """`ServerOptions`: which inference servers the evaluation generates on, and how it talks to them.
-Pure Python, so that a config checks its section without importing torch or httpx."""
+Pure Python, so that a config checks its section without importing torch or aiohttp."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ class ServerOptions:
 
     Args:
         urls: the servers' base URLs (``http://host:port``), each serving the same model; a
-            sample's requests go to the server its seed picks, the next one when that one fails.
+            prompt's requests go to one server (the prompts dealt evenly), the next one when that
+            one fails.
         model: the served model name (``vllm serve --served-model-name``).
         snapshot_dir: where the evaluated weights are published before a round, a directory every
             server can read (a shared file system, or the local disk when they run on this machine).

@@ -8,13 +8,16 @@ settings, ``max_tokens``, the policy's EOS as the only end token and the stop st
 tokens come back as ids (``return_token_ids``), with each one's raw log-probability when scores
 are asked (``logprobs: 0``); servers give no entropies (`Generation.entropy` is None).
 
-A prompt's requests go to the server its seed picks (its samples share the server's prefix cache),
-so which server answers depends on the sample only, and not on ranks, batches or arrival order.
+A prompt's requests go to one server (its samples share that server's prefix cache), and the
+prompts of a call are dealt to the servers so that each gets as many requests as the others
+(`balanced_routes`). Which server answers changes no result: each request carries its own seed and
+every server holds the same, checked weights.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
@@ -65,6 +68,26 @@ def completion_body(
     if scores:
         body["logprobs"] = 0  # the sampled token's own, raw (vLLM's default logprobs mode)
     return body
+
+
+def balanced_routes(keys: Sequence[Hashable], servers: int) -> list[int]:
+    """The server index of each request: the requests of one key (a prompt) together, each key in
+    order of first appearance to the server that has been given the fewest requests so far.
+
+    Example:
+        >>> balanced_routes([7, 7, 3, 3, 9, 9, 4, 4], 2)
+        [0, 0, 1, 1, 0, 0, 1, 1]
+        >>> balanced_routes([5, 5, 5, 6, 8], 2)
+        [0, 0, 0, 1, 1]
+    """
+    rows = Counter(keys)
+    given = [0] * servers
+    route: dict[Hashable, int] = {}
+    for key in keys:
+        if key not in route:
+            route[key] = min(range(servers), key=given.__getitem__)
+            given[route[key]] += rows[key]
+    return [route[key] for key in keys]
 
 
 def _token_ids(choice: dict[str, Any], url_hint: str) -> list[int]:
@@ -122,7 +145,7 @@ class ServerPolicy(GeneratesFromScored):
         stops = [*self.stop, *(s for s in stop if s not in self.stop)]
         sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
         bodies: list[dict[str, Any]] = []
-        routes: list[int] = []
+        prompt_keys: list[Hashable] = []
         position: dict[int, int] = {}
         for prompt, g in zip(prompts, gens, strict=True):
             # Rows of one prompt share its generator: the k-th of them is the prompt's k-th sample.
@@ -140,7 +163,8 @@ class ServerPolicy(GeneratesFromScored):
                 scores=scores,
             )
             bodies.append(body)
-            routes.append(g.initial_seed())
+            prompt_keys.append((id(g), tuple(prompt)))  # a prompt's samples share a generator
+        routes = balanced_routes(prompt_keys, len(self.fleet.urls))
         answers = self.fleet.complete_all(bodies, routes, self.fleet.options.request_timeout_s(max_new_tokens))
         return self._generation(answers, rows, max_new_tokens, scores, prompt_ids.device)
 
