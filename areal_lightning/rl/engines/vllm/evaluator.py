@@ -110,6 +110,12 @@ class VLLMEngine:
         )
         if self._in_process:
             kwargs["distributed_executor_backend"] = "uni"
+        elif device.type == "cpu":
+            # The engine core runs the model itself. Named "uni", vLLM's CPU platform turns it into
+            # "mp" in a process of its own: a model runner polled by the engine core (both busy).
+            from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+            kwargs["distributed_executor_backend"] = UniProcExecutor
         if device.type == "cuda":
             kwargs["gpu_memory_utilization"] = opts.gpu_memory_utilization
         kwargs.update(opts.extra)
