@@ -15,7 +15,9 @@ UV_DIR := build/uv
 UV := $(UV_DIR)/bin/uv
 UV_VERSION := 0.13.9
 FIND_LINKS := $(or $(PIP_FIND_LINKS),$(shell python3 -m pip config get global.find-links 2>/dev/null))
-UV_INSTALL = $(UV) pip install --quiet $(foreach dir,$(FIND_LINKS),--find-links $(dir))
+# --compile-bytecode: as pip does; where PYTHONDONTWRITEBYTECODE is set (this machine) nothing would
+# ever write the .pyc files, and every process would compile torch and Lightning again.
+UV_INSTALL = $(UV) pip install --quiet --compile-bytecode $(foreach dir,$(FIND_LINKS),--find-links $(dir))
 
 $(UV):
 	python3 -m pip install --quiet --target $(UV_DIR) uv==$(UV_VERSION)
