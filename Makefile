@@ -74,6 +74,10 @@ XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 # The time guard: each run writes a JUnit report (build/junit.xml, build/junit-vllm.xml), and
 # tools/test_times.py prints the ten slowest tests and the totals last, in CI's log (it never fails
 # the run on time; benchmarks/RESULTS.md has the figures the project holds itself to).
+# The tests write the bytecode of what they import (this machine sets PYTHONDONTWRITEBYTECODE):
+# the suite starts hundreds of processes, each of which would compile the package again.
+test test-fast: export PYTHONDONTWRITEBYTECODE :=
+
 test: lint
 	@mkdir -p build
 	@rm -f build/junit.xml build/junit-vllm.xml
