@@ -156,7 +156,12 @@ def _user_module(path: Path, **code: Any) -> ModuleType:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["user_evaluate"] = module
-    spec.loader.exec_module(module)
+    # No .pyc: a file rewritten within the same second at the same size would load the old one's.
+    dont_write, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.dont_write_bytecode = dont_write
     return module
 
 
