@@ -3,11 +3,12 @@
 A round is synchronous code; the fleet runs its requests on an event loop of its own (a daemon
 thread, started on first use), so that one `aiohttp.ClientSession` keeps its connections across
 rounds (httpx's pool of kept-alive connections made a round 2-4x slower than fresh connections:
-benchmarks/RESULTS.md). Each server has at most ``max_in_flight`` requests in flight. A request goes to the server
-its route picks; transport errors and 5xx answers are retried there (``retries`` times, waiting
-``retry_wait_s`` doubled each time), then the server is marked down for the round and the request
-goes to the next one. A 4xx answer is never retried: the request itself is wrong, and every server
-would refuse it. Every request is answered once or the round fails: its answer is the one it waits on.
+benchmarks/RESULTS.md). Each server has at most ``max_in_flight`` requests in flight. A request goes
+to the server its route picks; transport errors and 5xx answers are retried there (``retries``
+times, waiting ``retry_wait_s`` doubled each time), then the server is marked down for the round and
+the request goes to the next one. A 4xx answer is never retried: the request itself is wrong, and
+every server would refuse it. Every request is answered once or the round fails: its answer is the
+one it waits on.
 """
 
 from __future__ import annotations
