@@ -7,8 +7,10 @@ command: ``cd tests && python server_helpers.py /tmp/srv 18101 18102`` (it saves
 metrics) on a GSM8K-format set of `--prompts` prompts x `--n-samples` completions. Its requests are
 recorded, then sent again by a plain loop: one `aiohttp.ClientSession` (and, for comparison, one
 `httpx.AsyncClient` without kept-alive connections), the same bodies to the same servers, at most
-`max_in_flight` in flight per server. Each measurement is repeated `--repeats` times, interleaved,
-and the medians compared. A first round at a new step publishes the weights (`publish_secs`) and
+`max_in_flight` in flight per server; the plain loop also sends them all to the first server, so
+that one server against two is measured for the servers alone (``one_over_two_servers_plain``) as
+well as for the round. Each measurement is repeated `--repeats` times, interleaved, and the medians
+compared. A first round at a new step publishes the weights (`publish_secs`) and
 loads them on the servers (`load_secs`); the timed rounds after it find the snapshot there and the
 servers holding it (their version is checked, nothing loaded).
 
@@ -152,13 +154,14 @@ def main() -> None:
         _round(cfg2, two, step=1)  # a new version: published and loaded on both servers
         publish, load = two.engine_evaluate_fn.publish_secs, two.engine_evaluate_fn.load_secs
         _round(cfg1, one, step=1)  # warms the one-server client (the snapshot is there, loaded)
-        times: dict[str, list[float]] = {"round_2": [], "plain_2": [], "plain_2_httpx": [], "round_1": []}
+        times: dict[str, list[float]] = {k: [] for k in ("round_2", "plain_2", "plain_2_httpx", "round_1", "plain_1")}
         for _ in range(args.repeats):
             sent.clear()
             times["round_2"].append(_round(cfg2, two, step=1))
             times["plain_2"].append(_plain(urls, list(sent), args.in_flight))
             times["plain_2_httpx"].append(_plain(urls, list(sent), args.in_flight, client="httpx"))
             times["round_1"].append(_round(cfg1, one, step=1))
+            times["plain_1"].append(_plain(urls[:1], list(sent), args.in_flight))
         for module in (one, two):
             module.engine_evaluate_fn.close()
     med = {k: median(v) for k, v in times.items()}
@@ -167,6 +170,7 @@ def main() -> None:
         **{f"{k}_secs": round(v, 3) for k, v in med.items()},
         "round_over_plain": round(med["round_2"] / med["plain_2"], 3),
         "one_over_two_servers": round(med["round_1"] / med["round_2"], 3),
+        "one_over_two_servers_plain": round(med["plain_1"] / med["plain_2"], 3),
         "publish_secs": round(publish, 3),
         "load_secs": round(load, 3),
         "all": times,
