@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -20,6 +21,7 @@ from areal_lightning.scoring import (
     program_with_tests,
     run_program,
 )
+from areal_lightning.scoring.sandbox.isolation import NOBODY_UID
 
 pytestmark = pytest.mark.process
 
@@ -126,6 +128,28 @@ def test_close_stops_the_workers_and_removes_their_files() -> None:
     assert not Path(base).exists()
     assert box.run("print(5)").output == "5\n"  # started again on the next call
     box.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the workers run programs as another user only when started as root")
+def test_a_directory_the_programs_user_cannot_enter_is_refused_before_any_program_runs() -> None:
+    # A TMPDIR of mode 0700 (a per-user or per-job temporary directory): every program used to
+    # end `crashed` with a PermissionError, a pass rate of zero that said nothing of the programs.
+    parent = Path(tempfile.mkdtemp(prefix="areal-sandbox-parent-"))
+    try:
+        parent.chmod(0o755)
+        private = parent / "private"
+        private.mkdir(mode=0o700)
+        with Sandbox(directory=private) as box:
+            with pytest.raises(
+                PermissionError, match=rf"uid {NOBODY_UID}, who cannot enter {re.escape(str(private))} \(mode 700"
+            ):
+                box.run("print(1)")
+            assert os.listdir(private) == []  # nothing started, nothing left
+        private.chmod(0o711)  # the same place, passable: the programs run
+        with Sandbox(directory=private) as box:
+            assert box.run("print(1)").status is ProgramStatus.PASSED
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 def test_nothing_is_left_in_the_temporary_directory() -> None:

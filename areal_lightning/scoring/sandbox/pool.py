@@ -12,6 +12,7 @@ import re
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -36,6 +37,22 @@ __all__ = ["Sandbox", "close_all", "grade_program", "program_with_tests", "run_p
 def _clean_environment(base: str) -> dict[str, str]:
     """The workers' whole environment: nothing of the caller's (no API keys, no tokens)."""
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": base, "TMPDIR": base}
+
+
+def closed_directory(path: str, uid: int) -> str | None:
+    """The first directory on the way to `path` (itself included) that user `uid` cannot pass
+    through (no execute permission for it as owner or as anyone else); None if there is none.
+
+    Example:
+        >>> closed_directory("/", 65534) is None
+        True
+    """
+    target = Path(path).resolve()
+    for directory in [*reversed(target.parents), target]:
+        mode, owner = directory.stat().st_mode, directory.stat().st_uid
+        if not mode & (stat.S_IXUSR if owner == uid else stat.S_IXOTH):
+            return str(directory)
+    return None
 
 
 def hidden_homes() -> list[str]:
@@ -198,7 +215,18 @@ class Sandbox:
     def _ensure_workers(self, n: int) -> None:
         if self._base is None:
             remove_leftovers(self.directory)  # those of sandboxes whose process was killed
-            self._base = tempfile.mkdtemp(prefix=PREFIX, dir=self.directory)
+            base = tempfile.mkdtemp(prefix=PREFIX, dir=self.directory)
+            uid = self.sandbox_uid
+            closed = closed_directory(os.path.dirname(base), uid) if uid is not None and os.geteuid() == 0 else None
+            if closed is not None:
+                shutil.rmtree(base, ignore_errors=True)
+                raise PermissionError(
+                    f"the sandbox's programs run as uid {uid}, who cannot enter {closed} (mode "
+                    f"{stat.S_IMODE(os.stat(closed).st_mode):o}, owner uid {os.stat(closed).st_uid}) on the way to "
+                    f"their directory {base}: set TMPDIR (or the sandbox's directory) to a directory every user can "
+                    "enter, such as /tmp"
+                )
+            self._base = base
             mark_owner(self._base)
             os.chmod(self._base, 0o711)  # workers' directories can be entered, not listed
             _STARTED[self] = os.getpid()
