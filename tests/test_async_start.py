@@ -69,6 +69,8 @@ from pathlib import Path
 from areal_lightning.callbacks.worker_launch import WorkerLaunch
 
 def echo(conn):
+    import tempfile
+    tempfile.mkstemp(prefix="left-by-the-worker-")  # a terminated worker cleans nothing up
     while (message := conn.recv_bytes()) != b"end":
         conn.send_bytes(message)
 
@@ -83,6 +85,7 @@ if __name__ == "__main__":
     print("received:", [launch.conn.recv_bytes().decode() for _ in range(3)], flush=True)
     launch.stop(ask=False, grace=5.0)
     print("worker exit code:", launch.process.exitcode, flush=True)
+    print("its temporary directory is gone:", not os.path.exists(launch.temp), flush=True)
 """
 
 
@@ -97,4 +100,5 @@ def test_a_worker_still_starting_keeps_nobody_waiting_and_gets_its_messages_in_o
         "returned while the server was held: True",
         "received: ['first', 'second', 'third']",
         "worker exit code: -15",
+        "its temporary directory is gone: True",
     ]

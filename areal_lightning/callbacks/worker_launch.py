@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
+import shutil
+import tempfile
 import threading
 import traceback
 from collections.abc import Callable, Sequence
@@ -48,18 +51,30 @@ def prestart(modules: Sequence[str] = ()) -> None:
     forkserver.ensure_running()
 
 
+def _in_directory(conn: Connection, temp: str, target: Callable[..., None], *args: Any) -> None:
+    """The worker's body: `target(conn, *args)` with `temp` as its temporary directory (and its
+    children's), which the training process removes once the worker has ended."""
+    os.environ["TMPDIR"] = temp
+    tempfile.tempdir = None
+    target(conn, *args)
+
+
 class WorkerLaunch:
     """A worker process being started from a thread, and a pipe whose messages wait for it.
 
     ``target(conn, *args)`` runs in the worker, `conn` its end of the pipe. `send_bytes` never
     waits for the start: what is sent before the worker runs is queued and sent, in order, once
-    it does.
+    it does. The worker's temporary directory is one of its own, removed by `stop`: a worker is
+    terminated, not asked to clean up, and what it made there (a vLLM engine's sockets and files,
+    a sandbox's directories) goes with it.
     """
 
     def __init__(self, target: Callable[..., None], args: Sequence[Any], name: str) -> None:
         ctx: Any = multiprocessing.get_context(start_method())  # a start method's context has `Process`
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=target, args=(child, *args), daemon=True, name=name)
+        self.temp = tempfile.mkdtemp(prefix="areal-worker-")
+        os.chmod(self.temp, 0o711)  # a sandbox's programs run as another user and pass through it
+        self.process = ctx.Process(target=_in_directory, args=(child, self.temp, target, *args), daemon=True, name=name)
         self.error: str | None = None
         """The traceback of a start that failed."""
         self._lock = threading.Lock()
@@ -136,3 +151,4 @@ class WorkerLaunch:
                 process.kill()
                 process.join()
         self.conn.close()
+        shutil.rmtree(self.temp, ignore_errors=True)

@@ -27,6 +27,7 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -135,11 +136,13 @@ class VLLMEngine:
         from vllm import LLM
 
         self._dir = tempfile.mkdtemp(prefix="areal_vllm_")
+        weakref.finalize(self, shutil.rmtree, self._dir, ignore_errors=True)  # a process that never closes
         config: Any = model.config
         config.save_pretrained(self._dir)
         tokenizer.save_pretrained(self._dir)
         start = time.perf_counter()
-        self._llm = LLM(model=self._dir, **self._engine_kwargs(model, device))
+        with _temporary_directory(self._dir):
+            self._llm = LLM(model=self._dir, **self._engine_kwargs(model, device))
         self.builds += 1
         self._pushed = None
         log.info(
@@ -244,6 +247,23 @@ class VLLMEngine:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
+
+
+@contextlib.contextmanager
+def _temporary_directory(path: str) -> Iterator[None]:
+    """The process's temporary directory is `path` while the engine is built: vLLM's sockets, its
+    process group's file store and what its engine processes make there (they inherit it) go with
+    the engine's own directory, even where the engine dies without cleaning up."""
+    before, cached = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = path, path
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before
+        tempfile.tempdir = cached
 
 
 @contextlib.contextmanager
