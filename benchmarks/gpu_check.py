@@ -15,7 +15,9 @@ Run: benchmarks/gpu_check.sh [--cpu-smoke]
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -120,6 +122,7 @@ def main() -> int:
     from areal_lightning.rl.rollout_eval import rollout_evaluate
 
     tmp = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # scratch: the model, the data, the run
     _save_model(tmp / "model", sizes)
     _write_gsm8k(tmp / "gsm8k.jsonl", max(sizes["prompts"], sizes["per_step"] * steps))
     cfg = load_config(

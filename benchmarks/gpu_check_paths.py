@@ -5,6 +5,8 @@ process's)."""
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -24,6 +26,7 @@ def async_fit(module: Any, cfg: Any, device: torch.device, smoke: bool) -> dict[
     from areal_lightning.tracking.history import read_history
 
     out = Path(tempfile.mkdtemp(prefix="gpu_check_async_"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)  # scratch: the model, the data, the run
     callback = EvaluationCallback(
         build_eval_sets(cfg),
         schedule={"freq_steps": 2, "eval_before_train": True},

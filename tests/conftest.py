@@ -11,6 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from leftovers import (  # noqa: F401  (its hooks and fixture)
+    _sandboxes_end_with_the_session,
+    pytest_configure,
+    pytest_runtest_protocol,
+    pytest_sessionfinish,
+)
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

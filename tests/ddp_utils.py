@@ -59,6 +59,12 @@ def _worker(
     os.environ.update(
         env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size)
     )
+    # A temporary directory in the run's: the rank ends with os._exit (no exit handlers remove W&B's
+    # or multiprocessing's directories); run_ddp removes it with the run's.
+    temp = os.path.join(out_dir, f"tmp{rank}")
+    os.mkdir(temp, 0o711)  # a sandbox's programs run as another user and pass through it
+    os.environ["TMPDIR"] = temp
+    tempfile.tempdir = None
     # Rank-zero-only printing (Lightning's, torchmetrics') read LOCAL_RANK when imported: in the server.
     for module in list(sys.modules.values()):
         only = getattr(module, "__dict__", {}).get("rank_zero_only")
@@ -114,6 +120,9 @@ def _stop(context: mp.ProcessContext) -> list[int]:
             process.join()
     for process in context.processes:  # children a rank started outlive it unless its group goes too
         _signal_group(process.pid, signal.SIGKILL)
+    for path in context.error_files:  # torch's file of a rank that raised (in the temporary directory)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
     return alive
 
 
@@ -150,6 +159,7 @@ def run_ddp(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout_s: 
     except Exception as err:  # lambdas, closures, local functions
         raise AssertionError(f"run_ddp({name}): fn and args must be picklable (module-level fn): {err}") from err
     with tempfile.TemporaryDirectory(prefix="run_ddp_") as tmp:
+        os.chmod(tmp, 0o711)  # the ranks' temporary directories are in it
         store_path = str(Path(tmp) / "store")  # FileStore rendezvous: no TCP port to race for
         mp.set_forkserver_preload(_PRELOAD)  # read when the server starts: the first run of a test process
         context = mp.start_processes(

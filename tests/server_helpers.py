@@ -67,7 +67,10 @@ class Server:
         return f"http://{HOST}:{self.port}"
 
     def start(self) -> Server:
-        env = dict(os.environ)
+        # vLLM's sockets and files go to a directory beside the log: a killed server leaves them there
+        temp = self.log.parent / f"tmp{self.port}"
+        temp.mkdir(exist_ok=True)
+        env = dict(os.environ, TMPDIR=str(temp))
         env.update(
             VLLM_SERVER_DEV_MODE="1",
             VLLM_CPU_OMP_THREADS_BIND="nobind",

@@ -38,8 +38,11 @@ RESUMED_MAX_STEPS = 12
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
+    temp = tmp_path / "tmp"  # the killed run's temporary files (W&B's) stay in the test's directory
+    temp.mkdir(exist_ok=True)
     return dict(
         os.environ,
+        TMPDIR=str(temp),
         WANDB_SILENT="true",
         WANDB_CONFIG_DIR=str(tmp_path / "wb-config"),
         WANDB_CACHE_DIR=str(tmp_path / "wb-cache"),

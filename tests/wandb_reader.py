@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
@@ -137,7 +139,12 @@ def read_wandb_records(path: str | Path) -> list[dict[str, Any]]:
     log = find_wandb_file(path)
     command = [*_wandb_command(), "leet", "inspect", "--json", str(log)]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=WANDB_INSPECT_TIMEOUT_S, check=False)
+        # The CLI writes its debug log (debug-cli.<user>.log) to the temporary directory: one of its own.
+        with tempfile.TemporaryDirectory(prefix="wandb-cli-") as temp:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=WANDB_INSPECT_TIMEOUT_S, check=False,
+                env=dict(os.environ, TMPDIR=temp),
+            )  # fmt: skip
     except subprocess.TimeoutExpired as err:
         raise WandbReadError(f"`{' '.join(command)}` did not finish within {WANDB_INSPECT_TIMEOUT_S:.0f} s") from err
     if done.returncode != 0:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import multiprocessing.util
 import os
 import shutil
 import tempfile
@@ -74,6 +75,10 @@ class WorkerLaunch:
         self.conn, child = ctx.Pipe()
         self.temp = tempfile.mkdtemp(prefix="areal-worker-")
         os.chmod(self.temp, 0o711)  # a sandbox's programs run as another user and pass through it
+        # Removed by `stop`, or as this process exits after multiprocessing ended its daemonic worker.
+        self._remove_temp = multiprocessing.util.Finalize(
+            None, shutil.rmtree, args=(self.temp,), kwargs={"ignore_errors": True}, exitpriority=-1
+        )
         self.process = ctx.Process(target=_in_directory, args=(child, self.temp, target, *args), daemon=True, name=name)
         self.error: str | None = None
         """The traceback of a start that failed."""
@@ -151,4 +156,4 @@ class WorkerLaunch:
                 process.kill()
                 process.join()
         self.conn.close()
-        shutil.rmtree(self.temp, ignore_errors=True)
+        self._remove_temp()

@@ -310,10 +310,12 @@ class ResultCache:
 
     Example:
         >>> import tempfile
-        >>> cache = ResultCache(tempfile.mkdtemp())
+        >>> temp = tempfile.TemporaryDirectory()
+        >>> cache = ResultCache(temp.name)
         >>> cache.put("k1", SetResult("easy", {"accuracy": 0.5}, 8, 2, 0.3, []))
         >>> cache.get("k1").metrics, cache.get("k2")
         ({'accuracy': 0.5}, None)
+        >>> temp.cleanup()
     """
 
     def __init__(self, directory: str | Path) -> None:

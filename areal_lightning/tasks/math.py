@@ -111,7 +111,7 @@ class MathTask:
         ImportError: for ``verifier="math_verify"`` without math-verify installed.
 
     Example:
-        >>> import json, tempfile
+        >>> import json, os, tempfile
         >>> f = tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False)
         >>> _ = f.write(json.dumps({"question": "What is 2+3?", "answer": "2+3=5\\n#### 5"}) + "\\n"); f.close()
         >>> task = MathTask(f.name, verifier="numeric")
@@ -120,6 +120,7 @@ class MathTask:
         ('Question: What is 2+3?\\nAnswer:', '5')
         >>> task.reward("2 + 3 = 5, so the answer is \\\\boxed{5}.", s.answer), task.reward("#### 6", s.answer)
         (1.0, 0.0)
+        >>> os.remove(f.name)
     """
 
     summary_metrics = ("accuracy", "reward/mean")

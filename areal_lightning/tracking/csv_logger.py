@@ -31,12 +31,13 @@ class ContinuingCSVLogger(CSVLogger):
 
     Example:
         >>> import tempfile
-        >>> root = tempfile.mkdtemp()
+        >>> temp = tempfile.TemporaryDirectory(); root = temp.name
         >>> first = ContinuingCSVLogger(root, name="csv"); first.log_metrics({"loss": 1.0}, step=1); first.save()
         >>> again = ContinuingCSVLogger(root, name="csv", version=0); again.log_metrics({"loss": 0.5}, step=2)
         >>> again.save()
         >>> open(f"{root}/csv/version_0/metrics.csv").read().split()
         ['loss,step', '1.0,1', '0.5,2']
+        >>> temp.cleanup()
     """
 
     @property

@@ -109,12 +109,14 @@ class EvalHistory:
 
     Example:
         >>> import tempfile
-        >>> history = EvalHistory.in_run_dir(tempfile.mkdtemp())
+        >>> temp = tempfile.TemporaryDirectory()
+        >>> history = EvalHistory.in_run_dir(temp.name)
         >>> from areal_lightning.tracking.records import eval_record
         >>> history.append(eval_record(10, 0, "easy", {"accuracy": 0.5}, trigger=["steps"],
         ...     num_samples=8, num_prompts=2, eval_secs=0.1, mode="sync", world_size=1))
         >>> read_history(history.path)[0]["metrics"]
         {'accuracy': 0.5}
+        >>> temp.cleanup()
     """
 
     def __init__(self, path: str | Path, *, once_per_step: Collection[str] = ()) -> None:
@@ -233,11 +235,12 @@ def read_history(path_or_run_dir: str | Path, run_id: str | None = None) -> list
 
     Example:
         >>> import tempfile
-        >>> run_dir = tempfile.mkdtemp()
+        >>> temp = tempfile.TemporaryDirectory(); run_dir = temp.name
         >>> from areal_lightning.tracking.records import event_record
         >>> EvalHistory.in_run_dir(run_dir).append(event_record("error", 3, message="oom", time=0))
         >>> read_history(run_dir)[0]["event"]
         'error'
+        >>> temp.cleanup()
     """
     path = history_path(path_or_run_dir)
     if not path.is_file():
