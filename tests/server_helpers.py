@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,6 +59,7 @@ class Server:
     def __init__(self, model: Path, port: int, log: Path, lifetime_s: int = LIFETIME_S) -> None:
         self.model, self.port, self.log, self.lifetime_s = model, port, log, lifetime_s
         self.proc: subprocess.Popen[bytes] | None = None
+        self.temp = ""
 
     @property
     def running(self) -> bool:
@@ -67,10 +70,10 @@ class Server:
         return f"http://{HOST}:{self.port}"
 
     def start(self) -> Server:
-        # vLLM's sockets and files go to a directory beside the log: a killed server leaves them there
-        temp = self.log.parent / f"tmp{self.port}"
-        temp.mkdir(exist_ok=True)
-        env = dict(os.environ, TMPDIR=str(temp))
+        # vLLM's sockets and files go to a directory of the server's own, removed by `kill` (a killed
+        # server removes nothing); a short path: a socket's is at most 107 characters.
+        self.temp = tempfile.mkdtemp(prefix=f"serve{self.port}-")
+        env = dict(os.environ, TMPDIR=self.temp)
         env.update(
             VLLM_SERVER_DEV_MODE="1",
             VLLM_CPU_OMP_THREADS_BIND="nobind",
@@ -112,6 +115,7 @@ class Server:
         kill_group(self.proc)
         assert_group_gone(self.proc.pid)
         self.proc = None
+        shutil.rmtree(self.temp, ignore_errors=True)
 
 
 REUSE_ENV = "AREAL_TEST_VLLM_SERVERS"

@@ -27,6 +27,7 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -249,20 +250,29 @@ class VLLMEngine:
             self._dir = None
 
 
+_SOCKET_PATH_MAX = 107
+"""The longest path of a Unix socket (``sizeof(sockaddr_un.sun_path) - 1``; pyzmq's ``IPC_PATH_MAX_LEN``)."""
+
+
 @contextlib.contextmanager
 def _temporary_directory(path: str) -> Iterator[None]:
     """The process's temporary directory is `path` while the engine is built: vLLM's sockets, its
     process group's file store and what its engine processes make there (they inherit it) go with
-    the engine's own directory, even where the engine dies without cleaning up."""
-    before, cached = os.environ.get("TMPDIR"), tempfile.tempdir
+    the engine's own directory, even where the engine dies without cleaning up. Where a socket's
+    path there (a UUID in `path`) would be too long, the sockets stay where they were."""
+    names = ("TMPDIR", "VLLM_RPC_BASE_PATH")
+    before, cached = {n: os.environ.get(n) for n in names}, tempfile.tempdir
+    if len(os.path.join(path, str(uuid.uuid4()))) > _SOCKET_PATH_MAX:
+        os.environ.setdefault("VLLM_RPC_BASE_PATH", tempfile.gettempdir())
     os.environ["TMPDIR"], tempfile.tempdir = path, path
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("TMPDIR", None)
-        else:
-            os.environ["TMPDIR"] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         tempfile.tempdir = cached
 
 
