@@ -40,8 +40,8 @@ def _clean_environment(base: str) -> dict[str, str]:
 
 
 def closed_directory(path: str, uid: int) -> str | None:
-    """The first directory on the way to `path` (itself included) that user `uid` cannot pass
-    through (no execute permission for it as owner or as anyone else); None if there is none.
+    """The first directory on the way to `path` (itself included) that user `uid`, whose group is
+    `uid` too (`isolation.drop_to`), cannot pass through; None if there is none.
 
     Example:
         >>> closed_directory("/", 65534) is None
@@ -49,8 +49,10 @@ def closed_directory(path: str, uid: int) -> str | None:
     """
     target = Path(path).resolve()
     for directory in [*reversed(target.parents), target]:
-        mode, owner = directory.stat().st_mode, directory.stat().st_uid
-        if not mode & (stat.S_IXUSR if owner == uid else stat.S_IXOTH):
+        st = directory.stat()
+        # One class of permission bits applies: the owner's, else the group's, else everyone's.
+        bit = stat.S_IXUSR if st.st_uid == uid else stat.S_IXGRP if st.st_gid == uid else stat.S_IXOTH
+        if not st.st_mode & bit:
             return str(directory)
     return None
 
@@ -220,9 +222,10 @@ class Sandbox:
             closed = closed_directory(os.path.dirname(base), uid) if uid is not None and os.geteuid() == 0 else None
             if closed is not None:
                 shutil.rmtree(base, ignore_errors=True)
+                closed_st = os.stat(closed)
                 raise PermissionError(
                     f"the sandbox's programs run as uid {uid}, who cannot enter {closed} (mode "
-                    f"{stat.S_IMODE(os.stat(closed).st_mode):o}, owner uid {os.stat(closed).st_uid}) on the way to "
+                    f"{stat.S_IMODE(closed_st.st_mode):o}, owner uid {closed_st.st_uid}) on the way to "
                     f"their directory {base}: set TMPDIR (or the sandbox's directory) to a directory every user can "
                     "enter, such as /tmp"
                 )

@@ -27,7 +27,6 @@ import shutil
 import tempfile
 import threading
 import time
-import uuid
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -252,6 +251,7 @@ class VLLMEngine:
 
 _SOCKET_PATH_MAX = 107
 """The longest path of a Unix socket (``sizeof(sockaddr_un.sun_path) - 1``; pyzmq's ``IPC_PATH_MAX_LEN``)."""
+_UUID_LEN = 36
 
 
 @contextlib.contextmanager
@@ -262,7 +262,7 @@ def _temporary_directory(path: str) -> Iterator[None]:
     path there (a UUID in `path`) would be too long, the sockets stay where they were."""
     names = ("TMPDIR", "VLLM_RPC_BASE_PATH")
     before, cached = {n: os.environ.get(n) for n in names}, tempfile.tempdir
-    if len(os.path.join(path, str(uuid.uuid4()))) > _SOCKET_PATH_MAX:
+    if len(path) + len("/") + _UUID_LEN > _SOCKET_PATH_MAX:  # vLLM names its sockets by a UUID
         os.environ.setdefault("VLLM_RPC_BASE_PATH", tempfile.gettempdir())
     os.environ["TMPDIR"], tempfile.tempdir = path, path
     try:
