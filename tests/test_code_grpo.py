@@ -98,3 +98,24 @@ def test_fit_trains_on_code_and_counts_each_program_status(tmp_path: Path) -> No
     assert ckpt["global_step"] == MAX_STEPS
     metrics_csv = next((tmp_path / "run" / "csv").rglob("metrics.csv")).read_text()
     assert "train/reward" in metrics_csv
+
+
+@pytest.mark.process
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox runs programs as another user only when started as root")
+def test_fit_where_the_sandbox_cannot_enter_the_temporary_directory_stops_in_one_line_before_training(
+    tmp_path: Path,
+) -> None:
+    model = save_tiny_llama(tmp_path / "model", max_positions=1024)
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)  # a per-user or per-job TMPDIR
+    overrides = ["policy.path=" + str(model), "task.path=humaneval", f"output_dir={tmp_path / 'run'}"]
+    env = dict(os.environ, TMPDIR=str(private), WANDB_MODE="disabled", OMP_NUM_THREADS="1")
+    proc = run_command(
+        [sys.executable, "-m", "areal_lightning", "fit", "-c", str(EXAMPLE), *overrides], 300, tmp_path, env
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = [s for s in proc.stderr.splitlines() if s.startswith("areal-lightning: error:")]
+    assert "who cannot enter" in line and "set TMPDIR" in line, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()  # nothing started
+    assert os.listdir(private) == []

@@ -139,14 +139,16 @@ def test_a_directory_the_programs_user_cannot_enter_is_refused_before_any_progra
         parent.chmod(0o755)
         private = parent / "private"
         private.mkdir(mode=0o700)
-        with Sandbox(directory=private) as box:
-            with pytest.raises(
-                PermissionError, match=rf"uid {NOBODY_UID}, who cannot enter {re.escape(str(private))} \(mode 700"
-            ):
-                box.run("print(1)")
-            assert os.listdir(private) == []  # nothing started, nothing left
+        refused = rf"uid {NOBODY_UID}, who cannot enter {re.escape(str(private))} \(mode 700"
+        with pytest.raises(PermissionError, match=refused):  # when it is made: a task refuses before training
+            Sandbox(directory=private)
         private.chmod(0o711)  # the same place, passable: the programs run
         with Sandbox(directory=private) as box:
+            private.chmod(0o700)  # closed after the sandbox was made: refused when its workers start
+            with pytest.raises(PermissionError, match=refused):
+                box.run("print(1)")
+            assert os.listdir(private) == []  # nothing started, nothing left
+            private.chmod(0o711)
             assert box.run("print(1)").status is ProgramStatus.PASSED
     finally:
         shutil.rmtree(parent, ignore_errors=True)

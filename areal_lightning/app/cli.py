@@ -60,6 +60,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.main(args))
+    except PermissionError as err:
+        # A sandbox's directory that its programs cannot enter, refused as the task is built: one
+        # line, before training. Any other refusal keeps its traceback.
+        from areal_lightning.app.console import fail
+        from areal_lightning.scoring.sandbox.pool import SandboxDirectoryError
+
+        if not isinstance(err, SandboxDirectoryError):
+            raise
+        return fail(str(err))
     finally:
         # The code task's sandbox workers stop and their directories go now, not in a finalizer
         # that a process ending with os._exit (a forked one, a launched rank) never runs.

@@ -39,6 +39,10 @@ def _clean_environment(base: str) -> dict[str, str]:
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": base, "TMPDIR": base}
 
 
+class SandboxDirectoryError(PermissionError):
+    """The sandbox's directory is one its programs' user cannot enter (the message names why)."""
+
+
 def closed_directory(path: str, uid: int) -> str | None:
     """The first directory on the way to `path` (itself included) that user `uid`, whose group is
     `uid` too (`isolation.drop_to`), cannot pass through; None if there is none.
@@ -159,6 +163,7 @@ class Sandbox:
         self._pool: list[_Worker] = []
         self._base: str | None = None
         self._lock = threading.Lock()  # one batch at a time
+        self._check_directory()
 
     def __enter__(self) -> Sandbox:
         return self
@@ -214,21 +219,25 @@ class Sandbox:
             jobs = [{"source": s, "limits": job_limits, "without": self.without} for s in sources]
             return self._run(jobs, job_limits["wall_s"])
 
+    def _check_directory(self) -> None:
+        """Refuses a directory that the programs' user cannot enter (when the workers start as root
+        and run the programs as `sandbox_uid`): each program would end ``crashed``."""
+        uid, where = self.sandbox_uid, self.directory or tempfile.gettempdir()
+        closed = closed_directory(where, uid) if uid is not None and os.geteuid() == 0 else None
+        if closed is not None:
+            closed_st = os.stat(closed)
+            raise SandboxDirectoryError(
+                f"the sandbox's programs run as uid {uid}, who cannot enter {closed} (mode "
+                f"{stat.S_IMODE(closed_st.st_mode):o}, owner uid {closed_st.st_uid}) on the way to their "
+                f"directory in {where}: set TMPDIR (or the sandbox's directory) to a directory every user can "
+                "enter, such as /tmp"
+            )
+
     def _ensure_workers(self, n: int) -> None:
         if self._base is None:
             remove_leftovers(self.directory)  # those of sandboxes whose process was killed
+            self._check_directory()  # TMPDIR may have changed since the sandbox was made
             base = tempfile.mkdtemp(prefix=PREFIX, dir=self.directory)
-            uid = self.sandbox_uid
-            closed = closed_directory(os.path.dirname(base), uid) if uid is not None and os.geteuid() == 0 else None
-            if closed is not None:
-                shutil.rmtree(base, ignore_errors=True)
-                closed_st = os.stat(closed)
-                raise PermissionError(
-                    f"the sandbox's programs run as uid {uid}, who cannot enter {closed} (mode "
-                    f"{stat.S_IMODE(closed_st.st_mode):o}, owner uid {closed_st.st_uid}) on the way to "
-                    f"their directory {base}: set TMPDIR (or the sandbox's directory) to a directory every user can "
-                    "enter, such as /tmp"
-                )
             self._base = base
             mark_owner(self._base)
             os.chmod(self._base, 0o711)  # workers' directories can be entered, not listed
