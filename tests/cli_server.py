@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import io
 import multiprocessing as mp
 import os
 import resource
@@ -24,7 +25,9 @@ import subprocess
 import sys
 import tempfile
 import traceback
+from multiprocessing import reduction
 from pathlib import Path
+from typing import IO, Any
 
 from ddp_utils import _PRELOAD
 
@@ -39,15 +42,65 @@ class CliRun(subprocess.CompletedProcess):
     cpu_s: float
 
 
-def _command(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str, cpu: str) -> None:
+Output = int | IO[Any] | None
+"""Where a started command's stdout or stderr goes, as `subprocess.Popen` takes it: `PIPE` (read it
+from the `CliProcess`), `DEVNULL`, `STDOUT` (stderr only: with stdout), an open file, or None (a
+file of the command's own, read by `run_cli`)."""
+
+
+class _Fd:
+    """A file descriptor of the caller that the forked command gets a copy of: multiprocessing sends
+    it to the fork server with the process (`reduction.DupFd`), as it sends a `Connection`'s."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_inherited_fd, (reduction.DupFd(self.fd),))
+
+
+def _inherited_fd(dup: Any) -> int:
+    return dup.detach()
+
+
+def _stdio(fd: int, env: dict[str, str], *, stderr: bool) -> io.TextIOWrapper:
+    """The stream a fresh interpreter makes for `fd` (its buffering read from `env`, not from the
+    fork server's own stdio): block-buffered on a pipe or file, line-buffered on a terminal (stderr
+    always), written through with PYTHONUNBUFFERED."""
+    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+    raw = io.FileIO(fd, "w", closefd=False)
+    binary: IO[bytes] = raw if unbuffered else io.BufferedWriter(raw)
+    return io.TextIOWrapper(
+        binary,
+        encoding="utf-8",
+        errors="backslashreplace" if stderr else "strict",
+        line_buffering=stderr or os.isatty(fd),
+        write_through=unbuffered,
+    )
+
+
+def _command(
+    argv: list[str], cwd: str, env: dict[str, str], out: int | str, err: int | str | None, cpu: str, started: int
+) -> None:
+    """The forked command. `out` and `err` are a file's path or a descriptor (an `_Fd` arrives as
+    its int); `err` None: with stdout. `started` gets a byte once the command leads its group."""
     os.setsid()
+    os.write(started, b"1")  # the caller may signal the group from now on
+    os.close(started)
     os.environ.clear()
     os.environ.update(env)
     tempfile.tempdir = None  # the server read TMPDIR once; the command reads its own, as a fresh process does
     os.chdir(cwd)
-    for fd, path in ((1, out), (2, err)):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    for fd, where in ((1, out), (2, err)):
+        if where is None:
+            os.dup2(1, 2)
+            continue
+        if isinstance(where, str):
+            where = os.open(where, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(where, fd)
+        os.close(where)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    sys.stdout, sys.stderr = _stdio(1, env, stderr=False), _stdio(2, env, stderr=True)
     sys.argv = [SCRIPT, *argv]
     status = 1
     try:
@@ -58,6 +111,11 @@ def _command(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str,
         status = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
         if not isinstance(exit_.code, int | None):
             print(exit_.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        # What an interpreter does with a KeyboardInterrupt nothing caught: the traceback, then it
+        # ends itself by SIGINT (exit status -2; 130 in a shell).
+        traceback.print_exc()
+        status = -signal.SIGINT
     except BaseException:
         traceback.print_exc()
     finally:
@@ -68,6 +126,9 @@ def _command(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str,
         sys.stderr.flush()
         with open(cpu, "w") as f:  # what the command cost, its ranks and helpers included
             f.write(repr(sum(_cpu_s(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))))
+        if status < 0:
+            signal.signal(-status, signal.SIG_DFL)
+            os.kill(os.getpid(), -status)
         os._exit(status)
 
 
@@ -82,33 +143,128 @@ def _end_group(pid: int | None) -> None:
             os.killpg(pid, signal.SIGKILL)
 
 
+class CliProcess:
+    """An `areal-lightning` command started by `start_cli`, read as a `subprocess.Popen`: `pid` (its
+    process group's id too: signal the group with ``os.killpg``), `poll`, `wait`, `returncode`
+    (``-N`` for a command ended by signal N), and `stdout`/`stderr` where they were `PIPE`.
+    `procs.kill_group` ends one as it ends a Popen's group. A context manager: leaving it (or
+    `close`) ends the group and removes the command's files."""
+
+    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str], stdout: Output, stderr: Output) -> None:
+        self.args = ["areal-lightning", *argv]
+        self._tmp = tempfile.TemporaryDirectory(prefix="run_cli_")
+        self.out_path, self.err_path, self.cpu_path = (
+            os.path.join(self._tmp.name, name) for name in ("stdout", "stderr", "cpu")
+        )
+        self.stdout: IO[str] | None = None
+        self.stderr: IO[str] | None = None
+        ours: list[int] = []  # the caller's copies of what the child gets, closed once it has them
+
+        def target(where: Output, path: str, reader: str) -> _Fd | str:
+            if where is None:
+                return path
+            if where == subprocess.PIPE:
+                read, write = os.pipe()
+                setattr(self, reader, open(read, encoding="utf-8", errors="replace"))  # noqa: SIM115
+                ours.append(write)
+                return _Fd(write)
+            if where == subprocess.DEVNULL:
+                fd = os.open(os.devnull, os.O_WRONLY)
+                ours.append(fd)
+                return _Fd(fd)
+            assert not isinstance(where, int), f"unsupported output {where}"
+            return _Fd(where.fileno())
+
+        out = target(stdout, self.out_path, "stdout")
+        err = None if stderr == subprocess.STDOUT else target(stderr, self.err_path, "stderr")
+        started_r, started_w = os.pipe()
+        ours.append(started_w)
+        mp.set_forkserver_preload(_PRELOAD)  # read when the server starts: the first use in a test process
+        self._process = mp.get_context("forkserver").Process(
+            target=_command, args=(argv, str(cwd), env, out, err, self.cpu_path, _Fd(started_w))
+        )
+        try:
+            self._process.start()
+        finally:
+            for fd in ours:
+                os.close(fd)
+        with open(started_r, "rb") as started:
+            started.read(1)  # after setsid (or the child is gone): its group can be signalled
+        self.pid: int = self._process.pid  # type: ignore[assignment]
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit status, once the command ended.
+
+        Raises:
+            subprocess.TimeoutExpired: it still runs after `timeout` seconds.
+        """
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        return self._process.exitcode
+
+    def end(self) -> None:
+        """SIGTERM to the group, SIGKILL after `KILL_GRACE_S`, and what is left of it killed."""
+        if self._process.exitcode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGTERM)
+            self._process.join(KILL_GRACE_S)
+        _end_group(self.pid)  # ranks or helpers the command left in its group
+        if self._process.is_alive():
+            self._process.kill()
+        self._process.join()
+
+    def output(self, path: str) -> str:
+        return Path(path).read_text() if Path(path).is_file() else ""
+
+    def close(self) -> None:
+        """`end`, then the pipes and the command's files closed and removed."""
+        self.end()
+        for stream in (self.stdout, self.stderr):
+            if stream is not None:
+                stream.close()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> CliProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def start_cli(
+    argv: list[str], cwd: Path | str, env: dict[str, str], *, stdout: Output = None, stderr: Output = None
+) -> CliProcess:
+    """`areal-lightning ARGV` started in `cwd` with `env`, forked from the fork server, in a
+    session (process group) of its own; returns once its group exists. Use it as a context manager.
+
+    Example: ``with start_cli(["fit", "-c", "run.yaml"], tmp, env, stderr=log) as fit: ...``
+    """
+    return CliProcess(list(argv), Path(cwd), env, stdout, stderr)
+
+
 def run_cli(argv: list[str], timeout: float, cwd: Path, env: dict[str, str]) -> CliRun:
     """`areal-lightning ARGV` in `cwd` with `env`: its exit status and its text output.
 
     Raises:
         subprocess.TimeoutExpired: it ran past `timeout`; its process group was killed first.
     """
-    mp.set_forkserver_preload(_PRELOAD)  # read when the server starts: the first use in a test process
-    with tempfile.TemporaryDirectory(prefix="run_cli_") as tmp:
-        out, err, cpu = (os.path.join(tmp, name) for name in ("stdout", "stderr", "cpu"))
-        process = mp.get_context("forkserver").Process(target=_command, args=(argv, str(cwd), env, out, err, cpu))
-        process.start()
+    with start_cli(argv, cwd, env) as command:
         try:
-            process.join(timeout)
-            if process.is_alive():
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(process.pid, signal.SIGTERM)
-                process.join(KILL_GRACE_S)
-                _end_group(process.pid)
-                process.join()
-                raise subprocess.TimeoutExpired(["areal-lightning", *argv], timeout, Path(out).read_text())
-        finally:
-            _end_group(process.pid)  # ranks or helpers the command left in its group
-            if process.is_alive():
-                process.kill()
-                process.join()
-        texts = [Path(p).read_text() if Path(p).is_file() else "" for p in (out, err, cpu)]
-        done = CliRun(["areal-lightning", *argv], process.exitcode, texts[0], texts[1])
+            command.wait(timeout)
+        except subprocess.TimeoutExpired:
+            command.end()
+            raise subprocess.TimeoutExpired(command.args, timeout, command.output(command.out_path)) from None
+        command.end()  # ranks or helpers the command left in its group
+        texts = [command.output(p) for p in (command.out_path, command.err_path, command.cpu_path)]
+        done = CliRun(command.args, command.wait(), texts[0], texts[1])
         done.cpu_s = float(texts[2] or "nan")
         return done
 

@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_server import run_cli
-from procs import kill_group
+from cli_server import run_cli, start_cli
 from small_run import SMALL_FIT
 
 from areal_lightning.app.config import ConfigError, load_config
@@ -87,8 +86,8 @@ def _fit(tmp_path: Path, *args: str) -> list[str]:
 
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    """`_fit`'s command run to its end, forked from the fork server (tests/cli_server.py); the run
-    that is killed is a fresh interpreter (`_fit`), as a user's is."""
+    """`_fit`'s command run to its end, forked from the fork server (tests/cli_server.py), as the
+    run that is killed is (`start_cli`)."""
     return run_cli(_fit(tmp_path, *args)[3:], RUN_TIMEOUT_S, tmp_path, _env(tmp_path))
 
 
@@ -104,17 +103,13 @@ def test_the_cli_refuses_a_best_rule_without_outcomes_before_writing_anything(tm
 @pytest.mark.slow
 def test_a_run_killed_before_its_first_checkpoint_says_how_to_start_again_and_that_works(tmp_path: Path) -> None:
     long = ["trainer.max_steps=1000", "trainer.checkpoint_every_n_steps=500"]
-    proc = subprocess.Popen(
-        _fit(tmp_path, *long), cwd=tmp_path, env=_env(tmp_path), start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    with start_cli(_fit(tmp_path, *long)[3:], tmp_path, _env(tmp_path), **quiet) as proc:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while not (tmp_path / "out" / "t" / "config.yaml").is_file() and time.monotonic() < deadline:
             time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGKILL)  # as the OOM killer ends a run: no checkpoint written
-    finally:
-        kill_group(proc)
+        proc.wait(RUN_TIMEOUT_S)
     assert not any((tmp_path / "out" / "t").rglob("*.ckpt"))
     again = _run(tmp_path, *long)
     assert again.returncode == 2 and "Traceback" not in again.stderr

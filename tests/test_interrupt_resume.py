@@ -1,12 +1,13 @@
 """Ctrl-C and SIGTERM during a real `areal-lightning fit`, then the resume command it prints.
 
-The run is a subprocess in its own process group, and the signal goes to the whole group, as a
-terminal's Ctrl-C reaches every process of the foreground job (W&B's own service included). The
-SIGINT comes 2 s after the history holds a round of step `SIGNAL_AFTER_EVAL_STEP`. Then the printed
-``fit ... --ckpt`` command runs on: no eval step missing or repeated, the paired change and the
-best values go on from the checkpoint, the W&B run, read back from its offline files, holds one
-copy of every step (the resumed session rewinds it to the checkpoint's row and numbers its rows on
-from there), and the rounds and final weights are those of a run never stopped.
+The run is a process in its own process group (forked from the tests' fork server: `start_cli`),
+and the signal goes to the whole group, as a terminal's Ctrl-C reaches every process of the
+foreground job (W&B's own service included). The SIGINT comes 2 s after the history holds a round
+of step `SIGNAL_AFTER_EVAL_STEP`. Then the printed ``fit ... --ckpt`` command runs on: no eval step
+missing or repeated, the paired change and the best values go on from the checkpoint, the W&B run,
+read back from its offline files, holds one copy of every step (the resumed session rewinds it to
+the checkpoint's row and numbers its rows on from there), and the rounds and final weights are
+those of a run never stopped.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from procs import kill_group, run_in_group
+from cli_server import run_command, start_cli
 from small_run import SMALL_FIT
 from wandb_reader import branch_point, read_wandb_records, rewound_history, run_sessions, wandb_history
 
@@ -75,27 +76,20 @@ def _signal_after_eval(tmp_path: Path, sig: signal.Signals, eval_step: int) -> t
     round of `eval_step`; returns its exit status and stderr. The group ends within the timeout."""
     history = tmp_path / "runs" / "t" / "eval_history.jsonl"
     stderr_path = tmp_path / f"fit-{sig.name}.err"
-    with stderr_path.open("w") as stderr:
-        proc = subprocess.Popen(
-            _fit_args(),
-            cwd=tmp_path,
-            env=_env(tmp_path),
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            start_new_session=True,
-        )
-        try:
-            deadline = time.monotonic() + RUN_TIMEOUT_S
-            while time.monotonic() < deadline and proc.poll() is None:
-                if history.is_file() and any(r["step"] >= eval_step for r in eval_rows(read_history(history))):
-                    break
-                time.sleep(0.05)
-            assert proc.poll() is None, "fit ended before the signal:\n" + stderr_path.read_text()[-3000:]
-            time.sleep(SIGNAL_DELAY_S)
-            os.killpg(proc.pid, sig)
-            status = proc.wait(timeout=RUN_TIMEOUT_S)
-        finally:
-            kill_group(proc)  # whatever is left of the group (nothing, when it stopped as it should)
+    # Leaving `start_cli` ends whatever is left of the group (nothing, when it stopped as it should).
+    with (
+        stderr_path.open("w") as stderr,
+        start_cli(_fit_args()[3:], tmp_path, _env(tmp_path), stdout=subprocess.DEVNULL, stderr=stderr) as proc,
+    ):
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            if history.is_file() and any(r["step"] >= eval_step for r in eval_rows(read_history(history))):
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "fit ended before the signal:\n" + stderr_path.read_text()[-3000:]
+        time.sleep(SIGNAL_DELAY_S)
+        os.killpg(proc.pid, sig)
+        status = proc.wait(timeout=RUN_TIMEOUT_S)
     return status, stderr_path.read_text()
 
 
@@ -140,7 +134,7 @@ def test_ctrl_c_checkpoints_the_step_and_the_printed_command_resumes_everything(
     assert [r["exit"]["exit_code"] for r in dead_records if r["type"] == "exit"] == [130]
 
     max_steps = stopped + RESUMED_EXTRA_STEPS
-    resumed = run_in_group(
+    resumed = run_command(
         [sys.executable, "-m", "areal_lightning", *words[1:-2], f"trainer.max_steps={max_steps}", *words[-2:]],
         timeout=RUN_TIMEOUT_S,
         cwd=tmp_path,
@@ -184,7 +178,7 @@ def test_ctrl_c_checkpoints_the_step_and_the_printed_command_resumes_everything(
     # A run never stopped, to the same step: the same rounds (numbers, changes, best values) and
     # the same weights, bit for bit. The resumed steps trained on the same prompts in the same order.
     never_stopped = tmp_path / "runs" / "never-stopped"
-    reference = run_in_group(
+    reference = run_command(
         _fit_args(f"trainer.max_steps={max_steps}", "trial_name=never-stopped", f"output_dir={never_stopped}"),
         timeout=RUN_TIMEOUT_S,
         cwd=tmp_path,

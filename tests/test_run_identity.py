@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from cli_server import run_cli
+from cli_server import CliProcess, run_cli, start_cli
 from small_run import SMALL_FIT
 from wandb_reader import (
     branch_point,
@@ -125,7 +125,7 @@ def _wandb_run_dirs(run_dir: Path) -> list[Path]:
     return sorted((run_dir / "wandb").glob("offline-run-*"))
 
 
-def _kill_after_eval_of_step(proc: subprocess.Popen, run_dir: Path, step: int) -> None:
+def _kill_after_eval_of_step(proc: CliProcess, run_dir: Path, step: int) -> None:
     """SIGKILL the whole process group (wandb's own process too) once `step` is in the eval history."""
     history = run_dir / "eval_history.jsonl"
     deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -134,7 +134,7 @@ def _kill_after_eval_of_step(proc: subprocess.Popen, run_dir: Path, step: int) -
             if history.is_file() and any(r["step"] >= step for r in eval_rows(read_history(history))):
                 break
             time.sleep(0.02)
-        assert proc.poll() is None, "the run ended before it could be killed:\n" + proc.stderr.read()[-3000:]
+        assert proc.poll() is None, "the run ended before it could be killed:\n" + proc.output(proc.err_path)[-3000:]
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
@@ -144,16 +144,9 @@ def _kill_after_eval_of_step(proc: subprocess.Popen, run_dir: Path, step: int) -
 def test_fit_ckpt_after_a_kill_continues_the_same_run_id_history_wandb_run_and_csv(tmp_path: Path) -> None:
     run_dir = tmp_path / "runs" / "t"
     options = ["evaluator.freq_steps=2", f"trainer.checkpoint_every_n_steps={CHECKPOINT_EVERY}"]
-    proc = subprocess.Popen(
-        _fit_command(run_dir, "trainer.max_steps=1000", *options),
-        cwd=tmp_path,
-        env=_env(tmp_path),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    _kill_after_eval_of_step(proc, run_dir, KILL_AT_EVAL_STEP)
+    argv = _fit_command(run_dir, "trainer.max_steps=1000", *options)[3:]
+    with start_cli(argv, tmp_path, _env(tmp_path), stdout=subprocess.DEVNULL) as proc:
+        _kill_after_eval_of_step(proc, run_dir, KILL_AT_EVAL_STEP)
     assert proc.returncode == -signal.SIGKILL
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     saved = torch.load(ckpt, weights_only=True)

@@ -1,7 +1,8 @@
 """`areal-lightning evaluate --watch`: checkpoints of a concurrent real `fit` evaluated once each,
 oldest first, across a kill and restart of the watcher; partial files never read; clean stops.
 
-Every process runs in its own session and is killed with its whole process group on timeout.
+Every command is forked from the tests' fork server (`start_cli`) into a session of its own, and
+is killed with its whole process group on timeout.
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from cli_server import CliProcess, start_cli
 
 from areal_lightning.app.watch_directory import STOP_FILENAME, next_checkpoint
 from areal_lightning.tracking.history import eval_rows, event_rows, read_history
@@ -34,25 +35,17 @@ CONFIG = {
 }
 
 
-def _start(*args: str, cwd: Path) -> subprocess.Popen:
+def _start(*args: str, cwd: Path) -> CliProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "areal_lightning", *args],
-        cwd=cwd,
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    return start_cli(list(args), cwd, env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-def _kill(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+def _kill(proc: CliProcess, sig: int = signal.SIGKILL) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
 
 
-def _wait_for(condition, what: str, deadline: float, procs: list[subprocess.Popen]) -> None:
+def _wait_for(condition, what: str, deadline: float, procs: list[CliProcess]) -> None:
     while not condition():
         if time.monotonic() > deadline:
             for p in procs:
@@ -97,6 +90,7 @@ def test_watch_follows_a_concurrent_fit_once_per_checkpoint_across_a_restart(tmp
     finally:
         for p in procs:
             _kill(p)
+            p.close()
     expected = sorted(
         {
             int(torch.load(p, weights_only=True, mmap=True)["global_step"])
@@ -123,8 +117,6 @@ def test_watch_stops_cleanly_on_ctrl_c_and_on_idle_timeout(tmp_path: Path, how: 
     config.write_text(yaml.safe_dump({**CONFIG, "output_dir": str(tmp_path / "run")}))
     log = tmp_path / "watch.log"
     args = [
-        "-m",
-        "areal_lightning",
         "evaluate",
         "-c",
         str(config),
@@ -134,16 +126,8 @@ def test_watch_stops_cleanly_on_ctrl_c_and_on_idle_timeout(tmp_path: Path, how: 
         "0.2",
         *(["--idle-timeout", "1"] if how == "idle" else []),
     ]
-    with open(log, "w") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, *args],
-            cwd=tmp_path,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    try:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log, "w") as sink, start_cli(args, tmp_path, env, stdout=sink, stderr=subprocess.STDOUT) as proc:
         if how == "sigint":
             _wait_for(
                 lambda: "watching" in log.read_text() or proc.poll() is not None,
@@ -153,8 +137,6 @@ def test_watch_stops_cleanly_on_ctrl_c_and_on_idle_timeout(tmp_path: Path, how: 
             )
             os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C sends
         proc.wait(120)
-    finally:
-        _kill(proc)
     out = log.read_text()
     assert proc.returncode == 0, out[-3000:]
     expected = "stop requested" if how == "sigint" else "no new checkpoint for 1 s"

@@ -15,7 +15,6 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -368,24 +367,18 @@ def test_a_reader_of_the_pipe_sees_each_round_while_the_watch_waits_for_the_next
 ) -> None:
     """Output to a pipe (a log collector, `| tee`) is block-buffered: without a flush the round's
     report would sit in the buffer while the watch waits, possibly for hours."""
-    from procs import kill_group
+    from cli_server import start_cli
 
     config, ckpts = _config(tmp_path), tmp_path / "ckpts"
     ckpts.mkdir()
-    cmd = [sys.executable, "-m", "areal_lightning", "evaluate", "-c", str(config), "--watch", str(ckpts)]
+    argv = ["evaluate", "-c", str(config), "--watch", str(ckpts), "--poll-secs", "0.05"]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a pipe is block-buffered
-    with (tmp_path / "stderr.txt").open("w") as err:
-        proc = subprocess.Popen(
-            [*cmd, "--poll-secs", "0.05"],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            env=env,
-            start_new_session=True,
-        )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or []], daemon=True).start()
-    try:
+    with (
+        (tmp_path / "stderr.txt").open("w") as err,
+        start_cli(argv, tmp_path, env, stdout=subprocess.PIPE, stderr=err) as proc,
+    ):
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or []], daemon=True).start()
         deadline = time.monotonic() + 90.0
         assert _next_line(lines, deadline, "watching ").startswith(f"watching {ckpts} for checkpoints")
         _save(ckpts, "step2.ckpt", 2, weights)  # only now: the line above came while the watch waited
@@ -395,5 +388,3 @@ def test_a_reader_of_the_pipe_sees_each_round_while_the_watch_waits_for_the_next
         assert proc.poll() is None
         (ckpts / STOP_FILENAME).touch()
         assert proc.wait(timeout=60) == 0
-    finally:
-        kill_group(proc)
