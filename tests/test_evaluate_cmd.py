@@ -15,7 +15,8 @@ import pytest
 import torch
 import yaml
 from callback_helpers import make_trainer
-from procs import evaluate_command, run_in_group
+from cli_server import run_command
+from procs import evaluate_command
 
 from areal_lightning.app.cli import main
 from areal_lightning.app.evaluate import format_table
@@ -58,7 +59,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def _evaluate(config: Path, ckpt: Path, out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    done = run_in_group(evaluate_command(config, ckpt, f"output_dir={out}", *overrides), RUN_TIMEOUT_S, cwd=out.parent)
+    done = run_command(evaluate_command(config, ckpt, f"output_dir={out}", *overrides), RUN_TIMEOUT_S, cwd=out.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_server import run_cli
-from procs import evaluate_command, run_in_group
+from cli_server import run_cli, run_command
+from procs import evaluate_command
 
 from areal_lightning.tracking.history import eval_rows, read_history
 
@@ -55,7 +55,7 @@ def test_fit_evaluate_and_resume_the_mt2_example(tmp_path: Path) -> None:
     end = rounds[-1]["metrics"]
 
     # The second command: the checkpoint evaluated alone gives the end round's numbers.
-    proc = run_in_group(
+    proc = run_command(
         evaluate_command(run / "config.yaml", run / "checkpoints" / "last.ckpt"), timeout=TIMEOUT_S, cwd=tmp_path
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -79,7 +79,7 @@ def test_fit_evaluate_and_resume_the_mt2_example(tmp_path: Path) -> None:
 
 @pytest.mark.process
 def test_a_typo_in_the_episodes_section_is_refused_before_any_work(tmp_path: Path) -> None:
-    proc = run_in_group(
+    proc = run_command(
         [
             sys.executable,
             "-m",
