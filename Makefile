@@ -6,7 +6,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: install demo lint test test-fast test-vllm vllm-env wheel bench mutation clean
+.PHONY: install demo lint ruff typecheck test test-fast test-vllm vllm-env wheel bench mutation clean
 
 # The installer is uv (`uv pip`: pip's interface and the versions pip picks, about 8x faster here:
 # benchmarks/RESULTS.md), itself installed by pip into build/uv. It does not read pip's
@@ -53,10 +53,15 @@ vllm-env: $(VLLM_STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/areal-lightning fit -c areal_lightning/app/configs/arithmetic_grpo.yaml
 
-# ruff (lint and format) and mypy, configured in pyproject.toml; `make test` (and so CI) runs it first.
-lint: $(STAMP)
+# ruff (lint and format) and mypy, configured in pyproject.toml; `make test` (and so CI) runs ruff
+# first and mypy beside the suite.
+lint: ruff typecheck
+
+ruff: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 # Two test files at a time (pytest-xdist; a file's tests stay on one worker, so its module-scoped
@@ -65,10 +70,11 @@ lint: $(STAMP)
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-# The vLLM environment is built, and its tests run, beside lint and the main suite, into
-# build/test-vllm.log, printed after the suite's summary; any of the three failing fails
-# `make test`. Lint (mypy alone is two minutes of one core on a bare clone) runs first, with the
-# vLLM environment's build on the other core; the suite starts once lint passed.
+# ruff runs first (seconds); the suite starts once it passed. The vLLM environment is built, and its
+# tests run, beside the main suite, into build/test-vllm.log; mypy (two minutes of one core on a
+# bare clone, which before the suite left the other core idle while the vLLM environment
+# downloaded) runs beside them too, into build/mypy.log. Both logs are printed after the suite's
+# summary; any of the four failing fails `make test`.
 # (benchmarks/make_test_ab.sh: the vLLM tests and run_ddp's fork server beside the suite took
 # make test from 636 s to 513 s.)
 #
@@ -85,14 +91,18 @@ test: $(STAMP)
 	@( $(MAKE) --no-print-directory $(VLLM_STAMP) && \
 		$(VLLM_PYTEST) --basetemp=build/test-vllm-tmp --junitxml=build/junit-vllm.xml ) \
 		> build/test-vllm.log 2>&1 & vllm=$$!; \
-	if $(MAKE) --no-print-directory lint; then \
+	$(MAKE) --no-print-directory typecheck > build/mypy.log 2>&1 & mypy=$$!; \
+	if $(MAKE) --no-print-directory ruff; then \
 		$(PY) -m pytest -q $(XDIST) --junitxml=build/junit.xml; suite=$$?; \
-	else suite=1; echo "== lint failed: the suite did not run; waiting for the vLLM tests =="; fi; \
+	else suite=1; echo "== ruff failed: the suite did not run; waiting for mypy and the vLLM tests =="; fi; \
+	wait $$mypy; mypy_status=$$?; \
+	echo "== make typecheck (mypy, run beside the suite; log: build/mypy.log) =="; \
+	cat build/mypy.log; \
 	wait $$vllm; vllm_status=$$?; \
-	echo "== make test-vllm (in $(VLLM_VENV), built and run beside lint and the suite; log: build/test-vllm.log) =="; \
+	echo "== make test-vllm (in $(VLLM_VENV), built and run beside the suite; log: build/test-vllm.log) =="; \
 	cat build/test-vllm.log; \
 	$(PY) tools/test_times.py $$(ls build/junit.xml build/junit-vllm.xml 2>/dev/null); \
-	test $$suite -eq 0 && test $$vllm_status -eq 0
+	test $$suite -eq 0 && test $$mypy_status -eq 0 && test $$vllm_status -eq 0
 
 # The edit-test loop: no test that starts a process (a command, DDP ranks, a worker, W&B's
 # service) and none marked slow. A test that starts one without its `process` marker fails here.

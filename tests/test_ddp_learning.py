@@ -9,13 +9,12 @@ the example's one-process job.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from callback_helpers import round_metrics
+from cli_server import run_cli
 
 from areal_lightning.tracking.history import eval_rows, read_history
 
@@ -42,21 +41,14 @@ FIT = [
 
 
 def _run(args: list[str], log: Path, timeout_s: float) -> None:
-    """Runs the CLI in its own session; on a timeout its whole process group (every rank) is killed."""
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "areal_lightning", *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            pytest.fail(f"{args[0]} still running after {timeout_s:.0f} s: {log.read_text()[-3000:]}")
-    assert proc.returncode == 0, log.read_text()[-3000:]
+    """Runs the CLI forked from the fork server (tests/cli_server.py) in its own session, its output
+    in `log`; on a timeout its whole process group (every rank) is killed."""
+    try:
+        done = run_cli(args, timeout_s, log.parent, dict(os.environ))
+    except subprocess.TimeoutExpired as late:
+        pytest.fail(f"{args[0]} still running after {timeout_s:.0f} s: {str(late.output)[-3000:]}")
+    log.write_text(done.stdout + done.stderr)
+    assert done.returncode == 0, log.read_text()[-3000:]
 
 
 @pytest.fixture(scope="module")
