@@ -20,6 +20,7 @@ import io
 import multiprocessing as mp
 import os
 import resource
+import runpy
 import signal
 import subprocess
 import sys
@@ -80,10 +81,19 @@ def _stdio(fd: int, env: dict[str, str], *, stderr: bool) -> io.TextIOWrapper:
 
 
 def _command(
-    argv: list[str], cwd: str, env: dict[str, str], out: int | str, err: int | str | None, cpu: str, started: int
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    out: int | str,
+    err: int | str | None,
+    cpu: str,
+    started: int,
+    script: str | None,
 ) -> None:
-    """The forked command. `out` and `err` are a file's path or a descriptor (an `_Fd` arrives as
-    its int); `err` None: with stdout. `started` gets a byte once the command leads its group."""
+    """The forked command: `areal_lightning.app.cli.main(argv)`, or with `script` ``python SCRIPT
+    ARGV`` (run as `__main__`, its directory first on sys.path). `out` and `err` are a file's path
+    or a descriptor (an `_Fd` arrives as its int); `err` None: with stdout. `started` gets a byte
+    once the command leads its group."""
     os.setsid()
     os.write(started, b"1")  # the caller may signal the group from now on
     os.close(started)
@@ -101,12 +111,17 @@ def _command(
         os.close(where)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     sys.stdout, sys.stderr = _stdio(1, env, stderr=False), _stdio(2, env, stderr=True)
-    sys.argv = [SCRIPT, *argv]
+    sys.argv = [script or SCRIPT, *argv]
     status = 1
     try:
-        from areal_lightning.app.cli import main
+        if script is not None:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+            runpy.run_path(script, run_name="__main__")
+            status = 0
+        else:
+            from areal_lightning.app.cli import main
 
-        status = main(argv)
+            status = main(argv)
     except SystemExit as exit_:
         status = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
         if not isinstance(exit_.code, int | None):
@@ -150,8 +165,10 @@ class CliProcess:
     `procs.kill_group` ends one as it ends a Popen's group. A context manager: leaving it (or
     `close`) ends the group and removes the command's files."""
 
-    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str], stdout: Output, stderr: Output) -> None:
-        self.args = ["areal-lightning", *argv]
+    def __init__(
+        self, argv: list[str], cwd: Path, env: dict[str, str], stdout: Output, stderr: Output, script: Path | None
+    ) -> None:
+        self.args = [str(script) if script else "areal-lightning", *argv]
         self._tmp = tempfile.TemporaryDirectory(prefix="run_cli_")
         self.out_path, self.err_path, self.cpu_path = (
             os.path.join(self._tmp.name, name) for name in ("stdout", "stderr", "cpu")
@@ -181,7 +198,8 @@ class CliProcess:
         ours.append(started_w)
         mp.set_forkserver_preload(_PRELOAD)  # read when the server starts: the first use in a test process
         self._process = mp.get_context("forkserver").Process(
-            target=_command, args=(argv, str(cwd), env, out, err, self.cpu_path, _Fd(started_w))
+            target=_command,
+            args=(argv, str(cwd), env, out, err, self.cpu_path, _Fd(started_w), script and str(script)),
         )
         try:
             self._process.start()
@@ -240,23 +258,31 @@ class CliProcess:
 
 
 def start_cli(
-    argv: list[str], cwd: Path | str, env: dict[str, str], *, stdout: Output = None, stderr: Output = None
+    argv: list[str],
+    cwd: Path | str,
+    env: dict[str, str],
+    *,
+    stdout: Output = None,
+    stderr: Output = None,
+    script: Path | None = None,
 ) -> CliProcess:
-    """`areal-lightning ARGV` started in `cwd` with `env`, forked from the fork server, in a
-    session (process group) of its own; returns once its group exists. Use it as a context manager.
+    """`areal-lightning ARGV` (with `script`: ``python SCRIPT ARGV``, a test's wrapper of the command)
+    started in `cwd` with `env`, forked from the fork server, in a session (process group) of its
+    own; returns once its group exists. Use it as a context manager.
 
     Example: ``with start_cli(["fit", "-c", "run.yaml"], tmp, env, stderr=log) as fit: ...``
     """
-    return CliProcess(list(argv), Path(cwd), env, stdout, stderr)
+    return CliProcess(list(argv), Path(cwd), env, stdout, stderr, script)
 
 
-def run_cli(argv: list[str], timeout: float, cwd: Path, env: dict[str, str]) -> CliRun:
-    """`areal-lightning ARGV` in `cwd` with `env`: its exit status and its text output.
+def run_cli(argv: list[str], timeout: float, cwd: Path, env: dict[str, str], *, script: Path | None = None) -> CliRun:
+    """`areal-lightning ARGV` (or ``python SCRIPT ARGV``) in `cwd` with `env`: its exit status and
+    its text output.
 
     Raises:
         subprocess.TimeoutExpired: it ran past `timeout`; its process group was killed first.
     """
-    with start_cli(argv, cwd, env) as command:
+    with start_cli(argv, cwd, env, script=script) as command:
         try:
             command.wait(timeout)
         except subprocess.TimeoutExpired:

@@ -64,6 +64,8 @@ def test_make_demo_records_every_scheduled_round_and_learns(tmp_path: Path) -> N
     # sane epoch, and no third-party noise (Lightning's tips and deprecations, see app/console.py).
     assert shown.count("evaluation at step") == len({r["step"] for r in rows}), shown[-3000:]
     assert round_lines_glued(shown) == []
-    assert "/-2" not in shown and re.search(r"Epoch 99\b", shown)  # no max_epochs: no "Epoch 99/-2"
+    # The bar's last epoch is the end round's (49 of 8 steps each for 400 steps); no max_epochs: no "Epoch 49/-2".
+    (last_epoch,) = {r["epoch"] for r in rows if r["step"] == MAX_STEPS}
+    assert last_epoch > 0 and "/-2" not in shown and re.search(rf"Epoch {last_epoch}\b", shown), last_epoch
     for noise in ("litlogger", "litmodels", "LeafSpec"):
         assert noise not in shown

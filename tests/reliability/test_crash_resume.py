@@ -9,13 +9,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from procs import kill_group, run_in_group
+from cli_server import run_cli, start_cli
 
 from areal_lightning.tracking.history import HISTORY_FILENAME, drop_superseded, read_history
 
@@ -51,35 +50,26 @@ def _env(marks: Path, hang: str = "") -> dict[str, str]:
     return dict(os.environ, FAULT_MARKS=str(marks), FAULT_HANG=hang)
 
 
-def _command(run_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, str(RUNNER), "fit", "-c", str(EXAMPLE), *SMALL, f"output_dir={run_dir}", *extra]
+def _args(run_dir: Path, *extra: str) -> list[str]:
+    """``fit_with_faults.py``'s arguments; it runs forked from the fork server (tests/cli_server.py)."""
+    return ["fit", "-c", str(EXAMPLE), *SMALL, f"output_dir={run_dir}", *extra]
 
 
 def _fit(run_dir: Path, marks: Path, *extra: str) -> None:
-    proc = run_in_group(_command(run_dir, *extra), timeout=RUN_TIMEOUT_S, env=_env(marks), cwd=run_dir.parent)
+    proc = run_cli(_args(run_dir, *extra), RUN_TIMEOUT_S, run_dir.parent, _env(marks), script=RUNNER)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def _fit_until_killed(run_dir: Path, marks: Path, hang: str) -> None:
-    proc = subprocess.Popen(
-        _command(run_dir),
-        env=_env(marks, hang),
-        cwd=run_dir.parent,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    try:
+    quiet = {"stdout": subprocess.DEVNULL}
+    with start_cli(_args(run_dir), run_dir.parent, _env(marks, hang), script=RUNNER, **quiet) as proc:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
         while not (marks.is_file() and "hang" in marks.read_text()):
-            assert proc.poll() is None, f"the run ended before hanging: {proc.stderr.read()[-3000:]}"
+            assert proc.poll() is None, f"the run ended before hanging: {proc.output(proc.err_path)[-3000:]}"
             assert time.monotonic() < deadline, "the run never reached the hang"
             time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGKILL)
         assert proc.wait(timeout=30) == -signal.SIGKILL
-    finally:
-        kill_group(proc)
 
 
 def _rounds(run_dir: Path) -> list[tuple[str, int, list[str], dict]]:
