@@ -7,9 +7,12 @@ its ranks from (the same preloaded modules, no torch op run before the fork). Ea
 leads a session of its own (a timeout ends its whole group: ranks Lightning launched included), gets
 the caller's environment, current directory and argv (argv[0] is the installed `areal-lightning`
 script, so a multi-device run launches its other ranks as the user's command does), its stdout and
-stderr in files, and calls the entry point, `areal_lightning.app.cli.main`. What only a fresh
-interpreter shows (the console script, a command's own imports) is tested by the tests that run
-the real command: tests/test_demo.py, tests/test_cli.py, tests/test_wheel.py.
+stderr in files, pipes or /dev/null (buffered as a fresh interpreter's would be), and calls the
+entry point, `areal_lightning.app.cli.main`, or runs a test's wrapper script as `__main__`.
+`run_cli` runs a command to its end; `start_cli` hands back a running one to signal, kill or read.
+What only a fresh interpreter shows (the console script, a command's own imports, an example run
+as a user runs it) is tested by the tests that run the real command: tests/test_demo.py,
+tests/test_cli.py, tests/test_wheel.py, tests/test_examples.py.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from leftovers import (  # noqa: F401  (its hooks and fixture)
     _sandboxes_end_with_the_session,
+    pytest_collection_finish,
     pytest_configure,
     pytest_runtest_protocol,
     pytest_sessionfinish,

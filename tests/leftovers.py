@@ -31,6 +31,9 @@ _CACHES = ("torchinductor_",)
 ``TORCHINDUCTOR_CACHE_DIR`` puts it (vLLM's engines set their own)."""
 _OWNER = pytest.StashKey[bool]()
 _SEEN = pytest.StashKey[dict[str, str]]()
+_COLLECTED = pytest.StashKey[set[str]]()
+"""What the process's own directory held once its tests were collected: made by the imports of the
+process itself (``import wandb`` makes two directories there), and removed at its exit."""
 
 
 def _own_dir() -> Path:
@@ -64,6 +67,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_SEEN] = {}
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    session.config.stash[_COLLECTED] = _entries(_own_dir())
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     before = _entries(_own_dir())
@@ -91,13 +98,15 @@ def _report(config: pytest.Config) -> None:
     (mine.parent / f"{mine.name}.json").write_text(json.dumps(left))
 
 
-def _gather(base: Path) -> list[str]:
-    """Every test process's report, and what is in its directory now that it has exited."""
+def _gather(base: Path, own: Path, own_imports: set[str]) -> list[str]:
+    """Every test process's report, and what is in its directory now that it has exited. This
+    process has not exited: in its own directory `own`, what its imports made before the first
+    test (`own_imports`) is left for its exit to remove."""
     lines = []
     for report in sorted(base.glob("*.json")):
         noted = json.loads(report.read_text())
         directory = base / report.stem
-        for name in sorted(_entries(directory)):
+        for name in sorted(_entries(directory) - (own_imports if directory == own else set())):
             lines.append(f"{directory / name}: after {noted.get(name, '(the test process ending)')}")
     return lines
 
@@ -109,7 +118,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not config.stash.get(_OWNER, False):
         return
     base = Path(os.environ[BASE_ENV])
-    lines = _gather(base)
+    lines = _gather(base, _own_dir(), config.stash.get(_COLLECTED, set()))
     if lines:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         text = "\n".join(["files left in the temporary directory by the tests (each must leave none):", *lines])
