@@ -218,7 +218,7 @@ class CliProcess:
         return self._process.exitcode
 
     def poll(self) -> int | None:
-        return self._process.exitcode
+        return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         """The exit status, once the command ended.
@@ -291,7 +291,7 @@ def run_cli(argv: list[str], timeout: float, cwd: Path, env: dict[str, str], *, 
         except subprocess.TimeoutExpired:
             command.end()
             raise subprocess.TimeoutExpired(command.args, timeout, command.output(command.out_path)) from None
-        command.end()  # ranks or helpers the command left in its group
+        command.end()  # ranks or helpers the command left in its group, before its output is read
         texts = [command.output(p) for p in (command.out_path, command.err_path, command.cpu_path)]
         done = CliRun(command.args, command.wait(), texts[0], texts[1])
         done.cpu_s = float(texts[2] or "nan")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from callback_helpers import round_metrics
-from cli_server import run_cli
+from cli_server import start_cli
 
 from areal_lightning.tracking.history import eval_rows, read_history
 
@@ -43,12 +43,13 @@ FIT = [
 def _run(args: list[str], log: Path, timeout_s: float) -> None:
     """Runs the CLI forked from the fork server (tests/cli_server.py) in its own session, its output
     in `log`; on a timeout its whole process group (every rank) is killed."""
-    try:
-        done = run_cli(args, timeout_s, log.parent, dict(os.environ))
-    except subprocess.TimeoutExpired as late:
-        pytest.fail(f"{args[0]} still running after {timeout_s:.0f} s: {str(late.output)[-3000:]}")
-    log.write_text(done.stdout + done.stderr)
-    assert done.returncode == 0, log.read_text()[-3000:]
+    env = dict(os.environ)
+    with log.open("w") as out, start_cli(args, log.parent, env, stdout=out, stderr=subprocess.STDOUT) as proc:
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{args[0]} still running after {timeout_s:.0f} s: {log.read_text()[-3000:]}")
+    assert proc.returncode == 0, log.read_text()[-3000:]
 
 
 @pytest.fixture(scope="module")
