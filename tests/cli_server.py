@@ -10,9 +10,9 @@ script, so a multi-device run launches its other ranks as the user's command doe
 stderr in files, pipes or /dev/null (buffered as a fresh interpreter's would be), and calls the
 entry point, `areal_lightning.app.cli.main`, or runs a test's wrapper script as `__main__`.
 `run_cli` runs a command to its end; `start_cli` hands back a running one to signal, kill or read.
-What only a fresh interpreter shows (the console script, a command's own imports, an example run
-as a user runs it) is tested by the tests that run the real command: tests/test_demo.py,
-tests/test_cli.py, tests/test_wheel.py, tests/test_examples.py.
+The example scripts run this way too (tests/test_examples.py). What only a fresh interpreter shows
+(the console script, a command's own imports) is tested by the tests that run the real command:
+tests/test_demo.py, tests/test_cli.py, tests/test_wheel.py.
 """
 
 from __future__ import annotations

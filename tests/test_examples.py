@@ -1,4 +1,7 @@
-"""Each example runs, at small size, as a user would run it."""
+"""Each example runs, at small size, as a user would run it: ``python SCRIPT ARGS`` in a directory of
+its own, forked from the tests' fork server (tests/cli_server.py: the script runs as `__main__` with
+the user's argv and environment, without paying torch's and Lightning's imports again; what only a
+fresh interpreter shows is tested by test_demo, test_cli and test_wheel)."""
 
 from __future__ import annotations
 
@@ -6,14 +9,13 @@ import csv
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from procs import evaluate_command, run_in_group
+from cli_server import CliRun, run_cli, run_command
+from procs import evaluate_command
 
 from areal_lightning.tasks.math import MathTask
 from areal_lightning.tasks.math_answers import CORRECT_REWARD
@@ -31,9 +33,8 @@ def _env(wandb_mode: str = "disabled") -> dict[str, str]:
     )
 
 
-def _run(tmp_path: Path, script: str, *args: str, wandb_mode: str = "disabled") -> subprocess.CompletedProcess:
-    env = _env(wandb_mode)
-    proc = run_in_group([sys.executable, str(EXAMPLES / script), *args], 400, cwd=tmp_path, env=env)
+def _run(tmp_path: Path, script: str, *args: str, wandb_mode: str = "disabled") -> CliRun:
+    proc = run_cli(list(args), 400, tmp_path, _env(wandb_mode), script=EXAMPLES / script)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -148,9 +149,7 @@ def test_gsm8k_example_script_runs_its_own_evaluate_fn(tmp_path: Path) -> None:
     assert torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["run_id"] == run_id
     assert [p.name.rsplit("-", 1)[-1] for p in (out / "wandb").glob("offline-run-*")] == [run_id]
     # ... so `evaluate` knows the run of the checkpoint.
-    done = run_in_group(
-        evaluate_command(out / "config.yaml", out / "checkpoints" / "last.ckpt"), 300, cwd=tmp_path, env=_env()
-    )
+    done = run_command(evaluate_command(out / "config.yaml", out / "checkpoints" / "last.ckpt"), 300, tmp_path, _env())
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"(run {run_id}, step 2," in done.stdout
 
