@@ -13,15 +13,13 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from cli_server import run_cli
-from procs import kill_group
+from cli_server import run_cli, start_cli
 
 from areal_lightning.tracking.history import eval_rows, event_rows, read_history
 
@@ -116,11 +114,10 @@ def test_fit_evaluate_watch_and_plot_on_two_processes(tmp_path: Path) -> None:
     broken = run / "checkpoints" / "broken.ckpt"
     broken.write_bytes(b"not a checkpoint")
     log = tmp_path / "watch.log"
-    with open(log, "w") as sink:
-        watcher = subprocess.Popen(
-            [sys.executable, "-m", "areal_lightning", "evaluate", "-c", str(config), "--watch",
-             str(run / "checkpoints"), "--poll-secs", "0.2"],
-            cwd=tmp_path, env=_env(tmp_path), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+    with open(log, "w") as sink:  # forked from the fork server, in a process group of its own
+        watcher = start_cli(
+            ["evaluate", "-c", str(config), "--watch", str(run / "checkpoints"), "--poll-secs", "0.2"],
+            tmp_path, _env(tmp_path), stdout=sink, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
 
@@ -155,7 +152,7 @@ def test_fit_evaluate_watch_and_plot_on_two_processes(tmp_path: Path) -> None:
             time.sleep(POLL_S)
         assert not _live_members(watcher.pid), "a rank of the watcher outlived SIGTERM"
     finally:
-        kill_group(watcher)
+        watcher.close()  # SIGTERM, then SIGKILL, to whatever of its group is left
     out = log.read_text()
     assert watcher.returncode == 0, out[-3000:]
     assert f"watch stopped: stop requested; {len(steps_on_disk)} checkpoint(s) evaluated" in out
