@@ -11,6 +11,7 @@ it appeared. The directories are removed at the end, so the guard leaves nothing
 
 from __future__ import annotations
 
+import gc
 import getpass
 import json
 import multiprocessing.process
@@ -90,6 +91,22 @@ def _sandboxes_end_with_the_session() -> Iterator[None]:
         pool.close_all()
 
 
+def _end_what_the_exit_ends() -> None:
+    """What this process's exit removes, removed now, so that pytest without workers (whose own
+    directory is checked before its exit) sees what the check of an xdist worker (after its exit)
+    sees: W&B's service and its directory, and the `tempfile.TemporaryDirectory` objects still alive
+    (whose finalizers remove them at exit): W&B keeps every artifact it made, one for each table a
+    run logs, each with a temporary directory, for the process's lifetime."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None:
+        wandb.teardown()
+    gc.collect()
+    own = _own_dir()
+    for obj in gc.get_objects():
+        if type(obj) is tempfile.TemporaryDirectory and Path(obj.name).parent == own:
+            obj.cleanup()
+
+
 def _report(config: pytest.Config) -> None:
     """Writes this process's entries still there, each with the test after which it appeared."""
     mine = _own_dir()
@@ -114,6 +131,7 @@ def _gather(base: Path, own: Path, own_imports: set[str]) -> list[str]:
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
+    _end_what_the_exit_ends()
     _report(config)
     if not config.stash.get(_OWNER, False):
         return
