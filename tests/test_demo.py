@@ -24,7 +24,7 @@ import yaml
 from procs import on_a_terminal, round_lines_glued
 
 from areal_lightning.app.builders import build_eval_sets, build_module
-from areal_lightning.app.checkpoints import load_checkpoint, load_weights
+from areal_lightning.app.checkpoints import STATE_DICT_KEY, load_checkpoint, load_weights
 from areal_lightning.app.config import load_config
 from areal_lightning.eval_round import run_round
 from areal_lightning.rl.grpo.module import GRPOModule
@@ -112,7 +112,7 @@ def test_the_demos_grpo_raises_accuracy_on_the_one_digit_problems_far_beyond_cha
     ckpt_path = out / "checkpoints" / "last.ckpt"
     ckpt = load_checkpoint(ckpt_path)
     assert ckpt["global_step"] == MAX_STEPS
-    load_weights(end, ckpt["state_dict"], ckpt_path)
+    load_weights(end, ckpt[STATE_DICT_KEY], ckpt_path)
     after = _all_problems_accuracy(end, cfg, MAX_STEPS)
 
     # The format warm-up teaches no answers: chance level on 19 possible sums.
