@@ -1,15 +1,16 @@
 """Memory flat in the eval set's size: a round's Python allocations per prompt stay bounded (the
 samples, the deal, the per-prompt outcomes kept for paired deltas, the fingerprint), measured with
-tracemalloc in a fresh process for two set sizes; no timing."""
+tracemalloc in a process of its own for each of two set sizes (forked from the fork server, which has
+imported torch and Lightning: tracemalloc starts after the imports either way); no timing."""
 
 from __future__ import annotations
 
-import sys
+import os
 import textwrap
 from pathlib import Path
 
 import pytest
-from procs import run_in_group
+from cli_server import run_cli
 
 # 100,000 prompts at this many bytes each stay within 10 % of a 1,000-prompt round's peak memory
 # (about 450 MB, most of it torch and Lightning: benchmarks/eval_memory.py). Measured: about 210;
@@ -56,7 +57,7 @@ print(tracemalloc.get_traced_memory()[1])
 
 
 def _peak(script: Path, size: int) -> int:
-    proc = run_in_group([sys.executable, str(script), str(size)], timeout=300)
+    proc = run_cli([str(size)], 300, script.parent, dict(os.environ), script=script)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return int(proc.stdout.split()[-1])
 

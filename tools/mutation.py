@@ -240,7 +240,7 @@ SUBPROCESS_TESTS: dict[str, list[str]] = {
     "watch_checkpoints": [
         "tests/test_watch_loop.py::test_a_reader_of_the_pipe_sees_each_round_while_the_watch_waits_for_the_next",
         "tests/test_watch.py::test_watch_stops_cleanly_on_ctrl_c_and_on_idle_timeout",
-        "tests/test_two_process_commands.py::test_fit_evaluate_watch_and_plot_on_two_processes",
+        "tests/test_ddp_learning.py::test_the_watch_and_the_plot_follow_the_run_on_two_processes",
         "tests/test_watch_ranks.py",
     ],
 }
