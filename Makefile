@@ -92,10 +92,13 @@ XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 #
 # The time guard: each run writes a JUnit report (build/junit.xml, build/junit-vllm.xml), and
 # tools/test_times.py prints the ten slowest tests and the totals last, in CI's log (it never fails
-# the run on time; benchmarks/RESULTS.md has the figures the project holds itself to).
+# the run on time; benchmarks/RESULTS.md has the figures the project holds itself to). Then
+# tools/box_speed.py's factor, measured before the suite and after it: this box's speed drifts by
+# up to 2.5x between days, and only times divided by it compare across days.
 test: $(STAMP)
 	@mkdir -p build
 	@rm -f build/junit.xml build/junit-vllm.xml
+	@$(PY) tools/box_speed.py --label "before the suite" > build/box-speed.txt
 	@( $(SUBMAKE) $(VLLM_STAMP) && \
 		$(VLLM_PYTEST) --basetemp=build/test-vllm-tmp --junitxml=build/junit-vllm.xml ) \
 		> build/test-vllm.log 2>&1 & vllm=$$!; \
@@ -110,6 +113,7 @@ test: $(STAMP)
 	echo "== make test-vllm (in $(VLLM_VENV), built and run beside the suite; log: build/test-vllm.log) =="; \
 	cat build/test-vllm.log; \
 	$(PY) tools/test_times.py $$(ls build/junit.xml build/junit-vllm.xml 2>/dev/null); \
+	cat build/box-speed.txt; $(PY) tools/box_speed.py --label "after the suite"; \
 	test $$suite -eq 0 && test $$mypy_status -eq 0 && test $$vllm_status -eq 0
 
 # The edit-test loop: no test that starts a process (a command, DDP ranks, a worker, W&B's
@@ -118,7 +122,7 @@ test-fast: $(STAMP)
 	@mkdir -p build
 	AREAL_LIGHTNING_FAST_TESTS=1 $(PY) -m pytest -q $(XDIST) -m "not slow and not ddp and not process" \
 		--junitxml=build/junit-fast.xml; status=$$?; \
-	$(PY) tools/test_times.py build/junit-fast.xml; exit $$status
+	$(PY) tools/test_times.py build/junit-fast.xml; $(PY) tools/box_speed.py; exit $$status
 
 # The vLLM backend's tests, in the second environment (created when missing); in the main
 # environment the same files skip.

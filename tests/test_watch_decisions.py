@@ -31,7 +31,9 @@ from areal_lightning.tracking.records import eval_record, event_record
 def _ckpt(directory: Path, name: str, step: int, epoch: int | None = 0) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / name
-    state: dict[str, int] = {"global_step": step}
+    # As Lightning's: the step and epoch beside the weights (tensors, whose loading is what
+    # `map_location` decides).
+    state: dict[str, object] = {"global_step": step, "state_dict": {"policy.weight": torch.ones(2, 2)}}
     if epoch is not None:
         state["epoch"] = epoch
     torch.save(state, path)
@@ -163,7 +165,7 @@ def test_a_checkpoint_that_never_loads_is_reported_once_and_left_alone(
 def test_the_first_ctrl_c_or_sigterm_asks_to_stop_and_a_second_ctrl_c_interrupts() -> None:
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with StopRequest() as stop:
-        assert not stop.requested
+        assert stop.requested is False
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.requested
         os.kill(os.getpid(), signal.SIGTERM)  # a second SIGTERM: still a clean stop
