@@ -1,6 +1,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+PACKAGES := $(VENV)/.packages
 
 VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
@@ -22,7 +23,9 @@ UV_INSTALL = $(UV) pip install --quiet $(foreach dir,$(FIND_LINKS),--find-links 
 # and Lightning again), so every target here unsets it. The installs do not compile every file
 # (`--compile-bytecode`): the main environment's build took 54 s (89 CPU-s) with it, for ~19,000
 # files of which a `fit` imports ~4,000, and 32 s (34 CPU-s) without it and with the import below,
-# which writes what the commands import; the vLLM environment has ~30,000 files.
+# which writes what the commands import; the vLLM environment has ~30,000 files. That import is a
+# stamp of its own: lint needs only the packages, and `make test` starts mypy and the vLLM lane
+# before it (it keeps one core busy for ~17 s on this box, while the other would wait).
 export PYTHONDONTWRITEBYTECODE :=
 WARM_IMPORTS := areal_lightning.app.fit, areal_lightning.app.evaluate, areal_lightning.app.builders, \
 	areal_lightning.callbacks, lightning.pytorch, transformers, wandb, wandb.apis, pandas, matplotlib.pyplot
@@ -33,10 +36,13 @@ $(UV):
 # torch==2.13.0 (CPU build) goes first and is pinned by constraints.txt, so the project's
 # `torch>=2.3` range never replaces it with a multi-GB CUDA build. `--seed`: pip in the environment
 # (make mutation and the wheel test use it).
-$(STAMP): pyproject.toml constraints.txt | $(UV)
+$(PACKAGES): pyproject.toml constraints.txt | $(UV)
 	$(UV) venv --quiet --seed --allow-existing --python python3 $(VENV)
 	$(UV_INSTALL) --python $(PY) -c constraints.txt torch==2.13.0
 	$(UV_INSTALL) --python $(PY) -c constraints.txt -e '.[dev]'
+	touch $(PACKAGES)
+
+$(STAMP): $(PACKAGES)
 	$(PY) -c "import $(WARM_IMPORTS)"
 	touch $(STAMP)
 
@@ -66,11 +72,11 @@ demo: $(STAMP)
 # first and mypy beside the suite.
 lint: ruff typecheck
 
-ruff: $(STAMP)
+ruff: $(PACKAGES)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-typecheck: $(STAMP)
+typecheck: $(PACKAGES)
 	$(VENV)/bin/mypy
 
 # Two test files at a time (pytest-xdist; a file's tests stay on one worker, so its module-scoped
@@ -95,7 +101,7 @@ XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 # the run on time; benchmarks/RESULTS.md has the figures the project holds itself to). Then
 # tools/box_speed.py's factor, measured before the suite and after it: this box's speed drifts by
 # up to 2.5x between days, and only times divided by it compare across days.
-test: $(STAMP)
+test: $(PACKAGES)
 	@mkdir -p build
 	@rm -f build/junit.xml build/junit-vllm.xml
 	@$(PY) tools/box_speed.py --label "before the suite" > build/box-speed.txt
@@ -103,9 +109,9 @@ test: $(STAMP)
 		$(VLLM_PYTEST) --basetemp=build/test-vllm-tmp --junitxml=build/junit-vllm.xml ) \
 		> build/test-vllm.log 2>&1 & vllm=$$!; \
 	$(SUBMAKE) typecheck > build/mypy.log 2>&1 & mypy=$$!; \
-	if $(SUBMAKE) ruff; then \
+	if $(SUBMAKE) $(STAMP) && $(SUBMAKE) ruff; then \
 		$(PY) -m pytest -q $(XDIST) --junitxml=build/junit.xml; suite=$$?; \
-	else suite=1; echo "== ruff failed: the suite did not run; waiting for mypy and the vLLM tests =="; fi; \
+	else suite=1; echo "== the install or ruff failed: the suite did not run; waiting for mypy and the vLLM tests =="; fi; \
 	wait $$mypy; mypy_status=$$?; \
 	echo "== make typecheck (mypy, run beside the suite; log: build/mypy.log) =="; \
 	cat build/mypy.log; \
