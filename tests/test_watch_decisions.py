@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,18 @@ def _ckpt(directory: Path, name: str, step: int, epoch: int | None = 0) -> Path:
         state["epoch"] = epoch
     torch.save(state, path)
     return path
+
+
+def _save_as_on_a_gpu(state: dict[str, object], path: Path) -> None:
+    """`torch.save` as on a GPU: every tensor's storage tagged ``cuda:0`` (as `torch.save` of a CUDA
+    tensor tags it), its bytes the CPU tensor's; loading it back needs a `map_location` without a GPU."""
+    tagger = lambda storage: "cuda:0"  # noqa: E731
+    torch.serialization.register_package(-1, tagger, lambda storage, location: None)
+    try:
+        torch.save(state, path)
+    finally:
+        registry = torch.serialization._package_registry
+        registry.remove(next(entry for entry in registry if entry[1] is tagger))
 
 
 def _watch_record(step: int, trigger: str = "watch") -> dict:
@@ -79,6 +92,16 @@ def test_the_step_and_epoch_are_read_from_the_file_and_a_partial_file_is_not_rea
     partial = tmp_path / "c.ckpt"
     partial.write_bytes(_ckpt(tmp_path, "d.ckpt", 8).read_bytes()[:20])
     assert read_step(partial) is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU loads a GPU checkpoint without map_location")
+def test_the_step_of_a_checkpoint_saved_on_a_gpu_is_read_on_a_machine_without_one(tmp_path: Path) -> None:
+    # Training on a GPU machine, the watch on a CPU one: its checkpoints must not wait forever.
+    path = tmp_path / "step5.ckpt"
+    _save_as_on_a_gpu({"global_step": 5, "epoch": 1, "state_dict": {"policy.weight": torch.ones(2, 2)}}, path)
+    with pytest.raises(RuntimeError, match="CUDA"):  # what the file asks for without a map_location
+        torch.load(path, mmap=True, weights_only=True)
+    assert read_step(path) == (5, 1)
 
 
 def test_a_restart_skips_what_the_watcher_evaluated_or_recorded_as_failed(tmp_path: Path) -> None:
@@ -162,19 +185,34 @@ def test_a_checkpoint_that_never_loads_is_reported_once_and_left_alone(
     assert watch.decide(stop).action == "stop"  # a given-up file does not hold the sentinel back
 
 
-def test_the_first_ctrl_c_or_sigterm_asks_to_stop_and_a_second_ctrl_c_interrupts() -> None:
-    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+@pytest.fixture
+def seen_signals() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM handlers for the test that record the signals they get, the process's own
+    put back after it: a signal the watch does not take shows in the list instead of ending pytest."""
+    seen: list[int] = []
+    before = {sig: signal.signal(sig, lambda s, f: seen.append(s)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield seen
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def test_the_first_ctrl_c_or_sigterm_asks_to_stop_and_a_second_ctrl_c_interrupts(seen_signals: list[int]) -> None:
+    previous = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with StopRequest() as stop:
         assert stop.requested is False
         os.kill(os.getpid(), signal.SIGTERM)
-        assert stop.requested
+        assert stop.requested and seen_signals == []
         os.kill(os.getpid(), signal.SIGTERM)  # a second SIGTERM: still a clean stop
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
-    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == previous
     with StopRequest() as stop:
         os.kill(os.getpid(), signal.SIGINT)
-        assert stop.requested
+        assert stop.requested and seen_signals == []
+    os.kill(os.getpid(), signal.SIGTERM)  # after the watch: the process's own handler again
+    assert seen_signals == [signal.SIGTERM]
 
 
 def test_the_wandb_run_is_the_checkpoints_then_the_configs_then_the_latest_local_run(tmp_path: Path) -> None:
@@ -294,9 +332,10 @@ def test_idle_means_more_than_idle_timeout_seconds(tmp_path: Path, monkeypatch: 
     assert watch.decide(StopRequest()) == Decision("stop", reason="no new checkpoint for 5 s")
 
 
-def test_a_stop_request_is_logged_with_the_signal(watch_log: list[logging.LogRecord]) -> None:
+def test_a_stop_request_is_logged_with_the_signal(watch_log: list[logging.LogRecord], seen_signals: list[int]) -> None:
     with StopRequest():
         os.kill(os.getpid(), signal.SIGTERM)
+    assert seen_signals == []
     assert "stop requested (SIGTERM): finishing the checkpoint at hand" in [r.getMessage() for r in watch_log]
 
 
