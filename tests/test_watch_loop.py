@@ -89,6 +89,8 @@ def test_each_checkpoint_once_oldest_first_with_its_file_then_idle_stops_and_a_r
         (2, 0, str(ckpts / "step2.ckpt")),
         (4, 1, str(ckpts / "step4.ckpt")),
     ]
+    # How far behind the watcher was: step 4 was already there when step 2 was evaluated.
+    assert [(r["step"], r["lag_steps"]) for r in rows] == [(2, 2), (4, 0)]
     for row in rows:
         assert row["trigger"] == ["watch"] and row["source"] == "standalone" and row["run_id"] == "run-a"
         assert (row["num_prompts"], row["num_samples"], row["world_size"], row["mode"]) == (SIZE, SIZE, 1, "sync")
