@@ -299,6 +299,31 @@ def test_a_checkpoint_whose_weights_do_not_load_is_retried_then_left_alone(
     assert watch.decide(stop) == Decision("eval", str(watch.directory / "step4.ckpt"), 4, 0)
 
 
+def test_a_checkpoint_written_after_another_was_read_is_found_and_only_its_first_read_is_progress(
+    tmp_path: Path,
+) -> None:
+    watch = _watch(tmp_path, idle_timeout=5.0)
+    stop = StopRequest()
+    _ckpt(watch.directory, "step2.ckpt", 2)
+    assert watch.decide(stop) == Decision("wait")  # first sight
+    assert watch.decide(stop) == Decision("eval", str(watch.directory / "step2.ckpt"), 2, 0)
+    EvalHistory(watch.history_file).append(_watch_record(2))
+    # Listed after step2.ckpt, which is read already: it is read all the same.
+    _ckpt(watch.directory, "step3.ckpt", 3)
+    assert watch.decide(stop) == Decision("wait")  # first sight
+    watch.last_progress = time.monotonic() - 6.0
+    # Its first read is progress: no idle stop, and it is evaluated.
+    assert watch.decide(stop) == Decision("eval", str(watch.directory / "step3.ckpt"), 3, 0)
+    EvalHistory(watch.history_file).append(_watch_record(3))
+    _ckpt(watch.directory, "last.ckpt", 3)  # training goes on writing: a step already evaluated
+    assert watch.decide(stop) == Decision("wait")  # first sight
+    watch.last_progress = time.monotonic() - 6.0
+    assert watch.decide(stop) == Decision("wait")  # read for the first time: progress, nothing to evaluate
+    watch.last_progress = time.monotonic() - 6.0
+    # Nothing new (the files already read are not progress): the idle timeout stops the watch.
+    assert watch.decide(stop) == Decision("stop", reason="no new checkpoint for 5 s")
+
+
 def test_a_file_being_written_counts_as_progress_for_the_idle_timeout(tmp_path: Path) -> None:
     watch = _watch(tmp_path, idle_timeout=5.0)
     stop = StopRequest()
