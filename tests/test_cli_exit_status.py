@@ -213,3 +213,9 @@ def test_evaluate_without_a_config_names_the_runs_own(trained: Path, capsys: pyt
         f"areal-lightning: error: evaluate needs the config of the run (-c): fit saved it as {run_dir}/config.yaml; "
         f"run areal-lightning evaluate -c {run_dir}/config.yaml --ckpt {ckpt}"
     )
+    watched = run_dir / "checkpoints"
+    assert main(["evaluate", "--watch", str(watched)]) == 2  # the same for the watched directory
+    assert capsys.readouterr().err.strip() == (
+        f"areal-lightning: error: evaluate needs the config of the run (-c): fit saved it as {run_dir}/config.yaml; "
+        f"run areal-lightning evaluate -c {run_dir}/config.yaml --watch {watched}"
+    )
