@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import re
 import signal
 import subprocess
 import threading
@@ -253,6 +254,31 @@ def test_the_watchers_record_is_what_evaluate_gives_for_the_same_checkpoint(
     assert watched["metrics"] == once["metrics"] and watched["sampling"] == once["sampling"]
 
 
+def test_what_a_round_notes_is_in_the_watchers_record(
+    tmp_path: Path, weights: dict[str, torch.Tensor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round's notes (through servers: the weight version they held) stay in the watch's record."""
+    from areal_lightning.app import evaluate
+
+    choose = evaluate.default_evaluate_fn
+
+    def noting(module: Any) -> Any:
+        inner = choose(module)
+
+        def evaluate_fn(module: Any, batches: Any, ctx: Any) -> Any:
+            ctx.note("engine/weight_version", f"step-{ctx.global_step}")
+            return inner(module, batches, ctx)
+
+        return evaluate_fn
+
+    monkeypatch.setattr(evaluate, "default_evaluate_fn", noting)
+    config, ckpts = _config(tmp_path), tmp_path / "ckpts"
+    _save(ckpts, "step3.ckpt", 3, weights)
+    (ckpts / STOP_FILENAME).touch()
+    assert _watch(config, ckpts) == 0
+    assert [r["notes"] for r in eval_rows(_history(tmp_path))] == [{"engine/weight_version": "step-3"}]
+
+
 class Odd:
     """An object the safe loader refuses: only `--trust-checkpoint` reads a checkpoint holding it."""
 
@@ -330,7 +356,7 @@ def test_a_checkpoint_rewritten_since_its_step_was_read_is_not_evaluated_as_that
 
 @pytest.mark.process  # W&B's service
 def test_with_wandb_on_each_checkpoint_goes_to_the_checkpoints_wandb_run_on_the_eval_axis(
-    tmp_path: Path, weights: dict[str, torch.Tensor], recwarn: pytest.WarningsRecorder
+    tmp_path: Path, weights: dict[str, torch.Tensor], recwarn: pytest.WarningsRecorder, watch_log: list[Any]
 ) -> None:
     from wandb_reader import read_wandb_records, wandb_history, wandb_metric_definitions, wandb_step_metric
 
@@ -347,6 +373,10 @@ def test_with_wandb_on_each_checkpoint_goes_to_the_checkpoints_wandb_run_on_the_
     assert logged == [(r["step"], pytest.approx(r["metrics"]["accuracy"])) for r in history]
     assert [step for step, _ in logged] == [2, 5]
     assert [r["exit"].get("exit_code", 0) for r in records if r["type"] == "exit"] == [0]  # the run was finished
+    # Where the run is, as the last thing said: W&B itself is silent in the commands.
+    (where,) = [r.getMessage() for r in watch_log if r.getMessage().startswith("W&B")]
+    run_dir = re.fullmatch(r"W&B: offline run in (\S+); upload it with: wandb sync \1", where)
+    assert run_dir is not None and Path(run_dir[1]).is_relative_to(tmp_path / "run") and Path(run_dir[1]).is_dir()
     # One logger for the watch: a logger made per checkpoint would warn that it reuses the run in progress.
     assert not [str(w.message) for w in recwarn if "already in progress" in str(w.message)]
 
