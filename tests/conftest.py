@@ -35,13 +35,18 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The longest tests first (slow, then multi-process), so that with `-n 2` the run does not end
-    with one worker on a long test while the other has nothing left."""
+    """The tests that mostly wait (`waits`) first, while `make test`'s vLLM lane keeps the cores
+    busy (at the end, with only the two workers left, the waits of test_sandbox_hostile and
+    test_cli_server left a core idle for ~50 s: benchmarks/RESULTS.md); then the longest (slow,
+    then multi-process), so that with `-n 2` the run does not end with one worker on a long test
+    while the other has nothing left."""
 
     def rank(item: pytest.Item) -> int:
-        if item.get_closest_marker("slow"):
+        if item.get_closest_marker("waits"):
             return 0
-        return 1 if item.get_closest_marker("ddp") or item.get_closest_marker("process") else 2
+        if item.get_closest_marker("slow"):
+            return 1
+        return 2 if item.get_closest_marker("ddp") or item.get_closest_marker("process") else 3
 
     items.sort(key=rank)
 

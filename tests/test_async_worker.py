@@ -378,6 +378,7 @@ def test_cancel_ends_a_running_round_at_once_and_gives_the_threads_back(tmp_path
 
 
 @pytest.mark.process
+@pytest.mark.waits  # the held round
 def test_close_lets_a_running_round_finish_and_ends_an_idle_worker_at_once(tmp_path: Path) -> None:
     others = _workers()
     eval_set = EvalSet("probe", SAMPLES, options={"hold_step": 1, "folder": str(tmp_path)})

@@ -27,6 +27,7 @@ def test_the_command_runs_where_and_with_what_the_caller_says_and_reports_its_st
 
 
 @pytest.mark.process
+@pytest.mark.waits  # 20 s of the command's timeout
 def test_a_command_past_its_timeout_is_ended_with_its_group(tmp_path: Path) -> None:
     (tmp_path / "ckpts").mkdir()
     (tmp_path / "run.yaml").write_text(CONFIG.read_text())

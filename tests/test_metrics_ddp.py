@@ -290,6 +290,7 @@ def test_run_ddp_reports_a_crashed_rank() -> None:
         run_ddp(_crashes_on_rank_1, WORLD_SIZE)
 
 
+@pytest.mark.waits  # 3 s of the timeout
 def test_run_ddp_turns_a_hang_into_a_failure() -> None:
     with pytest.raises(AssertionError, match=r"run_ddp\(_hangs\): timed out after 3 s; ranks still running: \[0, 1\]"):
         run_ddp(_hangs, WORLD_SIZE, timeout_s=3)

@@ -32,6 +32,7 @@ def sandbox() -> Iterator[Sandbox]:
         yield box
 
 
+@pytest.mark.waits  # the sleep runs to the 3 s wall limit
 def test_each_program_ends_with_its_status_in_order(sandbox: Sandbox) -> None:
     programs = {
         "print('hi')": ProgramStatus.PASSED,

