@@ -134,7 +134,7 @@ def test_checkpoint_of_another_model(
 ) -> None:
     config, ckpt = run
     err = _fails_with(capsys, ["evaluate", "-c", str(config), "--ckpt", str(ckpt), override])
-    assert "does not match the model of the config" in err
+    assert f"checkpoint {str(ckpt)!r} does not match the model of the config" in err
     assert re.search(expected, err), err
 
 

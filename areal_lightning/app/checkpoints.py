@@ -123,6 +123,6 @@ def load_weights(module: GRPOModule, state_dict: Mapping[str, Any], ckpt_path: s
             line if len(line) <= MAX_PROBLEM_CHARS else line[:MAX_PROBLEM_CHARS] + " ..." for line in lines
         )
         raise CheckpointError(
-            f"--ckpt {str(ckpt_path)!r} does not match the model of the config: {shown}; "
+            f"checkpoint {str(ckpt_path)!r} does not match the model of the config: {shown}; "
             "use the config the checkpoint was trained with (policy and grpo.kl_coef)"
         ) from None
