@@ -160,6 +160,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
             "tests/test_watch_decisions.py",
             # the command itself, in this process on one CPU device (a second or two per test)
             "tests/test_watch_loop.py",
+            # `evaluate` without -c names the run's config, for --ckpt and --watch (a 4-step fit first)
+            "tests/test_cli_exit_status.py::test_evaluate_without_a_config_names_the_runs_own",
         ],
     ),
     # the last wave: the sandbox, the integrity checks, episodes, the code task, completion
@@ -536,13 +538,15 @@ def collect(name: str) -> ModuleResult | None:
     return result
 
 
-def retest(name: str, retest_timeout: float = RETEST_TIMEOUT_S) -> ModuleResult | None:
+def retest(name: str, retest_timeout: float = RETEST_TIMEOUT_S, commands: bool = True) -> ModuleResult | None:
     """Run the module's current tests against each survivor of its last run, one pytest process per
     mutant (the mutant written into the scratch copy's source, then put back).
 
     Cheaper than a new run when tests were added for a few survivors: only the survivors are tested,
     only against the tests added to the module's map since the run. A survivor whose function
-    changed since the run is reported as stale (run the module again).
+    changed since the run is reported as stale (run the module again). `commands=False` leaves out
+    the module's `SUBPROCESS_TESTS` (minutes a mutant): for a retest after fast tests were added,
+    when an earlier retest ran them against the same survivors.
     """
     result = collect(name)
     if result is None or result.error:
@@ -556,7 +560,7 @@ def retest(name: str, retest_timeout: float = RETEST_TIMEOUT_S) -> ModuleResult 
     started = (work / "pyproject.toml").stat().st_mtime
     added = [t for t in tests if t not in result.tests or (ROOT / t.split("::")[0]).stat().st_mtime > started]
     # A timeout is tested again against every mapped test: in a fresh process a hang is the mutant's.
-    in_commands = SUBPROCESS_TESTS.get(name, [])
+    in_commands = SUBPROCESS_TESTS.get(name, []) if commands else []
     todo = [m for m in result.survived if m.code in TIMEOUT_CODES or added or in_commands]
     if not todo:
         return result
@@ -771,6 +775,11 @@ def main(argv: list[str] | None = None) -> int:
         help="with --verify: these kills (mutmut's names, as the report prints them) instead of a draw",
     )
     parser.add_argument(
+        "--skip-commands",
+        action="store_true",
+        help="with --retest: leave out the module's tests that run it in commands (SUBPROCESS_TESTS)",
+    )
+    parser.add_argument(
         "--retest-timeout",
         type=float,
         default=RETEST_TIMEOUT_S,
@@ -782,6 +791,8 @@ def main(argv: list[str] | None = None) -> int:
     # (its `finally`) instead of leaving a mutant in it for the next one to take as the original.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
+    if args.skip_commands and not args.retest:
+        parser.error("--skip-commands leaves tests out of a retest: it needs --retest")
     if args.mutant and not args.verify:
         parser.error("--mutant names kills to check again: it needs --verify N")
     unknown = [m for m in args.modules if m not in MODULES]
@@ -804,7 +815,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.verify:
             r = verify(name, args.verify, args.retest_timeout, args.mutant)
         else:
-            r = retest(name, args.retest_timeout) if args.retest else run_module(name, mutmut, args.max_children)
+            r = (
+                retest(name, args.retest_timeout, commands=not args.skip_commands)
+                if args.retest
+                else run_module(name, mutmut, args.max_children)
+            )
         if r is None:
             print("  never run", flush=True)
             continue
