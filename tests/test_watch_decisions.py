@@ -277,6 +277,17 @@ def test_a_given_up_file_does_not_hold_up_the_others(tmp_path: Path) -> None:
     assert watch.decide(stop) == Decision("eval", str(watch.directory / "step2.ckpt"), 2, 0)
 
 
+def test_a_file_that_does_not_load_yet_does_not_hold_up_the_checkpoints_after_it(tmp_path: Path) -> None:
+    watch = _watch(tmp_path)
+    stop = StopRequest()
+    watch.directory.mkdir()
+    (watch.directory / "a_broken.ckpt").write_bytes(b"not a checkpoint")  # listed first, retried at each poll
+    _ckpt(watch.directory, "step2.ckpt", 2)
+    assert watch.decide(stop) == Decision("wait")  # first sight of both
+    assert watch.decide(stop) == Decision("eval", str(watch.directory / "step2.ckpt"), 2, 0)
+    assert not watch.history_file.exists()  # the broken file is not given up yet
+
+
 def test_a_checkpoint_whose_weights_do_not_load_is_retried_then_left_alone(
     tmp_path: Path, watch_log: list[logging.LogRecord]
 ) -> None:

@@ -320,7 +320,7 @@ def test_the_options_say_what_they_do_and_default_to_no_timeout_and_2_s_polls(
     assert "--poll-secs: invalid float value: 'often'" in capsys.readouterr().err
 
 
-def test_a_config_error_or_an_unwritable_wandb_dir_is_refused_before_any_work(
+def test_a_config_error_or_an_unwritable_wandb_dir_is_refused_before_any_work_unless_wandb_is_off(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert _watch(_config(tmp_path), tmp_path / "ckpts", "no_such_key=1") == 2
@@ -329,8 +329,13 @@ def test_a_config_error_or_an_unwritable_wandb_dir_is_refused_before_any_work(
     blocker.write_text("")
     wandb = {"csv": False, "wandb": {"mode": "offline", "save_dir": str(blocker / "wandb")}}
     assert _watch(_config(tmp_path, logger=wandb), tmp_path / "ckpts") == 2
-    assert "logger.wandb.save_dir" in capsys.readouterr().err
+    assert f"logger.wandb.save_dir {str(blocker / 'wandb')!r} cannot be written" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+    # With W&B off its directory is never written: no reason to refuse.
+    (tmp_path / "ckpts").mkdir()
+    (tmp_path / "ckpts" / STOP_FILENAME).touch()
+    wandb_off = {"csv": False, "wandb": {"mode": "disabled", "save_dir": str(blocker / "wandb")}}
+    assert _watch(_config(tmp_path, logger=wandb_off), tmp_path / "ckpts") == 0
 
 
 def test_a_checkpoint_rewritten_since_its_step_was_read_is_not_evaluated_as_that_step(
