@@ -345,7 +345,8 @@ def _cells(row: str) -> list[str]:
 
 
 def read_equivalents(docs: Path = DOCS) -> set[tuple[str, str, str]]:
-    """(module, function, change) of every row of the table under "### Equivalent mutants"."""
+    """(module, function, change) of every row of the table under "### Equivalent mutants" (stripped, as a
+    cell is: a change that deletes code ends in a space)."""
     rows: set[tuple[str, str, str]] = set()
     in_section = False
     for line in docs.read_text(encoding="utf-8").splitlines():
@@ -528,7 +529,7 @@ def collect(name: str) -> ModuleResult | None:
     equivalents = read_equivalents()
     retested = json.loads((work / RETEST_FILE).read_text(encoding="utf-8")) if (work / RETEST_FILE).is_file() else {}
     for m in not_killed:
-        if (module_path, m.function, m.change) in equivalents:
+        if (module_path, m.function, m.change.strip()) in equivalents:
             result.equivalent.append(m)
         elif retested.get(m.name, {}).get("status") == "killed":
             m.killed_by = retested[m.name]["by"]
