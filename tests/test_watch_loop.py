@@ -362,7 +362,10 @@ def test_a_checkpoint_rewritten_since_its_step_was_read_is_not_evaluated_as_that
 
 @pytest.mark.process  # W&B's service
 def test_with_wandb_on_each_checkpoint_goes_to_the_checkpoints_wandb_run_on_the_eval_axis(
-    tmp_path: Path, weights: dict[str, torch.Tensor], recwarn: pytest.WarningsRecorder, watch_log: list[Any]
+    tmp_path: Path,
+    weights: dict[str, torch.Tensor],
+    recwarn: pytest.WarningsRecorder,
+    watch_log: list[logging.LogRecord],
 ) -> None:
     from wandb_reader import read_wandb_records, wandb_history, wandb_metric_definitions, wandb_step_metric
 
@@ -379,7 +382,7 @@ def test_with_wandb_on_each_checkpoint_goes_to_the_checkpoints_wandb_run_on_the_
     assert logged == [(r["step"], pytest.approx(r["metrics"]["accuracy"])) for r in history]
     assert [step for step, _ in logged] == [2, 5]
     assert [r["exit"].get("exit_code", 0) for r in records if r["type"] == "exit"] == [0]  # the run was finished
-    # Where the run is, as the last thing said: W&B itself is silent in the commands.
+    # Where the run is, said once at the end of the watch: W&B itself is silent in the commands.
     (where,) = [r.getMessage() for r in watch_log if r.getMessage().startswith("W&B")]
     run_dir = re.fullmatch(r"W&B: offline run in (\S+); upload it with: wandb sync \1", where)
     assert run_dir is not None and Path(run_dir[1]).is_relative_to(tmp_path / "run") and Path(run_dir[1]).is_dir()
