@@ -79,6 +79,9 @@ class Server:
             VLLM_CPU_OMP_THREADS_BIND="nobind",
             VLLM_ENABLE_V1_MULTIPROCESSING="0",  # with the uni executor: no worker process (docs/servers.md)
             VLLM_CPU_KVCACHE_SPACE="1",
+            # torch precompiles its C++ headers into the temporary directory, the server's own here:
+            # each start built them again (5-6 CPU-s); torch's compile cache (the suite's) holds the kernel.
+            TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS="0",
             OMP_NUM_THREADS="1",
             VLLM_LOGGING_LEVEL="WARNING",
         )

@@ -133,6 +133,10 @@ class VLLMEngine:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.options.kv_cache_gib)
             # Pinning OpenMP threads to cores fights the trainer's own threads for the same cores.
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            # torch precompiles its C++ headers into the temporary directory, whatever its cache
+            # directory says: in the engine's own (below), every engine built them again (5-6 CPU-s
+            # of g++) for the one kernel vLLM compiles, which the cache holds after the first.
+            os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
         from vllm import LLM
 
         self._dir = tempfile.mkdtemp(prefix="areal_vllm_")
