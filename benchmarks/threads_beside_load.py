@@ -1,5 +1,7 @@
 """Torch threads for the main job's step on a shared CPU: 1 vs 2 intra-op threads, alone and beside
-one busy process (what a second test worker, a second DDP rank or any other job is).
+one busy process (what a second test worker, a second DDP rank or any other job is), and 2 threads
+with OpenMP's passive waiting (``OMP_WAIT_POLICY=PASSIVE``: a thread waiting for work sleeps at
+once instead of spinning on a core first).
 
 The test suite gives every process one thread (`tests/conftest.py`); this measures why. Each
 configuration trains the same GRPO steps (`arithmetic_grpo.yaml`, warm-up off) in a process of its
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import statistics
 import subprocess
 import sys
@@ -44,12 +47,20 @@ def _spin(stop: float) -> None:
         pass
 
 
-def _fit_secs(threads: int, steps: int) -> float:
+CONFIGS = {"1 thread": (1, None), "2 threads": (2, None), "2 threads, passive": (2, "PASSIVE")}
+"""Name: (torch threads, OMP_WAIT_POLICY or None for libgomp's default)."""
+
+
+def _fit_secs(threads: int, wait_policy: str | None, steps: int) -> float:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if wait_policy is not None:
+        env["OMP_WAIT_POLICY"] = wait_policy  # read when libgomp loads, before torch runs anything
     out = subprocess.run(
         [sys.executable, "-c", CHILD, str(threads), str(steps), str(CONFIG)],
         capture_output=True,
         text=True,
         check=True,
+        env=env,
     ).stdout
     return float(json.loads(out.strip().splitlines()[-1])["secs"])
 
@@ -62,27 +73,26 @@ def main() -> None:
     results: dict[str, list[float]] = {}
     for _ in range(args.repeats):
         for busy in (False, True):
-            for threads in (1, 2):
+            for config, (threads, wait_policy) in CONFIGS.items():
                 spinner = None
                 if busy:
                     spinner = mp.get_context("spawn").Process(target=_spin, args=(time.monotonic() + 600,))
                     spinner.start()
                 try:
-                    secs = _fit_secs(threads, args.steps)
+                    secs = _fit_secs(threads, wait_policy, args.steps)
                 finally:
                     if spinner is not None:
                         spinner.terminate()
                         spinner.join()
-                results.setdefault(f"{threads} thread(s), {'beside a busy process' if busy else 'alone'}", []).append(
-                    secs
-                )
+                results.setdefault(f"{config}, {'beside a busy process' if busy else 'alone'}", []).append(secs)
     print(f"{args.steps} GRPO steps of the main job (32 prompts x 16 samples), median of {args.repeats}:")
     medians = {name: statistics.median(v) for name, v in results.items()}
     for name, secs in medians.items():
-        print(f"  {name:<40} {secs:6.2f} s  ({secs / args.steps * 1000:.0f} ms/step)")
+        print(f"  {name:<44} {secs:6.2f} s  ({secs / args.steps * 1000:.0f} ms/step)")
     for where in ("alone", "beside a busy process"):
-        ratio = medians[f"2 thread(s), {where}"] / medians[f"1 thread(s), {where}"]
-        print(f"  2 threads / 1 thread, {where}: {ratio:.2f}x")
+        one = medians[f"1 thread, {where}"]
+        for config in ("2 threads", "2 threads, passive"):
+            print(f"  {config} / 1 thread, {where}: {medians[f'{config}, {where}'] / one:.2f}x")
 
 
 if __name__ == "__main__":
