@@ -1,7 +1,8 @@
 """The vLLM backend inside evaluation rounds: the metrics and each sample's completion are the
 same on 1 process (an in-process engine) and on 2 DDP processes (each rank its own engine, in a
 process of its own); an engine killed mid-round gives the round an ``error`` record and the next
-round succeeds with a new engine, under a Trainer with Lightning's defaults; the trainer's RNG
+round succeeds with a new engine, under a Trainer with Lightning's defaults (and such an engine
+builds no precompiled C++ header into its own directory, thrown away with it); the trainer's RNG
 state is the same with and without a round."""
 
 from __future__ import annotations
@@ -148,11 +149,14 @@ def test_an_engine_killed_mid_round_gives_an_error_record_and_the_next_round_suc
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[int] = []
+    headers: list[Path] = []
     generate = VLLMEngine.generate
 
     def kill_then_generate(self: VLLMEngine, prompts: list[list[int]], params: list[Any]) -> list[Any]:
         calls.append(len(prompts))
         if len(calls) == 2:  # the second round (the sanity pass generates with the policy, not the engine)
+            # After a scored round: what torch precompiled in the engine's own temporary directory.
+            headers.extend(Path(self._dir).rglob("*.gch"))
             os.kill(self.llm.llm_engine.engine_core.resources.engine_manager.processes[0].pid, signal.SIGKILL)
         return generate(self, prompts, params)
 
@@ -165,6 +169,9 @@ def test_an_engine_killed_mid_round_gives_an_error_record_and_the_next_round_suc
         assert len(calls) == 3 and engine.builds == 2
         assert [e["step"] for e in errors] == [2] and "VLLMEngineError" in errors[0]["message"]
         assert [r["step"] for r in records] == [1, 3] and records[1]["metrics"][WEIGHTS_STEP_KEY] == 3
+        # The first round was scored (vLLM compiled its ranks' kernel, or found it in torch's cache),
+        # and the engine built no precompiled header into its directory, to be thrown away with it.
+        assert "completion/logprob" in records[0]["metrics"] and headers == []
     finally:
         engine.close()
 
