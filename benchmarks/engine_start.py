@@ -62,7 +62,6 @@ def run(headers: str, cache: str) -> tuple[float, float]:
     """(CPU seconds of the run's processes, wall seconds) of one fresh engine and its first scored round."""
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=headers)
     env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     with tempfile.TemporaryDirectory(prefix="engine_start_") as directory:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()

@@ -135,7 +135,8 @@ class VLLMEngine:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
             # torch precompiles its C++ headers into the temporary directory, whatever its cache
             # directory says: in the engine's own (below), every engine built them again (5-6 CPU-s
-            # of g++) for the one kernel vLLM compiles, which the cache holds after the first.
+            # of g++) for the one kernel vLLM compiles, which the cache holds after the first. Read
+            # by an engine process as it imports torch (this process's torch has read it already).
             os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
         from vllm import LLM
 
